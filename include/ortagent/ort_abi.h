@@ -1,0 +1,257 @@
+/*
+ * ortagent/ort_abi.h -- ortagent's declaration of the part of the onnxruntime C ABI it uses.
+ *
+ * Written by the ortagent project from published facts about the ABI (function names, their
+ * position in the OrtApi table, the API version that added them, parameter types and enum
+ * values). No onnxruntime header is included or copied. tests/test_abi_header.py compiles
+ * this file next to a genuine onnxruntime_c_api.h and checks every slot, signature and enum
+ * value declared here.
+ *
+ * The OrtApi table is an append-only array of function pointers: API version N ships with
+ * onnxruntime 1.N and a slot never moves. Each function is listed once below as
+ *     X(slot, since, return type, name, (parameter types))
+ * and expanded into `ortagent_slot_<name>`, `ortagent_since_<name>` and the function pointer
+ * type `ortagent_fn_<name>`. Calls go through ortagent/ort_call.h.
+ */
+#ifndef ORTAGENT_ORT_ABI_H
+#define ORTAGENT_ORT_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Oldest OrtApi version ortagent runs on (onnxruntime 1.20). Slots up to this version may be
+ * called unconditionally; newer ones only after the runtime's version was checked. */
+#define ORTAGENT_API_FLOOR 20
+/* Newest OrtApi version any declared slot belongs to: the version ortagent asks for. */
+#define ORTAGENT_API_NEWEST 23
+
+/* ---- opaque handles ------------------------------------------------------------------- */
+/* Same tags as the runtime's own, so that both declarations describe one type. */
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtEnv OrtEnv;
+typedef struct OrtMemoryInfo OrtMemoryInfo;
+typedef struct OrtIoBinding OrtIoBinding;
+typedef struct OrtSession OrtSession;
+typedef struct OrtValue OrtValue;
+typedef struct OrtRunOptions OrtRunOptions;
+typedef struct OrtTypeInfo OrtTypeInfo;
+typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtModelMetadata OrtModelMetadata;
+typedef struct OrtCUDAProviderOptionsV2 OrtCUDAProviderOptionsV2;
+typedef struct OrtSyncStream OrtSyncStream;
+/* OrtAllocator is a struct of callbacks in the runtime; ortagent only passes pointers to it. */
+typedef struct OrtAllocator OrtAllocator;
+
+/* ---- enums ------------------------------------------------------------------------------
+ * Each enum is an X-list of (enumerator, value). Normally it expands into a typedef'd enum;
+ * when ORTAGENT_ABI_CHECK_ENUMERATOR is defined (by the ABI test, after including the genuine
+ * header) the typedefs are skipped and every value is checked against the genuine enumerator. */
+#define ORTAGENT_ENUM_OrtErrorCode(E) \
+    E(ORT_OK, 0) E(ORT_FAIL, 1) E(ORT_INVALID_ARGUMENT, 2) E(ORT_NO_SUCHFILE, 3) \
+    E(ORT_NO_MODEL, 4) E(ORT_ENGINE_ERROR, 5) E(ORT_RUNTIME_EXCEPTION, 6) \
+    E(ORT_INVALID_PROTOBUF, 7) E(ORT_MODEL_LOADED, 8) E(ORT_NOT_IMPLEMENTED, 9) \
+    E(ORT_INVALID_GRAPH, 10) E(ORT_EP_FAIL, 11)
+
+#define ORTAGENT_ENUM_OrtLoggingLevel(E) \
+    E(ORT_LOGGING_LEVEL_VERBOSE, 0) E(ORT_LOGGING_LEVEL_INFO, 1) E(ORT_LOGGING_LEVEL_WARNING, 2) \
+    E(ORT_LOGGING_LEVEL_ERROR, 3) E(ORT_LOGGING_LEVEL_FATAL, 4)
+
+#define ORTAGENT_ENUM_ONNXTensorElementDataType(E) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, 0) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, 1) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8, 2) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8, 3) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16, 4) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16, 5) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32, 6) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64, 7) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING, 8) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL, 9) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16, 10) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE, 11) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT32, 12) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT64, 13) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_COMPLEX64, 14) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_COMPLEX128, 15) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16, 16) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN, 17) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FNUZ, 18) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E5M2, 19) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E5M2FNUZ, 20) E(ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT4, 21) \
+    E(ONNX_TENSOR_ELEMENT_DATA_TYPE_INT4, 22)
+
+#define ORTAGENT_ENUM_ONNXType(E) \
+    E(ONNX_TYPE_UNKNOWN, 0) E(ONNX_TYPE_TENSOR, 1) E(ONNX_TYPE_SEQUENCE, 2) E(ONNX_TYPE_MAP, 3) \
+    E(ONNX_TYPE_OPAQUE, 4) E(ONNX_TYPE_SPARSETENSOR, 5) E(ONNX_TYPE_OPTIONAL, 6)
+
+#define ORTAGENT_ENUM_GraphOptimizationLevel(E) \
+    E(ORT_DISABLE_ALL, 0) E(ORT_ENABLE_BASIC, 1) E(ORT_ENABLE_EXTENDED, 2) E(ORT_ENABLE_ALL, 99)
+
+#define ORTAGENT_ENUM_ExecutionMode(E) E(ORT_SEQUENTIAL, 0) E(ORT_PARALLEL, 1)
+
+#define ORTAGENT_ENUM_OrtAllocatorType(E) \
+    E(OrtInvalidAllocator, -1) E(OrtDeviceAllocator, 0) E(OrtArenaAllocator, 1)
+
+#define ORTAGENT_ENUM_OrtMemType(E) \
+    E(OrtMemTypeCPUInput, -2) E(OrtMemTypeCPUOutput, -1) E(OrtMemTypeCPU, -1) E(OrtMemTypeDefault, 0)
+
+#define ORTAGENT_ENUM_OrtMemoryInfoDeviceType(E) \
+    E(OrtMemoryInfoDeviceType_CPU, 0) E(OrtMemoryInfoDeviceType_GPU, 1) E(OrtMemoryInfoDeviceType_FPGA, 2)
+
+#define ORTAGENT_ENUMS(LIST) \
+    LIST(OrtErrorCode) LIST(OrtLoggingLevel) LIST(ONNXTensorElementDataType) LIST(ONNXType) \
+    LIST(GraphOptimizationLevel) LIST(ExecutionMode) LIST(OrtAllocatorType) LIST(OrtMemType) \
+    LIST(OrtMemoryInfoDeviceType)
+
+#ifndef ORTAGENT_ABI_CHECK_ENUMERATOR
+#define ORTAGENT_ENUMERATOR_(name, value) name = value,
+#define ORTAGENT_DECLARE_ENUM_(type) typedef enum type { ORTAGENT_ENUM_##type(ORTAGENT_ENUMERATOR_) } type;
+ORTAGENT_ENUMS(ORTAGENT_DECLARE_ENUM_)
+#undef ORTAGENT_DECLARE_ENUM_
+#undef ORTAGENT_ENUMERATOR_
+#endif
+
+/* ---- entry points ----------------------------------------------------------------------- */
+/* The one exported symbol: OrtGetApiBase() returns a pointer to this pair of functions. */
+typedef struct ortagent_api_base {
+    const void* (*get_api)(uint32_t api_version);  /* NULL when the runtime is older */
+    const char* (*get_version_string)(void);       /* "1.N.P" */
+} ortagent_api_base;
+typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
+#define ORTAGENT_GET_API_BASE_SYMBOL "OrtGetApiBase"
+
+/* ---- OrtApi slots ------------------------------------------------------------------------
+ * Functions with since <= ORTAGENT_API_FLOOR. X(slot, since, return type, name, (parameters)) */
+#define ORTAGENT_ORT_FLOOR_FUNCTIONS(X) \
+    X(  0,  1, OrtStatus*, CreateStatus, (OrtErrorCode, const char*)) \
+    X(  1,  1, OrtErrorCode, GetErrorCode, (const OrtStatus*)) \
+    X(  2,  1, const char*, GetErrorMessage, (const OrtStatus*)) \
+    X(  3,  1, OrtStatus*, CreateEnv, (OrtLoggingLevel, const char*, OrtEnv**)) \
+    X(  7,  1, OrtStatus*, CreateSession, (const OrtEnv*, const char*, const OrtSessionOptions*, OrtSession**)) \
+    X(  8,  1, OrtStatus*, CreateSessionFromArray, (const OrtEnv*, const void*, size_t, const OrtSessionOptions*, OrtSession**)) \
+    X(  9,  1, OrtStatus*, Run, (OrtSession*, const OrtRunOptions*, const char* const*, const OrtValue* const*, size_t, const char* const*, size_t, OrtValue**)) \
+    X( 10,  1, OrtStatus*, CreateSessionOptions, (OrtSessionOptions**)) \
+    X( 11,  1, OrtStatus*, SetOptimizedModelFilePath, (OrtSessionOptions*, const char*)) \
+    X( 12,  1, OrtStatus*, CloneSessionOptions, (const OrtSessionOptions*, OrtSessionOptions**)) \
+    X( 13,  1, OrtStatus*, SetSessionExecutionMode, (OrtSessionOptions*, ExecutionMode)) \
+    X( 14,  1, OrtStatus*, EnableProfiling, (OrtSessionOptions*, const char*)) \
+    X( 15,  1, OrtStatus*, DisableProfiling, (OrtSessionOptions*)) \
+    X( 16,  1, OrtStatus*, EnableMemPattern, (OrtSessionOptions*)) \
+    X( 17,  1, OrtStatus*, DisableMemPattern, (OrtSessionOptions*)) \
+    X( 18,  1, OrtStatus*, EnableCpuMemArena, (OrtSessionOptions*)) \
+    X( 19,  1, OrtStatus*, DisableCpuMemArena, (OrtSessionOptions*)) \
+    X( 20,  1, OrtStatus*, SetSessionLogId, (OrtSessionOptions*, const char*)) \
+    X( 21,  1, OrtStatus*, SetSessionLogVerbosityLevel, (OrtSessionOptions*, int)) \
+    X( 22,  1, OrtStatus*, SetSessionLogSeverityLevel, (OrtSessionOptions*, int)) \
+    X( 23,  1, OrtStatus*, SetSessionGraphOptimizationLevel, (OrtSessionOptions*, GraphOptimizationLevel)) \
+    X( 24,  1, OrtStatus*, SetIntraOpNumThreads, (OrtSessionOptions*, int)) \
+    X( 25,  1, OrtStatus*, SetInterOpNumThreads, (OrtSessionOptions*, int)) \
+    X( 30,  1, OrtStatus*, SessionGetInputCount, (const OrtSession*, size_t*)) \
+    X( 31,  1, OrtStatus*, SessionGetOutputCount, (const OrtSession*, size_t*)) \
+    X( 32,  1, OrtStatus*, SessionGetOverridableInitializerCount, (const OrtSession*, size_t*)) \
+    X( 33,  1, OrtStatus*, SessionGetInputTypeInfo, (const OrtSession*, size_t, OrtTypeInfo**)) \
+    X( 34,  1, OrtStatus*, SessionGetOutputTypeInfo, (const OrtSession*, size_t, OrtTypeInfo**)) \
+    X( 35,  1, OrtStatus*, SessionGetOverridableInitializerTypeInfo, (const OrtSession*, size_t, OrtTypeInfo**)) \
+    X( 36,  1, OrtStatus*, SessionGetInputName, (const OrtSession*, size_t, OrtAllocator*, char**)) \
+    X( 37,  1, OrtStatus*, SessionGetOutputName, (const OrtSession*, size_t, OrtAllocator*, char**)) \
+    X( 38,  1, OrtStatus*, SessionGetOverridableInitializerName, (const OrtSession*, size_t, OrtAllocator*, char**)) \
+    X( 39,  1, OrtStatus*, CreateRunOptions, (OrtRunOptions**)) \
+    X( 40,  1, OrtStatus*, RunOptionsSetRunLogVerbosityLevel, (OrtRunOptions*, int)) \
+    X( 41,  1, OrtStatus*, RunOptionsSetRunLogSeverityLevel, (OrtRunOptions*, int)) \
+    X( 42,  1, OrtStatus*, RunOptionsSetRunTag, (OrtRunOptions*, const char*)) \
+    X( 43,  1, OrtStatus*, RunOptionsGetRunLogVerbosityLevel, (const OrtRunOptions*, int*)) \
+    X( 44,  1, OrtStatus*, RunOptionsGetRunLogSeverityLevel, (const OrtRunOptions*, int*)) \
+    X( 45,  1, OrtStatus*, RunOptionsGetRunTag, (const OrtRunOptions*, const char**)) \
+    X( 46,  1, OrtStatus*, RunOptionsSetTerminate, (OrtRunOptions*)) \
+    X( 47,  1, OrtStatus*, RunOptionsUnsetTerminate, (OrtRunOptions*)) \
+    X( 48,  1, OrtStatus*, CreateTensorAsOrtValue, (OrtAllocator*, const int64_t*, size_t, ONNXTensorElementDataType, OrtValue**)) \
+    X( 49,  1, OrtStatus*, CreateTensorWithDataAsOrtValue, (const OrtMemoryInfo*, void*, size_t, const int64_t*, size_t, ONNXTensorElementDataType, OrtValue**)) \
+    X( 50,  1, OrtStatus*, IsTensor, (const OrtValue*, int*)) \
+    X( 51,  1, OrtStatus*, GetTensorMutableData, (OrtValue*, void**)) \
+    X( 52,  1, OrtStatus*, FillStringTensor, (OrtValue*, const char* const*, size_t)) \
+    X( 53,  1, OrtStatus*, GetStringTensorDataLength, (const OrtValue*, size_t*)) \
+    X( 54,  1, OrtStatus*, GetStringTensorContent, (const OrtValue*, void*, size_t, size_t*, size_t)) \
+    X( 55,  1, OrtStatus*, CastTypeInfoToTensorInfo, (const OrtTypeInfo*, const OrtTensorTypeAndShapeInfo**)) \
+    X( 56,  1, OrtStatus*, GetOnnxTypeFromTypeInfo, (const OrtTypeInfo*, ONNXType*)) \
+    X( 60,  1, OrtStatus*, GetTensorElementType, (const OrtTensorTypeAndShapeInfo*, ONNXTensorElementDataType*)) \
+    X( 61,  1, OrtStatus*, GetDimensionsCount, (const OrtTensorTypeAndShapeInfo*, size_t*)) \
+    X( 62,  1, OrtStatus*, GetDimensions, (const OrtTensorTypeAndShapeInfo*, int64_t*, size_t)) \
+    X( 63,  1, OrtStatus*, GetSymbolicDimensions, (const OrtTensorTypeAndShapeInfo*, const char**, size_t)) \
+    X( 64,  1, OrtStatus*, GetTensorShapeElementCount, (const OrtTensorTypeAndShapeInfo*, size_t*)) \
+    X( 65,  1, OrtStatus*, GetTensorTypeAndShape, (const OrtValue*, OrtTensorTypeAndShapeInfo**)) \
+    X( 66,  1, OrtStatus*, GetTypeInfo, (const OrtValue*, OrtTypeInfo**)) \
+    X( 67,  1, OrtStatus*, GetValueType, (const OrtValue*, ONNXType*)) \
+    X( 68,  1, OrtStatus*, CreateMemoryInfo, (const char*, OrtAllocatorType, int, OrtMemType, OrtMemoryInfo**)) \
+    X( 69,  1, OrtStatus*, CreateCpuMemoryInfo, (OrtAllocatorType, OrtMemType, OrtMemoryInfo**)) \
+    X( 70,  1, OrtStatus*, CompareMemoryInfo, (const OrtMemoryInfo*, const OrtMemoryInfo*, int*)) \
+    X( 71,  1, OrtStatus*, MemoryInfoGetName, (const OrtMemoryInfo*, const char**)) \
+    X( 72,  1, OrtStatus*, MemoryInfoGetId, (const OrtMemoryInfo*, int*)) \
+    X( 73,  1, OrtStatus*, MemoryInfoGetMemType, (const OrtMemoryInfo*, OrtMemType*)) \
+    X( 74,  1, OrtStatus*, MemoryInfoGetType, (const OrtMemoryInfo*, OrtAllocatorType*)) \
+    X( 75,  1, OrtStatus*, AllocatorAlloc, (OrtAllocator*, size_t, void**)) \
+    X( 76,  1, OrtStatus*, AllocatorFree, (OrtAllocator*, void*)) \
+    X( 77,  1, OrtStatus*, AllocatorGetInfo, (const OrtAllocator*, const OrtMemoryInfo**)) \
+    X( 78,  1, OrtStatus*, GetAllocatorWithDefaultOptions, (OrtAllocator**)) \
+    X( 79,  1, OrtStatus*, AddFreeDimensionOverride, (OrtSessionOptions*, const char*, int64_t)) \
+    X( 92,  1, void, ReleaseEnv, (OrtEnv*)) \
+    X( 93,  1, void, ReleaseStatus, (OrtStatus*)) \
+    X( 94,  1, void, ReleaseMemoryInfo, (OrtMemoryInfo*)) \
+    X( 95,  1, void, ReleaseSession, (OrtSession*)) \
+    X( 96,  1, void, ReleaseValue, (OrtValue*)) \
+    X( 97,  1, void, ReleaseRunOptions, (OrtRunOptions*)) \
+    X( 98,  1, void, ReleaseTypeInfo, (OrtTypeInfo*)) \
+    X( 99,  1, void, ReleaseTensorTypeAndShapeInfo, (OrtTensorTypeAndShapeInfo*)) \
+    X(100,  1, void, ReleaseSessionOptions, (OrtSessionOptions*)) \
+    X(111,  2, OrtStatus*, SessionGetModelMetadata, (const OrtSession*, OrtModelMetadata**)) \
+    X(112,  2, OrtStatus*, ModelMetadataGetProducerName, (const OrtModelMetadata*, OrtAllocator*, char**)) \
+    X(113,  2, OrtStatus*, ModelMetadataGetGraphName, (const OrtModelMetadata*, OrtAllocator*, char**)) \
+    X(114,  2, OrtStatus*, ModelMetadataGetDomain, (const OrtModelMetadata*, OrtAllocator*, char**)) \
+    X(115,  2, OrtStatus*, ModelMetadataGetDescription, (const OrtModelMetadata*, OrtAllocator*, char**)) \
+    X(116,  2, OrtStatus*, ModelMetadataLookupCustomMetadataMap, (const OrtModelMetadata*, OrtAllocator*, const char*, char**)) \
+    X(117,  2, OrtStatus*, ModelMetadataGetVersion, (const OrtModelMetadata*, int64_t*)) \
+    X(118,  2, void, ReleaseModelMetadata, (OrtModelMetadata*)) \
+    X(123,  3, OrtStatus*, ModelMetadataGetCustomMetadataMapKeys, (const OrtModelMetadata*, OrtAllocator*, char***, int64_t*)) \
+    X(124,  3, OrtStatus*, AddFreeDimensionOverrideByName, (OrtSessionOptions*, const char*, int64_t)) \
+    X(125,  4, OrtStatus*, GetAvailableProviders, (char***, int*)) \
+    X(126,  4, OrtStatus*, ReleaseAvailableProviders, (char**, int)) \
+    X(127,  5, OrtStatus*, GetStringTensorElementLength, (const OrtValue*, size_t, size_t*)) \
+    X(128,  5, OrtStatus*, GetStringTensorElement, (const OrtValue*, size_t, size_t, void*)) \
+    X(129,  5, OrtStatus*, FillStringTensorElement, (OrtValue*, const char*, size_t)) \
+    X(130,  5, OrtStatus*, AddSessionConfigEntry, (OrtSessionOptions*, const char*, const char*)) \
+    X(131,  5, OrtStatus*, CreateAllocator, (const OrtSession*, const OrtMemoryInfo*, OrtAllocator**)) \
+    X(132,  5, void, ReleaseAllocator, (OrtAllocator*)) \
+    X(133,  5, OrtStatus*, RunWithBinding, (OrtSession*, const OrtRunOptions*, const OrtIoBinding*)) \
+    X(134,  5, OrtStatus*, CreateIoBinding, (OrtSession*, OrtIoBinding**)) \
+    X(135,  5, void, ReleaseIoBinding, (OrtIoBinding*)) \
+    X(136,  5, OrtStatus*, BindInput, (OrtIoBinding*, const char*, const OrtValue*)) \
+    X(137,  5, OrtStatus*, BindOutput, (OrtIoBinding*, const char*, const OrtValue*)) \
+    X(138,  5, OrtStatus*, BindOutputToDevice, (OrtIoBinding*, const char*, const OrtMemoryInfo*)) \
+    X(139,  5, OrtStatus*, GetBoundOutputNames, (const OrtIoBinding*, OrtAllocator*, char**, size_t**, size_t*)) \
+    X(140,  5, OrtStatus*, GetBoundOutputValues, (const OrtIoBinding*, OrtAllocator*, OrtValue***, size_t*)) \
+    X(141,  5, void, ClearBoundInputs, (OrtIoBinding*)) \
+    X(142,  5, void, ClearBoundOutputs, (OrtIoBinding*)) \
+    X(150,  6, OrtStatus*, AddInitializer, (OrtSessionOptions*, const char*, const OrtValue*)) \
+    X(158,  7, OrtStatus*, ModelMetadataGetGraphDescription, (const OrtModelMetadata*, OrtAllocator*, char**)) \
+    X(165,  8, OrtStatus*, AddRunConfigEntry, (OrtRunOptions*, const char*, const char*)) \
+    X(192, 10, OrtStatus*, HasValue, (const OrtValue*, int*)) \
+    X(194, 10, OrtStatus*, GetTensorMemoryInfo, (const OrtValue*, const OrtMemoryInfo**)) \
+    X(202, 10, OrtStatus*, SynchronizeBoundInputs, (OrtIoBinding*)) \
+    X(203, 10, OrtStatus*, SynchronizeBoundOutputs, (OrtIoBinding*)) \
+    X(204, 11, OrtStatus*, SessionOptionsAppendExecutionProvider_CUDA_V2, (OrtSessionOptions*, const OrtCUDAProviderOptionsV2*)) \
+    X(205, 11, OrtStatus*, CreateCUDAProviderOptions, (OrtCUDAProviderOptionsV2**)) \
+    X(206, 11, OrtStatus*, UpdateCUDAProviderOptions, (OrtCUDAProviderOptionsV2*, const char* const*, const char* const*, size_t)) \
+    X(207, 11, OrtStatus*, GetCUDAProviderOptionsAsString, (const OrtCUDAProviderOptionsV2*, OrtAllocator*, char**)) \
+    X(208, 11, void, ReleaseCUDAProviderOptions, (OrtCUDAProviderOptionsV2*)) \
+    X(216, 12, OrtStatus*, SessionOptionsAppendExecutionProvider, (OrtSessionOptions*, const char*, const char* const*, const char* const*, size_t)) \
+    X(225, 14, void, MemoryInfoGetDeviceType, (const OrtMemoryInfo*, OrtMemoryInfoDeviceType*)) \
+    X(226, 14, OrtStatus*, UpdateEnvWithCustomLogLevel, (OrtEnv*, OrtLoggingLevel)) \
+    X(237, 14, OrtStatus*, HasSessionConfigEntry, (const OrtSessionOptions*, const char*, int*)) \
+    X(238, 14, OrtStatus*, GetSessionConfigEntry, (const OrtSessionOptions*, const char*, char*, size_t*)) \
+    X(254, 15, const char*, GetBuildInfoString, (void))
+
+/* Functions newer than ORTAGENT_API_FLOOR. All return OrtStatus*, and their parameters are
+ * named so that ort_call.h can define a stand-in that reports the missing version. */
+#define ORTAGENT_ORT_NEWER_FUNCTIONS(X) \
+    X(386, 23, OrtStatus*, CopyTensors, (const OrtEnv* env, const OrtValue* const* sources, \
+                                         OrtValue* const* destinations, OrtSyncStream* stream, \
+                                         size_t count))
+
+#define ORTAGENT_DECLARE_SLOT_(slot, since, ret, name, params) \
+    enum { ortagent_slot_##name = slot, ortagent_since_##name = since }; \
+    typedef ret (*ortagent_fn_##name) params;
+ORTAGENT_ORT_FLOOR_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
+ORTAGENT_ORT_NEWER_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
+#undef ORTAGENT_DECLARE_SLOT_
+
+#endif /* ORTAGENT_ORT_ABI_H */
