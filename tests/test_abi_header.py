@@ -1,0 +1,268 @@
+"""include/ortagent/ort_abi.h against a genuine onnxruntime_c_api.h.
+
+The genuine header is Debian's libonnxruntime-dev (trixie, onnxruntime 1.21), fetched at test
+time into .cache/abi-headers/ by tests/abi_check/debian_headers.py; nothing of it is kept in
+the repository. The tests skip, saying why, when it cannot be fetched or gcc is missing.
+
+What is checked (tests/abi_check/check_ort_abi.c does the C part):
+  - every declared slot index and signature that the header's API version covers, every enum
+    value, the OrtApiBase layout;
+  - every declared `since` against the header: a slot the header's version covers must be
+    there (under its name), and its `since` must match the member's "\\since" doc comment, or
+    lie between the documented versions around it; a slot newer than the header must lie past
+    its table, and is reported as "unverified: <name> slot <n> since 1.<v>";
+  - that these checks fail on a deliberately wrong declaration (negative self-tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+HERE = Path(__file__).resolve().parent
+ctools = _load("ortagent_tests_ctools", HERE / "abi_check" / "ctools.py")
+debian = _load("ortagent_tests_debian_headers", HERE / "abi_check" / "debian_headers.py")
+CHECK_C = HERE / "abi_check" / "check_ort_abi.c"
+ORT_ABI_H = ctools.INCLUDE / "ortagent" / "ort_abi.h"
+
+
+# ---- without the genuine header ---------------------------------------------------------------
+
+def _consistency_problems(include: Path) -> list[str]:
+    """What is wrong with ort_abi.h under `include` on its own terms (no genuine header)."""
+    declared = ctools.declared_functions(include)
+    macros = ctools.declared_macros(["ORTAGENT_API_FLOOR", "ORTAGENT_API_NEWEST"],
+                                    include, "ortagent/ort_abi.h")
+    floor, newest = int(macros["ORTAGENT_API_FLOOR"]), int(macros["ORTAGENT_API_NEWEST"])
+    problems = []
+    names = [d.name for d in declared]
+    slots = [d.slot for d in declared]
+    if len(set(names)) != len(names):
+        problems.append(f"names declared twice: {sorted({n for n in names if names.count(n) > 1})}")
+    if len(set(slots)) != len(slots):
+        problems.append(f"slots declared twice: {sorted({s for s in slots if slots.count(s) > 1})}")
+    for d in declared:
+        if d.group == "floor" and d.since > floor:
+            problems.append(f"{d.name} (since 1.{d.since}) is newer than ORTAGENT_API_FLOOR "
+                            f"({floor}): it belongs in ORTAGENT_ORT_NEWER_FUNCTIONS")
+        if d.group == "newer" and d.since <= floor:
+            problems.append(f"{d.name} (since 1.{d.since}) is no newer than the floor: it "
+                            "belongs in ORTAGENT_ORT_FLOOR_FUNCTIONS")
+        if d.group == "newer" and d.ret != "OrtStatus*":
+            problems.append(f"{d.name} is in the newer list but returns {d.ret}; ort_call.h's "
+                            "stand-in can only return an OrtStatus*")
+        if d.since > newest:
+            problems.append(f"{d.name} (since 1.{d.since}) is newer than ORTAGENT_API_NEWEST")
+    if max(d.since for d in declared) != newest:
+        problems.append(f"ORTAGENT_API_NEWEST is {newest}, the newest declared slot is "
+                        f"1.{max(d.since for d in declared)}")
+    # The table is append-only: a later slot never belongs to an older version.
+    by_slot = sorted(declared, key=lambda d: d.slot)
+    for a, b in zip(by_slot, by_slot[1:]):
+        if b.since < a.since:
+            problems.append(f"{b.name} (slot {b.slot}, since 1.{b.since}) comes after "
+                            f"{a.name} (slot {a.slot}, since 1.{a.since})")
+    return problems
+
+
+def test_declarations_are_consistent():
+    problems = _consistency_problems(ctools.INCLUDE)
+    assert not problems, "\n".join(problems)
+
+
+INCONSISTENT = {
+    "floor slot newer than the floor": ("X(254, 15, const char*, GetBuildInfoString",
+                                        "X(254, 21, const char*, GetBuildInfoString",
+                                        "GetBuildInfoString (since 1.21) is newer than"),
+    "since out of slot order": ("X(133,  5, OrtStatus*, RunWithBinding",
+                                "X(133,  1, OrtStatus*, RunWithBinding",
+                                "RunWithBinding (slot 133, since 1.1) comes after"),
+    "slot declared twice": ("X( 10,  1, OrtStatus*, CreateSessionOptions",
+                            "X(  9,  1, OrtStatus*, CreateSessionOptions",
+                            "slots declared twice: [9]"),
+}
+
+
+@pytest.mark.parametrize("case", list(INCONSISTENT))
+def test_consistency_check_can_fail(tmp_path, case):
+    old, new, message = INCONSISTENT[case]
+    (tmp_path / "ortagent").mkdir()
+    (tmp_path / "ortagent" / "ort_abi.h").write_text(
+        ctools.mutated(ORT_ABI_H.read_text(), old, new))
+    problems = _consistency_problems(tmp_path)
+    assert any(message in p for p in problems), problems
+
+
+def test_declared_enums_are_int_sized(tmp_path):
+    enums = ctools.declared_enums()
+    assert enums, "no enum found through ORTAGENT_ENUMS"
+    src = tmp_path / "enums.c"
+    src.write_text('#include "ortagent/ort_abi.h"\n' + "".join(
+        f'_Static_assert(sizeof({t}) == sizeof(int), "{t} is not int-sized");\n'
+        for t in enums))
+    proc = ctools.compile_c([*ctools.C_STD, f"-I{ctools.INCLUDE}", "-c", str(src),
+                             "-o", str(tmp_path / "enums.o")])
+    assert proc.returncode == 0, proc.stderr
+
+
+CALLS = {
+    "floor slot": ("ORTAGENT_CALL(Run)", True),
+    "newer slot through CALL_NEWER": ("ORTAGENT_CALL_NEWER(CopyTensors)", True),
+    "newer slot through CALL": ("ORTAGENT_CALL(CopyTensors)", False),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_call_macros_refuse_newer_slots_at_compile_time(tmp_path, case):
+    expr, ok = CALLS[case]
+    src = tmp_path / "call.c"
+    src.write_text('#include "ortagent/ort_call.h"\n'
+                   f"void* use(void) {{ return (void*){expr}; }}\n")
+    proc = ctools.compile_c([*ctools.C_STD, "-Wno-unused-function", f"-I{ctools.INCLUDE}", "-c",
+                             str(src), "-o", str(tmp_path / "call.o")])
+    assert (proc.returncode == 0) == ok, proc.stderr
+
+
+# ---- against the genuine header ---------------------------------------------------------------
+
+class Genuine:
+    def __init__(self, header: Path, origin: str, version: int, members):
+        self.header, self.origin, self.version, self.members = header, origin, version, members
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory) -> Genuine:
+    ctools.gcc()
+    try:
+        header, origin = debian.onnxruntime_c_api_header()
+    except debian.Unavailable as exc:
+        pytest.skip(f"no genuine onnxruntime_c_api.h: {exc}")
+    version = ctools.header_api_version(header)
+    members = ctools.genuine_members(header)
+    ctools.validate_members(header, members, tmp_path_factory.mktemp("members"))
+    return Genuine(header, origin, version, members)
+
+
+def _write_checkable(folder: Path, declared, version: int) -> None:
+    lines = ["/* generated by tests/test_abi_header.py */"]
+    for d in declared:
+        body = "x" if d.since <= version else ""
+        lines.append(f"#define ORTAGENT_IF_CHECKABLE_{d.name}(x) {body}")
+    (folder / "ort_checkable.h").write_text("\n".join(lines) + "\n")
+
+
+def _build_check(genuine: Genuine, include: Path, workdir: Path) -> subprocess.CompletedProcess:
+    """Compile check_ort_abi.c against the genuine header and the ort_abi.h under `include`."""
+    declared = ctools.declared_functions(include)
+    _write_checkable(workdir, declared, genuine.version)
+    return ctools.compile_c([*ctools.C_STD, f"-I{genuine.header.parent}", f"-I{include}",
+                             f"-I{workdir}", str(CHECK_C), "-o", str(workdir / "check_ort_abi")])
+
+
+def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
+    proc = _build_check(genuine, ctools.INCLUDE, tmp_path)
+    assert proc.returncode == 0, f"ort_abi.h disagrees with {genuine.origin}:\n{proc.stderr}"
+    run = subprocess.run([str(tmp_path / "check_ort_abi")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert f"api_version {genuine.version}" in lines
+    assert f"table {len(genuine.members)}" in lines
+    assert "api_base ok" in lines
+
+    declared = ctools.declared_functions()
+    expected_slots = {f"slot {d.name} {d.slot} {d.since} {d.slot}"
+                      for d in declared if d.since <= genuine.version}
+    checked_slots = {line for line in lines if line.startswith("slot ")}
+    assert checked_slots == expected_slots, (
+        f"missing: {sorted(expected_slots - checked_slots)}; "
+        f"unexpected: {sorted(checked_slots - expected_slots)}")
+
+    enums = ctools.declared_enums()
+    expected_enums = {f"enum {t} {n} {v}" for t, values in enums.items() for n, v in values}
+    checked_enums = {line for line in lines if line.startswith("enum ")}
+    assert checked_enums == expected_enums
+
+    ctools.report(request.config,
+                  f"ort_abi.h vs {genuine.origin} (ORT_API_VERSION {genuine.version}, "
+                  f"{len(genuine.members)} slots): {len(checked_slots)} of {len(declared)} "
+                  f"declared slots verified (index + signature), {len(enums)} enums / "
+                  f"{len(checked_enums)} values verified, OrtApiBase layout verified")
+
+
+def test_since_versions_agree_with_genuine_header(genuine, request):
+    declared = ctools.declared_functions()
+    problems, exact, bounded, unverified = ctools.since_problems(declared, genuine.members,
+                                                                 genuine.version)
+    assert not problems, "\n".join(problems)
+    ctools.report(request.config,
+                  f"ort_abi.h since versions: {len(exact)} match the header's \\since docs, "
+                  f"{len(bounded)} lie within the documented versions around them, "
+                  f"{len(unverified)} newer than the header")
+    for d in sorted(unverified, key=lambda d: d.slot):
+        ctools.report(request.config, f"unverified: {d.name} slot {d.slot} since 1.{d.since}")
+
+
+@pytest.mark.parametrize("declared_since, member_since", [(12, 14), (13, None)])
+def test_since_check_can_fail(genuine, declared_since, member_since):
+    """A wrong `since` is caught both on a documented member and on an undocumented one."""
+    declared = ctools.declared_functions()
+    if member_since is None:
+        # An undocumented member whose neighbours bound its version: RunWithBinding (1.5).
+        target = next(d for d in declared if d.name == "RunWithBinding")
+    else:
+        target = next(d for d in declared if d.slot < len(genuine.members)
+                      and genuine.members[d.slot].since == member_since)
+    wrong = [ctools.Declared(d.name, d.slot, declared_since, d.group, d.ret) if d == target else d
+             for d in declared]
+    problems, *_ = ctools.since_problems(wrong, genuine.members, genuine.version)
+    assert any(p.startswith(target.name + ":") for p in problems), problems
+
+
+MUTATIONS = {
+    "slot index": ("X(  9,  1, OrtStatus*, Run,", "X( 10,  1, OrtStatus*, Run,",
+                   "slot index of Run differs"),
+    "parameter type": ("GetErrorCode, (const OrtStatus*)", "GetErrorCode, (OrtStatus*)",
+                       "signature of GetErrorCode differs"),
+    "parameter count": ("ReleaseValue, (OrtValue*)", "ReleaseValue, (OrtValue*, int)",
+                        "signature of ReleaseValue differs"),
+    "return type": ("X(  2,  1, const char*, GetErrorMessage",
+                    "X(  2,  1, char*, GetErrorMessage", "signature of GetErrorMessage differs"),
+    "enum value": ("E(ORT_ENABLE_ALL, 99)", "E(ORT_ENABLE_ALL, 3)",
+                   "value of ORT_ENABLE_ALL differs"),
+    "missing function": ("GetBuildInfoString, (void)", "GetBuildInfoStrings, (void)",
+                         "GetBuildInfoStrings"),
+    # A slot claimed as old enough for the header must be there.
+    "since too old": ("X(386, 23, OrtStatus*, CopyTensors", "X(386, 21, OrtStatus*, CopyTensors",
+                      "CopyTensors"),
+    "api base layout": (
+        "const void* (*get_api)(uint32_t api_version);  /* NULL when the runtime is older */\n"
+        "    const char* (*get_version_string)(void);       /* \"1.N.P\" */",
+        "const char* (*get_version_string)(void);\n    const void* (*get_api)(uint32_t);",
+        "offset of ortagent_api_base"),
+}
+
+
+@pytest.mark.parametrize("case", list(MUTATIONS))
+def test_ort_abi_check_fails_on_wrong_declaration(genuine, tmp_path, case):
+    old, new, message = MUTATIONS[case]
+    include = tmp_path / "include"
+    (include / "ortagent").mkdir(parents=True)
+    (include / "ortagent" / "ort_abi.h").write_text(
+        ctools.mutated(ORT_ABI_H.read_text(), old, new))
+    proc = _build_check(genuine, include, tmp_path)
+    assert proc.returncode != 0, f"a wrong declaration ({case}) compiled"
+    assert message in proc.stderr, proc.stderr
