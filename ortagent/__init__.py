@@ -1,0 +1,86 @@
+"""ortagent: a low-overhead binding of the onnxruntime C API, and a TrainingAgent that runs
+ORTModule training graphs on stock onnxruntime.
+
+``import ortagent`` is cheap: it imports neither numpy nor onnxruntime nor the extension modules.
+Each public name is imported from its module on first use, and the onnxruntime library itself
+is loaded by the first call that needs it (see ``ortagent._library`` for where it is looked up).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ortagent.errors import *  # noqa: F401,F403  (pure Python, cheap)
+from ortagent.errors import __all__ as _error_names
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    # runtime
+    "get_version_string": "ortagent._runtime",
+    "get_build_info": "ortagent._runtime",
+    "get_available_providers": "ortagent._runtime",
+    "set_default_logger_severity": "ortagent._runtime",
+    "get_default_logger_severity": "ortagent._runtime",
+    "live_handles": "ortagent._runtime",
+    "library_path": "ortagent._runtime",
+    "api_version": "ortagent._runtime",
+    # values
+    "OrtValue": "ortagent._values",
+    "OrtDevice": "ortagent._values",
+    "from_dlpack": "ortagent._values",
+    # sessions
+    "SessionOptions": "ortagent._session",
+    "RunOptions": "ortagent._session",
+    "InferenceSession": "ortagent._session",
+    "IOBinding": "ortagent._session",
+    "NodeArg": "ortagent._session",
+    "ModelMetadata": "ortagent._session",
+    "GraphOptimizationLevel": "ortagent._session",
+    "ExecutionMode": "ortagent._session",
+    # training
+    "TrainingAgent": "ortagent.agent",
+    "PartialGraphExecutionState": "ortagent.agent",
+}
+
+__all__ = sorted([*_LAZY, *_error_names, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'ortagent' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from ortagent._runtime import (  # noqa: F401
+        api_version,
+        get_available_providers,
+        get_build_info,
+        get_default_logger_severity,
+        get_version_string,
+        library_path,
+        live_handles,
+        set_default_logger_severity,
+    )
+    from ortagent._session import (  # noqa: F401
+        ExecutionMode,
+        GraphOptimizationLevel,
+        InferenceSession,
+        IOBinding,
+        ModelMetadata,
+        NodeArg,
+        RunOptions,
+        SessionOptions,
+    )
+    from ortagent._values import OrtDevice, OrtValue, from_dlpack  # noqa: F401
+    from ortagent.agent import PartialGraphExecutionState, TrainingAgent  # noqa: F401

@@ -1,0 +1,34 @@
+# cython: language_level=3
+from ortagent cimport _capi as ort
+
+# Kinds of ORT handles whose live instances are counted (see live_handles()).
+cpdef enum HandleKind:
+    HANDLE_SESSION = 0
+    HANDLE_SESSION_OPTIONS = 1
+    HANDLE_RUN_OPTIONS = 2
+    HANDLE_VALUE = 3
+    HANDLE_MEMORY_INFO = 4
+    HANDLE_IO_BINDING = 5
+    HANDLE_ALLOCATOR = 6
+    HANDLE_RUN_STATE = 7
+    HANDLE_DLPACK_EXPORT = 8
+    HANDLE_KIND_COUNT = 9
+
+# The process-wide runtime description; its fields are filled once the runtime is loaded.
+cdef ort.ortagent_runtime* shared_runtime() noexcept nogil
+# Live-handle counters, indexed by HandleKind. Changed only with the GIL held.
+cdef Py_ssize_t* live_handle_counts() noexcept nogil
+
+# Load the runtime (once); raises OrtLoadError. Needs the GIL.
+cdef int ensure_loaded() except -1
+# Turn a non-NULL status into the matching OrtError (releasing the status) and raise it.
+cdef int raise_status(ort.OrtStatus* status) except -1
+
+
+cdef inline int check(ort.OrtStatus* status) except -1 nogil:
+    """Return 0 for success (NULL); otherwise take the GIL and raise the status as OrtError."""
+    if status == NULL:
+        return 0
+    with gil:
+        raise_status(status)
+    return -1

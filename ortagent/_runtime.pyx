@@ -1,0 +1,198 @@
+# cython: language_level=3
+"""The loaded onnxruntime: finding and dlopen-ing the library, API version negotiation, the one
+process-wide OrtEnv, the status checker and the live-handle counters.
+
+Nothing is loaded at import: the runtime is loaded by the first call that needs it, so that
+``import ortagent`` works without onnxruntime installed and the error says what to install.
+"""
+
+import threading
+
+from libc.stdint cimport uint32_t
+from libc.string cimport strlen
+from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
+
+from ortagent cimport _capi as ort
+from ortagent import _library
+from ortagent.errors import OrtLoadError, error_class_for_code, OrtInvalidArgument
+
+cdef ort.ortagent_runtime _runtime
+cdef Py_ssize_t _live_counts[<int>HANDLE_KIND_COUNT]
+cdef void* _library_handle = NULL
+_library_path = None
+_load_lock = threading.Lock()
+
+# This module's own pointer for ORTAGENT_CALL.
+ort.ortagent_rt = &_runtime
+
+_HANDLE_KIND_NAMES = (
+    "session", "session_options", "run_options", "value", "memory_info", "io_binding",
+    "allocator", "run_state", "dlpack_export",
+)
+
+# Severity names onnxruntime uses for OrtLoggingLevel 0..4.
+_SEVERITY_NAMES = ("verbose", "info", "warning", "error", "fatal")
+
+
+cdef ort.ortagent_runtime* shared_runtime() noexcept nogil:
+    return &_runtime
+
+
+cdef Py_ssize_t* live_handle_counts() noexcept nogil:
+    return _live_counts
+
+
+cdef int raise_status(ort.OrtStatus* status) except -1:
+    cdef int code = <int>ort.GetErrorCode(status)
+    cdef const char* text = ort.GetErrorMessage(status)
+    message = text[:strlen(text)].decode("utf-8", "replace") if text != NULL else ""
+    ort.ReleaseStatus(status)
+    raise error_class_for_code(code)(message, code)
+
+
+def _parse_minor(version):
+    parts = version.split(".")
+    if len(parts) < 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    if int(parts[0]) != 1:
+        return None
+    return int(parts[1])
+
+
+cdef int _open_library(str path, list failures) except -1:
+    """dlopen `path` and negotiate the API; 1 on success, 0 (with a reason appended) otherwise."""
+    global _library_handle, _library_path
+    cdef bytes encoded = path.encode()
+    cdef void* handle = dlopen(encoded, RTLD_NOW | RTLD_LOCAL)
+    cdef const char* err
+    if handle == NULL:
+        err = dlerror()
+        failures.append(f"{path}: {err.decode('utf-8', 'replace') if err != NULL else 'dlopen failed'}")
+        return 0
+    cdef ort.ortagent_get_api_base_fn get_api_base = <ort.ortagent_get_api_base_fn>dlsym(
+        handle, ort.ORTAGENT_GET_API_BASE_SYMBOL)
+    if get_api_base == NULL:
+        failures.append(f"{path}: no symbol OrtGetApiBase (not an onnxruntime library)")
+        return 0
+    cdef const ort.ortagent_api_base* base = get_api_base()
+    cdef const char* version_text = base.get_version_string()
+    version = version_text.decode() if version_text != NULL else "?"
+    minor = _parse_minor(version)
+    if minor is None:
+        failures.append(f"{path}: unrecognised onnxruntime version string {version!r}")
+        return 0
+    if minor < ort.ORTAGENT_API_FLOOR:
+        failures.append(
+            f"{path}: onnxruntime {version} is too old; ortagent needs onnxruntime >= "
+            f"1.{ort.ORTAGENT_API_FLOOR} (OrtApi version {ort.ORTAGENT_API_FLOOR})")
+        return 0
+    cdef uint32_t wanted = <uint32_t>min(minor, ort.ORTAGENT_API_NEWEST)
+    cdef const void* table = base.get_api(wanted)
+    if table == NULL:
+        failures.append(f"{path}: onnxruntime {version} refused OrtApi version {wanted}")
+        return 0
+    _runtime.api = <const ort.ortagent_any_fn*>table
+    _runtime.api_version = wanted
+    _runtime.runtime_minor = <uint32_t>minor
+    _runtime.version_string = version_text
+    _library_handle = handle
+    _library_path = path
+    return 1
+
+
+cdef int _create_env() except -1:
+    cdef ort.OrtEnv* env = NULL
+    check(ort.CreateEnv(ort.ORT_LOGGING_LEVEL_WARNING, b"ortagent", &env))
+    _runtime.env = env
+    return 0
+
+
+cdef int ensure_loaded() except -1:
+    if _runtime.env != NULL:
+        return 0
+    with _load_lock:
+        if _runtime.env != NULL:
+            return 0
+        paths, explicit = _library.candidate_paths()
+        failures = []
+        for path in paths:
+            if _open_library(path, failures):
+                break
+        else:
+            tried = "\n  ".join(failures)
+            if explicit:
+                raise OrtLoadError(
+                    f"cannot use the onnxruntime library named by {_library.ENV_VARIABLE}:\n  {tried}")
+            raise OrtLoadError(
+                "cannot find a usable onnxruntime library; tried:\n  " + tried + "\n"
+                + _library.INSTALL_HINT)
+        _create_env()
+    return 0
+
+
+# ---- public functions ----------------------------------------------------------------------
+
+def load():
+    """Load the onnxruntime library now (normally done by the first call that needs it)."""
+    ensure_loaded()
+    return _library_path
+
+
+def library_path():
+    """Path of the loaded onnxruntime library, or None when not loaded yet."""
+    return _library_path
+
+
+def api_version():
+    """The OrtApi version in use (min of the runtime's and the newest ortagent declares)."""
+    ensure_loaded()
+    return _runtime.api_version
+
+
+def get_version_string():
+    """The loaded onnxruntime's version, e.g. '1.31.1'."""
+    ensure_loaded()
+    return _runtime.version_string.decode()
+
+
+def get_build_info():
+    """The loaded onnxruntime's build description string."""
+    ensure_loaded()
+    cdef const char* info = ort.GetBuildInfoString()
+    return info.decode("utf-8", "replace") if info != NULL else ""
+
+
+def get_available_providers():
+    """Execution providers compiled into the loaded onnxruntime, in its order of precedence."""
+    ensure_loaded()
+    cdef char** names = NULL
+    cdef int count = 0
+    cdef int i
+    check(ort.GetAvailableProviders(&names, &count))
+    try:
+        return [names[i].decode() for i in range(count)]
+    finally:
+        check(ort.ReleaseAvailableProviders(names, count))
+
+
+def set_default_logger_severity(int severity):
+    """Set the log severity of the process-wide environment: 0 verbose ... 4 fatal."""
+    if not 0 <= severity <= 4:
+        raise OrtInvalidArgument(
+            f"log severity must be 0..4 ({', '.join(_SEVERITY_NAMES)}), got {severity}")
+    ensure_loaded()
+    check(ort.UpdateEnvWithCustomLogLevel(_runtime.env, <ort.OrtLoggingLevel>severity))
+    global _default_severity
+    _default_severity = severity
+
+
+_default_severity = 2
+
+
+def get_default_logger_severity():
+    return _default_severity
+
+
+def live_handles():
+    """Counts of live ORT handles owned by ortagent objects, by kind (for leak checks)."""
+    return {name: _live_counts[i] for i, name in enumerate(_HANDLE_KIND_NAMES)}

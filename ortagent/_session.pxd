@@ -1,0 +1,60 @@
+# cython: language_level=3
+from ortagent cimport _capi as ort
+
+
+cdef class SessionOptions:
+    cdef ort.OrtSessionOptions* handle
+    cdef dict _config_entries
+    cdef list _initializers          # [(name, OrtValue)] kept alive for the sessions using them
+    cdef dict _dimension_overrides
+    cdef int _intra_op_num_threads
+    cdef int _inter_op_num_threads
+    cdef int _graph_optimization_level
+    cdef int _execution_mode
+    cdef int _log_severity_level
+    cdef int _log_verbosity_level
+    cdef str _logid
+    cdef bint _enable_mem_pattern
+    cdef bint _enable_cpu_mem_arena
+    cdef bint _enable_profiling
+    cdef str _profile_file_prefix
+    cdef str _optimized_model_filepath
+    cdef int require_handle(self) except -1
+
+
+cdef class RunOptions:
+    cdef ort.OrtRunOptions* handle
+    cdef int _log_severity_level
+    cdef int _log_verbosity_level
+    cdef str _logid
+    cdef bint _terminate
+    cdef dict _config_entries
+
+
+cdef class InferenceSession:
+    cdef ort.OrtSession* handle
+    cdef readonly object _sess_options          # the SessionOptions given (or a default one)
+    cdef list _providers
+    cdef list _provider_options
+    cdef Py_ssize_t n_inputs                    # required graph inputs
+    cdef Py_ssize_t n_feedable                  # inputs + overridable initializers
+    cdef Py_ssize_t n_outputs
+    # Names encoded once at creation; owned (malloc'ed) by the session.
+    cdef char** input_names_c                   # n_feedable names: inputs, then initializers
+    cdef char** output_names_c
+    cdef int* input_elem_types                  # ONNX element type per input, -1 if not a tensor
+    cdef dict input_index                       # name -> position
+    cdef dict output_index
+    cdef list _inputs_meta
+    cdef list _outputs_meta
+    cdef list _overridable_meta
+    cdef Py_ssize_t runs_in_flight              # changed with the GIL held
+    cdef bint close_pending
+    cdef int require_open(self) except -1
+    cdef int begin_run(self) except -1
+    cdef void end_run(self) noexcept
+    cdef int output_positions(self, object output_names, const char** names_out,
+                              Py_ssize_t capacity) except -1
+    cdef int _read_io_metadata(self) except -1
+    cdef void _release_handle(self) noexcept
+    cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)

@@ -1,0 +1,1029 @@
+# cython: language_level=3
+"""SessionOptions, RunOptions and InferenceSession, with the names and behaviour of
+onnxruntime's Python classes and the cost of calling the C API directly.
+
+Input and output names are encoded once when the session is created; a run builds its C arrays
+on the stack (heap beyond 16 entries), creates tensors over the NumPy feeds, releases the GIL
+around ``OrtApi::Run`` and returns NumPy views of the buffers ORT produced.
+"""
+
+import enum
+import os
+
+cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, free, calloc
+from libc.string cimport strlen, strcpy
+
+from ortagent cimport _capi as ort
+from ortagent._runtime cimport (
+    check, ensure_loaded, shared_runtime, live_handle_counts,
+    HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE,
+)
+from ortagent._values cimport (
+    OrtValue, wrap_value, tensor_for_feed, value_to_numpy, tensor_type_name,
+)
+from ortagent._runtime import get_available_providers
+from ortagent.errors import (
+    OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, OrtNotFound,
+)
+
+ort.ortagent_rt = shared_runtime()
+cdef Py_ssize_t* _live = live_handle_counts()
+
+cdef enum:
+    STACK_NAMES = 16
+
+
+class GraphOptimizationLevel(enum.IntEnum):
+    """Graph optimisation levels (values of onnxruntime's enum)."""
+    ORT_DISABLE_ALL = 0
+    ORT_ENABLE_BASIC = 1
+    ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_ALL = 99
+
+
+class ExecutionMode(enum.IntEnum):
+    ORT_SEQUENTIAL = 0
+    ORT_PARALLEL = 1
+
+
+cdef bytes _encode(object text, str what):
+    if isinstance(text, bytes):
+        return text
+    if not isinstance(text, str):
+        raise OrtInvalidType(f"{what} must be a str, got {type(text).__name__}")
+    if "\0" in text:
+        raise OrtInvalidArgument(f"{what} must not contain NUL characters: {text!r}")
+    return text.encode("utf-8")
+
+
+cdef int _check_int_range(object value, str what, long low, long high) except -1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OrtInvalidType(f"{what} must be an int, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise OrtInvalidArgument(f"{what} must be in [{low}, {high}], got {value}")
+    return 0
+
+
+# ---- SessionOptions ----------------------------------------------------------------------------
+
+@cython.final
+cdef class SessionOptions:
+    """Options for creating sessions (onnxruntime.SessionOptions' names and defaults).
+
+    ORT keeps no readable copy of most options, so this object mirrors what was set. A session
+    copies the options at creation: changing them later affects only sessions created later.
+    """
+
+    def __cinit__(self):
+        ensure_loaded()
+        check(ort.CreateSessionOptions(&self.handle))
+        _live[<int>HANDLE_SESSION_OPTIONS] += 1
+        self._config_entries = {}
+        self._initializers = []
+        self._dimension_overrides = {}
+        self._intra_op_num_threads = 0
+        self._inter_op_num_threads = 0
+        self._graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._execution_mode = ExecutionMode.ORT_SEQUENTIAL
+        self._log_severity_level = 2
+        self._log_verbosity_level = 0
+        self._logid = ""
+        self._enable_mem_pattern = True
+        self._enable_cpu_mem_arena = True
+        self._enable_profiling = False
+        self._profile_file_prefix = "onnxruntime_profile_"
+        self._optimized_model_filepath = ""
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseSessionOptions(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_SESSION_OPTIONS] -= 1
+
+    cdef int require_handle(self) except -1:
+        if self.handle == NULL:
+            raise ObjectClosedError("these SessionOptions have been released")
+        return 0
+
+    @property
+    def intra_op_num_threads(self):
+        """Threads for parallelism inside an operator; 0 = onnxruntime's default."""
+        return self._intra_op_num_threads
+
+    @intra_op_num_threads.setter
+    def intra_op_num_threads(self, value):
+        _check_int_range(value, "intra_op_num_threads", 0, 1 << 16)
+        check(ort.SetIntraOpNumThreads(self.handle, value))
+        self._intra_op_num_threads = value
+
+    @property
+    def inter_op_num_threads(self):
+        """Threads for running operators in parallel (ORT_PARALLEL); 0 = default."""
+        return self._inter_op_num_threads
+
+    @inter_op_num_threads.setter
+    def inter_op_num_threads(self, value):
+        _check_int_range(value, "inter_op_num_threads", 0, 1 << 16)
+        check(ort.SetInterOpNumThreads(self.handle, value))
+        self._inter_op_num_threads = value
+
+    @property
+    def graph_optimization_level(self):
+        return GraphOptimizationLevel(self._graph_optimization_level)
+
+    @graph_optimization_level.setter
+    def graph_optimization_level(self, value):
+        try:
+            level = GraphOptimizationLevel(value)
+        except ValueError as exc:
+            raise OrtInvalidArgument(
+                f"graph_optimization_level must be one of {[int(v) for v in GraphOptimizationLevel]}, "
+                f"got {value!r}") from exc
+        check(ort.SetSessionGraphOptimizationLevel(self.handle, <ort.GraphOptimizationLevel><int>level))
+        self._graph_optimization_level = level
+
+    @property
+    def execution_mode(self):
+        return ExecutionMode(self._execution_mode)
+
+    @execution_mode.setter
+    def execution_mode(self, value):
+        try:
+            mode = ExecutionMode(value)
+        except ValueError as exc:
+            raise OrtInvalidArgument(f"execution_mode must be ORT_SEQUENTIAL (0) or ORT_PARALLEL (1), "
+                                     f"got {value!r}") from exc
+        check(ort.SetSessionExecutionMode(self.handle, <ort.ExecutionMode><int>mode))
+        self._execution_mode = mode
+
+    @property
+    def log_severity_level(self):
+        """0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
+        return self._log_severity_level
+
+    @log_severity_level.setter
+    def log_severity_level(self, value):
+        _check_int_range(value, "log_severity_level", 0, 4)
+        check(ort.SetSessionLogSeverityLevel(self.handle, value))
+        self._log_severity_level = value
+
+    @property
+    def log_verbosity_level(self):
+        return self._log_verbosity_level
+
+    @log_verbosity_level.setter
+    def log_verbosity_level(self, value):
+        _check_int_range(value, "log_verbosity_level", 0, 1 << 30)
+        check(ort.SetSessionLogVerbosityLevel(self.handle, value))
+        self._log_verbosity_level = value
+
+    @property
+    def logid(self):
+        return self._logid
+
+    @logid.setter
+    def logid(self, value):
+        check(ort.SetSessionLogId(self.handle, _encode(value, "logid")))
+        self._logid = value
+
+    @property
+    def enable_mem_pattern(self):
+        return self._enable_mem_pattern
+
+    @enable_mem_pattern.setter
+    def enable_mem_pattern(self, bint value):
+        check(ort.EnableMemPattern(self.handle) if value else ort.DisableMemPattern(self.handle))
+        self._enable_mem_pattern = value
+
+    @property
+    def enable_cpu_mem_arena(self):
+        return self._enable_cpu_mem_arena
+
+    @enable_cpu_mem_arena.setter
+    def enable_cpu_mem_arena(self, bint value):
+        check(ort.EnableCpuMemArena(self.handle) if value else ort.DisableCpuMemArena(self.handle))
+        self._enable_cpu_mem_arena = value
+
+    @property
+    def enable_profiling(self):
+        return self._enable_profiling
+
+    @enable_profiling.setter
+    def enable_profiling(self, bint value):
+        if value:
+            check(ort.EnableProfiling(self.handle, _encode(self._profile_file_prefix, "profile_file_prefix")))
+        else:
+            check(ort.DisableProfiling(self.handle))
+        self._enable_profiling = value
+
+    @property
+    def profile_file_prefix(self):
+        return self._profile_file_prefix
+
+    @profile_file_prefix.setter
+    def profile_file_prefix(self, value):
+        _encode(value, "profile_file_prefix")
+        self._profile_file_prefix = value
+        if self._enable_profiling:
+            check(ort.EnableProfiling(self.handle, _encode(value, "profile_file_prefix")))
+
+    @property
+    def optimized_model_filepath(self):
+        """Where to save the optimised model when the session is created ('' = don't)."""
+        return self._optimized_model_filepath
+
+    @optimized_model_filepath.setter
+    def optimized_model_filepath(self, value):
+        path = os.fspath(value)
+        check(ort.SetOptimizedModelFilePath(self.handle, _encode(path, "optimized_model_filepath")))
+        self._optimized_model_filepath = path
+
+    def add_session_config_entry(self, config_key, config_value):
+        """Set a session configuration entry (see onnxruntime_session_options_config_keys.h)."""
+        check(ort.AddSessionConfigEntry(self.handle, _encode(config_key, "config_key"),
+                                        _encode(config_value, "config_value")))
+        self._config_entries[config_key] = config_value
+
+    def get_session_config_entry(self, config_key):
+        """The value of a configuration entry; OrtNotFound when it was never set."""
+        key = _encode(config_key, "config_key")
+        cdef int present = 0
+        cdef size_t size = 0
+        check(ort.HasSessionConfigEntry(self.handle, key, &present))
+        if not present:
+            raise OrtNotFound(f"no session config entry {config_key!r}")
+        check(ort.GetSessionConfigEntry(self.handle, key, NULL, &size))
+        cdef char* buffer = <char*>malloc(size + 1)
+        if buffer == NULL:
+            raise MemoryError()
+        try:
+            check(ort.GetSessionConfigEntry(self.handle, key, buffer, &size))
+            return buffer[:strlen(buffer)].decode("utf-8")
+        finally:
+            free(buffer)
+
+    def add_initializer(self, name, OrtValue value not None):
+        """Use `value` (a CPU OrtValue) for the initializer `name` of sessions created with these
+        options. The value is kept alive by these options."""
+        value.require_handle()
+        if value.device_name() != "cpu":
+            raise OrtInvalidArgument(f"initializer {name!r} must be a CPU value, got {value.device_name()}")
+        check(ort.AddInitializer(self.handle, _encode(name, "initializer name"), value.handle))
+        self._initializers.append((name, value))
+
+    def add_free_dimension_override_by_name(self, dim_name, int dim_value):
+        """Fix the symbolic dimension `dim_name` to `dim_value` in sessions using these options."""
+        if dim_value < 0:
+            raise OrtInvalidArgument(f"dimension override for {dim_name!r} must be >= 0, got {dim_value}")
+        check(ort.AddFreeDimensionOverrideByName(self.handle, _encode(dim_name, "dim_name"), dim_value))
+        self._dimension_overrides[dim_name] = dim_value
+
+    def add_free_dimension_override_by_denotation(self, dim_denotation, int dim_value):
+        if dim_value < 0:
+            raise OrtInvalidArgument(f"dimension override must be >= 0, got {dim_value}")
+        check(ort.AddFreeDimensionOverride(self.handle, _encode(dim_denotation, "dim_denotation"), dim_value))
+
+    def __repr__(self):
+        return (f"SessionOptions(intra_op_num_threads={self._intra_op_num_threads}, "
+                f"inter_op_num_threads={self._inter_op_num_threads}, "
+                f"graph_optimization_level={self.graph_optimization_level.name}, "
+                f"execution_mode={self.execution_mode.name})")
+
+    def __reduce__(self):
+        raise OrtInvalidType("SessionOptions cannot be pickled")
+
+
+# ---- RunOptions ----------------------------------------------------------------------------------
+
+@cython.final
+cdef class RunOptions:
+    """Per-run options. ``terminate = True`` (from any thread) stops the runs using this object
+    with an error as soon as onnxruntime checks the flag; set it back to False to reuse it."""
+
+    def __cinit__(self):
+        ensure_loaded()
+        check(ort.CreateRunOptions(&self.handle))
+        _live[<int>HANDLE_RUN_OPTIONS] += 1
+        self._log_severity_level = 2
+        self._log_verbosity_level = 0
+        self._logid = ""
+        self._terminate = False
+        self._config_entries = {}
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseRunOptions(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_RUN_OPTIONS] -= 1
+
+    @property
+    def log_severity_level(self):
+        return self._log_severity_level
+
+    @log_severity_level.setter
+    def log_severity_level(self, value):
+        _check_int_range(value, "log_severity_level", 0, 4)
+        check(ort.RunOptionsSetRunLogSeverityLevel(self.handle, value))
+        self._log_severity_level = value
+
+    @property
+    def log_verbosity_level(self):
+        return self._log_verbosity_level
+
+    @log_verbosity_level.setter
+    def log_verbosity_level(self, value):
+        _check_int_range(value, "log_verbosity_level", 0, 1 << 30)
+        check(ort.RunOptionsSetRunLogVerbosityLevel(self.handle, value))
+        self._log_verbosity_level = value
+
+    @property
+    def logid(self):
+        """The run tag."""
+        return self._logid
+
+    @logid.setter
+    def logid(self, value):
+        check(ort.RunOptionsSetRunTag(self.handle, _encode(value, "logid")))
+        self._logid = value
+
+    @property
+    def terminate(self):
+        return self._terminate
+
+    @terminate.setter
+    def terminate(self, bint value):
+        cdef ort.OrtRunOptions* handle = self.handle
+        with nogil:
+            if value:
+                check(ort.RunOptionsSetTerminate(handle))
+            else:
+                check(ort.RunOptionsUnsetTerminate(handle))
+        self._terminate = value
+
+    def add_run_config_entry(self, config_key, config_value):
+        """Set a run configuration entry (see onnxruntime_run_options_config_keys.h)."""
+        check(ort.AddRunConfigEntry(self.handle, _encode(config_key, "config_key"),
+                                    _encode(config_value, "config_value")))
+        self._config_entries[config_key] = config_value
+
+    def get_run_config_entry(self, config_key):
+        try:
+            return self._config_entries[config_key]
+        except KeyError:
+            raise OrtNotFound(f"no run config entry {config_key!r}") from None
+
+    def __reduce__(self):
+        raise OrtInvalidType("RunOptions cannot be pickled")
+
+
+# ---- metadata ------------------------------------------------------------------------------------
+
+class NodeArg:
+    """Name, type string and shape of a model input or output. Dimensions are ints, the name of
+    a symbolic dimension, or None when unknown."""
+
+    __slots__ = ("name", "type", "shape")
+
+    def __init__(self, name, type, shape):
+        self.name = name
+        self.type = type
+        self.shape = shape
+
+    def __repr__(self):
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+    def __eq__(self, other):
+        return (isinstance(other, NodeArg) and self.name == other.name
+                and self.type == other.type and self.shape == other.shape)
+
+    __hash__ = None
+
+
+class ModelMetadata:
+    """Metadata stored in the model (onnxruntime.ModelMetadata's attributes)."""
+
+    def __init__(self, producer_name, graph_name, domain, description, graph_description,
+                 version, custom_metadata_map):
+        self.producer_name = producer_name
+        self.graph_name = graph_name
+        self.domain = domain
+        self.description = description
+        self.graph_description = graph_description
+        self.version = version
+        self.custom_metadata_map = custom_metadata_map
+
+    def __repr__(self):
+        return (f"ModelMetadata(producer_name={self.producer_name!r}, graph_name={self.graph_name!r}, "
+                f"version={self.version})")
+
+
+cdef str _take_string(char* text, ort.OrtAllocator* allocator):
+    """Decode an ORT-allocated string and free it with `allocator`."""
+    if text == NULL:
+        return ""
+    try:
+        return text[:strlen(text)].decode("utf-8", "replace")
+    finally:
+        check(ort.AllocatorFree(allocator, text))
+
+
+cdef object _node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out):
+    cdef ort.ONNXType onnx_type
+    cdef const ort.OrtTensorTypeAndShapeInfo* tensor_info = NULL
+    cdef ort.ONNXTensorElementDataType elem
+    cdef size_t count = 0, i
+    cdef int64_t* dims = NULL
+    cdef const char** symbolic = NULL
+    check(ort.GetOnnxTypeFromTypeInfo(type_info, &onnx_type))
+    elem_out[0] = -1
+    if onnx_type != ort.ONNX_TYPE_TENSOR and onnx_type != ort.ONNX_TYPE_SPARSETENSOR:
+        kind = {ort.ONNX_TYPE_SEQUENCE: "seq", ort.ONNX_TYPE_MAP: "map",
+                ort.ONNX_TYPE_OPTIONAL: "optional", ort.ONNX_TYPE_OPAQUE: "opaque"}.get(onnx_type, "unknown")
+        return NodeArg(name, kind, None)
+    check(ort.CastTypeInfoToTensorInfo(type_info, &tensor_info))
+    check(ort.GetTensorElementType(tensor_info, &elem))
+    check(ort.GetDimensionsCount(tensor_info, &count))
+    dims = <int64_t*>malloc((count + 1) * sizeof(int64_t))
+    symbolic = <const char**>malloc((count + 1) * sizeof(char*))
+    if dims == NULL or symbolic == NULL:
+        free(dims)
+        free(symbolic)
+        raise MemoryError()
+    try:
+        check(ort.GetDimensions(tensor_info, dims, count))
+        check(ort.GetSymbolicDimensions(tensor_info, symbolic, count))
+        shape = []
+        for i in range(count):
+            if dims[i] >= 0:
+                shape.append(dims[i])
+            elif symbolic[i] != NULL and symbolic[i][0] != 0:
+                shape.append(symbolic[i][:strlen(symbolic[i])].decode("utf-8"))
+            else:
+                shape.append(None)
+    finally:
+        free(dims)
+        free(symbolic)
+    elem_out[0] = <int>elem
+    type_name = tensor_type_name(<int>elem)
+    if onnx_type == ort.ONNX_TYPE_SPARSETENSOR:
+        type_name = "sparse_" + type_name
+    return NodeArg(name, type_name, shape)
+
+
+
+# ---- providers -----------------------------------------------------------------------------------
+
+_CPU = "CPUExecutionProvider"
+_CUDA = "CUDAExecutionProvider"
+# Providers appended through OrtApi::SessionOptionsAppendExecutionProvider, by their short names.
+_GENERIC_PROVIDER_NAMES = {
+    "DnnlExecutionProvider": "DNNL",
+    "OpenVINOExecutionProvider": "OpenVINO",
+    "QNNExecutionProvider": "QNN",
+    "SNPEExecutionProvider": "SNPE",
+    "XnnpackExecutionProvider": "XNNPACK",
+    "AzureExecutionProvider": "AZURE",
+    "WebGpuExecutionProvider": "WebGPU",
+    "VitisAIExecutionProvider": "VitisAI",
+    "CoreMLExecutionProvider": "CoreML",
+    "JsExecutionProvider": "JS",
+    "NvTensorRTRTXExecutionProvider": "NvTensorRtRtx",
+}
+
+
+def _normalise_providers(providers, provider_options):
+    """[(name, {str: str})] from onnxruntime's accepted spellings."""
+    if providers is None:
+        if provider_options:
+            raise OrtInvalidArgument("provider_options given without providers")
+        return [(_CPU, {})]
+    if isinstance(providers, (str, bytes)):
+        raise OrtInvalidType("providers must be a list of names or (name, options) tuples, not a string")
+    providers = list(providers)
+    if provider_options is not None:
+        provider_options = list(provider_options)
+        if len(provider_options) != len(providers):
+            raise OrtInvalidArgument(f"{len(providers)} providers but {len(provider_options)} "
+                                     "provider_options entries")
+        if any(not isinstance(p, str) for p in providers):
+            raise OrtInvalidArgument("when provider_options is given, providers must be names only")
+    result = []
+    for i, entry in enumerate(providers):
+        if isinstance(entry, str):
+            name, options = entry, (provider_options[i] if provider_options is not None else {})
+        elif isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str):
+            name, options = entry
+        else:
+            raise OrtInvalidType(f"providers[{i}] must be a name or a (name, options dict) tuple, "
+                                 f"got {entry!r}")
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise OrtInvalidType(f"options of {name} must be a dict, got {type(options).__name__}")
+        if any(n == name for n, _ in result):
+            raise OrtInvalidArgument(f"provider {name} is listed twice")
+        result.append((name, {str(k): _option_text(v) for k, v in options.items()}))
+    return result
+
+
+def _option_text(value):
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+cdef int _append_cuda(ort.OrtSessionOptions* options, dict settings) except -1:
+    cdef ort.OrtCUDAProviderOptionsV2* cuda = NULL
+    cdef Py_ssize_t n = len(settings), i
+    check(ort.CreateCUDAProviderOptions(&cuda))
+    keys = [_encode(k, "provider option") for k in settings]
+    values = [_encode(v, "provider option value") for v in settings.values()]
+    cdef const char** key_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    cdef const char** value_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    try:
+        if key_ptrs == NULL or value_ptrs == NULL:
+            raise MemoryError()
+        for i in range(n):
+            key_ptrs[i] = keys[i]
+            value_ptrs[i] = values[i]
+        if n:
+            check(ort.UpdateCUDAProviderOptions(cuda, key_ptrs, value_ptrs, <size_t>n))
+        check(ort.SessionOptionsAppendExecutionProvider_CUDA_V2(options, cuda))
+    finally:
+        free(key_ptrs)
+        free(value_ptrs)
+        ort.ReleaseCUDAProviderOptions(cuda)
+    return 0
+
+
+cdef dict _effective_cuda_options(dict settings):
+    """The full option set the CUDA provider runs with, as onnxruntime reports it."""
+    cdef ort.OrtCUDAProviderOptionsV2* cuda = NULL
+    cdef ort.OrtAllocator* allocator = NULL
+    cdef char* text = NULL
+    cdef Py_ssize_t n = len(settings), i
+    check(ort.CreateCUDAProviderOptions(&cuda))
+    keys = [_encode(k, "provider option") for k in settings]
+    values = [_encode(v, "provider option value") for v in settings.values()]
+    cdef const char** key_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    cdef const char** value_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    try:
+        if key_ptrs == NULL or value_ptrs == NULL:
+            raise MemoryError()
+        for i in range(n):
+            key_ptrs[i] = keys[i]
+            value_ptrs[i] = values[i]
+        if n:
+            check(ort.UpdateCUDAProviderOptions(cuda, key_ptrs, value_ptrs, <size_t>n))
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        check(ort.GetCUDAProviderOptionsAsString(cuda, allocator, &text))
+        joined = _take_string(text, allocator)
+    finally:
+        free(key_ptrs)
+        free(value_ptrs)
+        ort.ReleaseCUDAProviderOptions(cuda)
+    result = {}
+    for item in joined.split(";"):
+        if "=" in item:
+            key, _, value = item.partition("=")
+            result[key] = value
+    return result
+
+
+cdef int _append_generic(ort.OrtSessionOptions* options, str name, dict settings) except -1:
+    cdef Py_ssize_t n = len(settings), i
+    keys = [_encode(k, "provider option") for k in settings]
+    values = [_encode(v, "provider option value") for v in settings.values()]
+    cdef const char** key_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    cdef const char** value_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    try:
+        if key_ptrs == NULL or value_ptrs == NULL:
+            raise MemoryError()
+        for i in range(n):
+            key_ptrs[i] = keys[i]
+            value_ptrs[i] = values[i]
+        check(ort.SessionOptionsAppendExecutionProvider(
+            options, _encode(_GENERIC_PROVIDER_NAMES[name], "provider"), key_ptrs, value_ptrs, <size_t>n))
+    finally:
+        free(key_ptrs)
+        free(value_ptrs)
+    return 0
+
+
+cdef list _configure_providers(ort.OrtSessionOptions* options, list requested):
+    """Append the requested providers to `options`; returns [(name, options)] as registered."""
+    available = get_available_providers()
+    registered = []
+    for name, settings in requested:
+        if name not in available:
+            known = name == _CPU or name == _CUDA or name in _GENERIC_PROVIDER_NAMES
+            raise ProviderError(
+                f"{'execution provider ' + name + ' is not available in this onnxruntime build' if known else 'unknown execution provider ' + repr(name)}"
+                f" (available: {', '.join(available)})")
+        if name == _CPU:
+            unknown = set(settings) - {"use_arena"}
+            if unknown:
+                raise ProviderError(f"unknown CPUExecutionProvider options {sorted(unknown)}; "
+                                    "ortagent accepts 'use_arena'")
+            continue
+        try:
+            if name == _CUDA:
+                _append_cuda(options, settings)
+            elif name in _GENERIC_PROVIDER_NAMES:
+                _append_generic(options, name, settings)
+            else:
+                raise ProviderError(f"ortagent cannot configure execution provider {name} "
+                                    f"(supported: {_CPU}, {_CUDA}, {', '.join(_GENERIC_PROVIDER_NAMES)})")
+        except ProviderError:
+            raise
+        except Exception as exc:
+            raise ProviderError(f"cannot use execution provider {name}: {exc}") from exc
+        registered.append((name, settings))
+    cpu_settings = next((s for n, s in requested if n == _CPU), {})
+    registered.append((_CPU, cpu_settings))
+    return registered
+
+
+# ---- InferenceSession ----------------------------------------------------------------------------
+
+cdef char* _copy_c_string(bytes text) except NULL:
+    cdef char* copy = <char*>malloc(PyBytes_GET_SIZE(text) + 1)
+    if copy == NULL:
+        raise MemoryError()
+    strcpy(copy, PyBytes_AS_STRING(text))
+    return copy
+
+
+@cython.final
+cdef class InferenceSession:
+    """A loaded model, run with NumPy arrays or OrtValues.
+
+    ``InferenceSession(path_or_bytes, sess_options=None, providers=None, provider_options=None)``
+    where `path_or_bytes` is a file path, the serialized model, or an ``onnx.ModelProto``, and
+    `providers` lists provider names or ``(name, options)`` tuples in order of precedence
+    (default: CPU only). The CPU provider is always available as the last resort.
+    """
+
+    def __cinit__(self):
+        self.input_index = {}
+        self.output_index = {}
+        self._inputs_meta = []
+        self._outputs_meta = []
+        self._overridable_meta = []
+
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None):
+        if self.handle != NULL:
+            raise OrtInvalidArgument("InferenceSession is already initialised")
+        ensure_loaded()
+        if sess_options is None:
+            sess_options = SessionOptions()
+        elif not isinstance(sess_options, SessionOptions):
+            raise OrtInvalidType(f"sess_options must be ortagent.SessionOptions, got "
+                                 f"{type(sess_options).__name__}")
+        (<SessionOptions>sess_options).require_handle()
+        requested = _normalise_providers(providers, provider_options)
+        model_bytes = None
+        model_path = None
+        if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+            model_bytes = bytes(path_or_bytes)
+        elif isinstance(path_or_bytes, (str, os.PathLike)):
+            model_path = os.fsencode(path_or_bytes)
+            if b"\0" in model_path:
+                raise OrtInvalidArgument("model path must not contain NUL characters")
+        elif hasattr(path_or_bytes, "SerializeToString"):
+            model_bytes = path_or_bytes.SerializeToString()
+        else:
+            raise OrtInvalidType("path_or_bytes must be a path, bytes or an onnx.ModelProto, got "
+                                 f"{type(path_or_bytes).__name__}")
+
+        # Providers are appended to a clone, so the caller's options stay reusable.
+        cdef ort.OrtSessionOptions* options = NULL
+        check(ort.CloneSessionOptions((<SessionOptions>sess_options).handle, &options))
+        cdef ort.OrtSession* session = NULL
+        cdef const char* path_c
+        cdef const char* data_c
+        cdef size_t data_len
+        cdef ort.OrtStatus* status
+        try:
+            cpu_settings = next((s for n, s in requested if n == _CPU), {})
+            if cpu_settings.get("use_arena") in ("0", "False", "false"):
+                check(ort.DisableCpuMemArena(options))
+            registered = _configure_providers(options, requested)
+            if model_path is not None:
+                path_c = model_path
+                with nogil:
+                    status = ort.CreateSession(shared_runtime().env, path_c, options, &session)
+            else:
+                data_c = model_bytes
+                data_len = <size_t>len(model_bytes)
+                with nogil:
+                    status = ort.CreateSessionFromArray(shared_runtime().env, data_c, data_len,
+                                                        options, &session)
+            check(status)
+        finally:
+            ort.ReleaseSessionOptions(options)
+        self.handle = session
+        _live[<int>HANDLE_SESSION] += 1
+        self._sess_options = sess_options
+        self._providers = [name for name, _ in registered]
+        self._provider_options = [settings for _, settings in registered]
+        self._read_io_metadata()
+
+    cdef int _read_io_metadata(self) except -1:
+        """Encode names once and read types: inputs (then overridable initializers, which may
+        also be fed by name) and outputs."""
+        cdef size_t n_in = 0, n_out = 0, n_over = 0, i
+        cdef ort.OrtAllocator* allocator = NULL
+        cdef char* name_c = NULL
+        cdef ort.OrtTypeInfo* type_info = NULL
+        cdef int elem = -1
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        check(ort.SessionGetInputCount(self.handle, &n_in))
+        check(ort.SessionGetOutputCount(self.handle, &n_out))
+        check(ort.SessionGetOverridableInitializerCount(self.handle, &n_over))
+        self.input_names_c = <char**>calloc(n_in + n_over + 1, sizeof(char*))
+        self.output_names_c = <char**>calloc(n_out + 1, sizeof(char*))
+        self.input_elem_types = <int*>calloc(n_in + n_over + 1, sizeof(int))
+        if self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL:
+            raise MemoryError()
+        for i in range(n_in + n_over):
+            if i < n_in:
+                check(ort.SessionGetInputName(self.handle, i, allocator, &name_c))
+            else:
+                check(ort.SessionGetOverridableInitializerName(self.handle, i - n_in, allocator, &name_c))
+            name = _take_string(name_c, allocator)
+            self.input_names_c[i] = _copy_c_string(name.encode("utf-8"))
+            self.n_feedable = i + 1
+            if i < n_in:
+                check(ort.SessionGetInputTypeInfo(self.handle, i, &type_info))
+            else:
+                check(ort.SessionGetOverridableInitializerTypeInfo(self.handle, i - n_in, &type_info))
+            try:
+                arg = _node_arg(name, type_info, &elem)
+            finally:
+                ort.ReleaseTypeInfo(type_info)
+            (self._inputs_meta if i < n_in else self._overridable_meta).append(arg)
+            self.input_elem_types[i] = elem
+            self.input_index[name] = i
+        self.n_inputs = n_in
+        for i in range(n_out):
+            check(ort.SessionGetOutputName(self.handle, i, allocator, &name_c))
+            name = _take_string(name_c, allocator)
+            self.output_names_c[i] = _copy_c_string(name.encode("utf-8"))
+            self.n_outputs = i + 1
+            check(ort.SessionGetOutputTypeInfo(self.handle, i, &type_info))
+            try:
+                self._outputs_meta.append(_node_arg(name, type_info, &elem))
+            finally:
+                ort.ReleaseTypeInfo(type_info)
+            self.output_index[name] = i
+        return 0
+
+    def __dealloc__(self):
+        self._release_handle()
+        cdef Py_ssize_t i
+        if self.input_names_c != NULL:
+            for i in range(self.n_feedable):
+                free(self.input_names_c[i])
+            free(self.input_names_c)
+            self.input_names_c = NULL
+        if self.output_names_c != NULL:
+            for i in range(self.n_outputs):
+                free(self.output_names_c[i])
+            free(self.output_names_c)
+            self.output_names_c = NULL
+        free(self.input_elem_types)
+        self.input_elem_types = NULL
+
+    cdef void _release_handle(self) noexcept:
+        if self.handle != NULL:
+            ort.ReleaseSession(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_SESSION] -= 1
+
+    cdef int require_open(self) except -1:
+        if self.handle == NULL or self.close_pending:
+            raise ObjectClosedError("this InferenceSession has been closed")
+        return 0
+
+    cdef int begin_run(self) except -1:
+        self.require_open()
+        self.runs_in_flight += 1
+        return 0
+
+    cdef void end_run(self) noexcept:
+        self.runs_in_flight -= 1
+        if self.close_pending and self.runs_in_flight == 0:
+            self._release_handle()
+
+    def close(self):
+        """Release the session. Runs in flight on other threads finish first; values already
+        returned stay valid."""
+        if self.runs_in_flight > 0:
+            self.close_pending = True
+        else:
+            self._release_handle()
+            self.close_pending = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    # -- metadata --------------------------------------------------------------------------------
+
+    def get_inputs(self):
+        """Inputs as NodeArg(name, type, shape)."""
+        return list(self._inputs_meta)
+
+    def get_outputs(self):
+        return list(self._outputs_meta)
+
+    def get_overridable_initializers(self):
+        return list(self._overridable_meta)
+
+    def get_providers(self):
+        """Execution providers registered for this session, in order of precedence."""
+        return list(self._providers)
+
+    def get_provider_options(self):
+        """{provider: {option: value}}; for CUDA the full effective option set."""
+        result = {}
+        for name, settings in zip(self._providers, self._provider_options):
+            result[name] = _effective_cuda_options(settings) if name == _CUDA else dict(settings)
+        return result
+
+    def get_session_options(self):
+        return self._sess_options
+
+    def get_modelmeta(self):
+        self.require_open()
+        cdef ort.OrtModelMetadata* meta = NULL
+        cdef ort.OrtAllocator* allocator = NULL
+        cdef char* text = NULL
+        cdef char** keys = NULL
+        cdef int64_t n_keys = 0, i, version = 0
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        check(ort.SessionGetModelMetadata(self.handle, &meta))
+        try:
+            check(ort.ModelMetadataGetProducerName(meta, allocator, &text))
+            producer = _take_string(text, allocator)
+            check(ort.ModelMetadataGetGraphName(meta, allocator, &text))
+            graph = _take_string(text, allocator)
+            check(ort.ModelMetadataGetDomain(meta, allocator, &text))
+            domain = _take_string(text, allocator)
+            check(ort.ModelMetadataGetDescription(meta, allocator, &text))
+            description = _take_string(text, allocator)
+            check(ort.ModelMetadataGetGraphDescription(meta, allocator, &text))
+            graph_description = _take_string(text, allocator)
+            check(ort.ModelMetadataGetVersion(meta, &version))
+            check(ort.ModelMetadataGetCustomMetadataMapKeys(meta, allocator, &keys, &n_keys))
+            custom = {}
+            if keys != NULL:
+                try:
+                    names = [keys[i][:strlen(keys[i])].decode("utf-8") for i in range(n_keys)]
+                finally:
+                    for i in range(n_keys):
+                        check(ort.AllocatorFree(allocator, keys[i]))
+                    check(ort.AllocatorFree(allocator, keys))
+                for key in names:
+                    check(ort.ModelMetadataLookupCustomMetadataMap(meta, allocator, key.encode(), &text))
+                    custom[key] = _take_string(text, allocator)
+        finally:
+            ort.ReleaseModelMetadata(meta)
+        return ModelMetadata(producer, graph, domain, description, graph_description, version, custom)
+
+    # -- running -----------------------------------------------------------------------------------
+
+    cdef int output_positions(self, object output_names, const char** names_out,
+                              Py_ssize_t capacity) except -1:
+        cdef Py_ssize_t i = 0
+        if output_names is None:
+            for i in range(self.n_outputs):
+                names_out[i] = self.output_names_c[i]
+            return <int>self.n_outputs
+        for name in output_names:
+            if i >= capacity:
+                raise OrtInvalidArgument("too many output names")
+            position = self.output_index.get(name)
+            if position is None:
+                raise OrtInvalidArgument(
+                    f"unknown output name {name!r}; the model's outputs are {list(self.output_index)}")
+            names_out[i] = self.output_names_c[<Py_ssize_t>position]
+            i += 1
+        return <int>i
+
+    def run(self, output_names, input_feed, run_options=None):
+        """Run the model. `input_feed` maps input names to NumPy arrays (or OrtValues); returns a
+        list of NumPy arrays (views of onnxruntime's output buffers) for `output_names` (None =
+        all outputs, in model order)."""
+        return self._run(output_names, input_feed, run_options, True)
+
+    def run_with_ort_values(self, output_names, input_dict, run_options=None):
+        """Like run(), returning OrtValues (outputs stay where onnxruntime produced them)."""
+        return self._run(output_names, input_dict, run_options, False)
+
+    cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy):
+        if not isinstance(input_feed, dict):
+            raise OrtInvalidType(f"input_feed must be a dict of name -> array, got "
+                                 f"{type(input_feed).__name__}")
+        cdef ort.OrtRunOptions* run_options_c = NULL
+        if run_options is not None:
+            if not isinstance(run_options, RunOptions):
+                raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got "
+                                     f"{type(run_options).__name__}")
+            run_options_c = (<RunOptions>run_options).handle
+        cdef Py_ssize_t n_in = len(input_feed)
+        cdef Py_ssize_t n_out_capacity = self.n_outputs if output_names is None else len(output_names)
+        cdef const char* in_names_stack[STACK_NAMES]
+        cdef ort.OrtValue* in_values_stack[STACK_NAMES]
+        cdef char in_created_stack[STACK_NAMES]
+        cdef const char* out_names_stack[STACK_NAMES]
+        cdef ort.OrtValue* out_values_stack[STACK_NAMES]
+        cdef const char** in_names = in_names_stack
+        cdef ort.OrtValue** in_values = in_values_stack
+        cdef char* in_created = in_created_stack
+        cdef const char** out_names = out_names_stack
+        cdef ort.OrtValue** out_values = out_values_stack
+        cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0
+        cdef ort.OrtStatus* status = NULL
+        cdef ort.OrtSession* session
+        cdef list keep = []
+        cdef list results
+        cdef OrtValue value
+
+        self.begin_run()
+        try:
+            if n_in > STACK_NAMES:
+                in_names = <const char**>malloc(n_in * sizeof(char*))
+                in_values = <ort.OrtValue**>malloc(n_in * sizeof(ort.OrtValue*))
+                in_created = <char*>malloc(n_in)
+                if in_names == NULL or in_values == NULL or in_created == NULL:
+                    raise MemoryError()
+            if n_out_capacity > STACK_NAMES:
+                out_names = <const char**>malloc(n_out_capacity * sizeof(char*))
+                out_values = <ort.OrtValue**>malloc(n_out_capacity * sizeof(ort.OrtValue*))
+                if out_names == NULL or out_values == NULL:
+                    raise MemoryError()
+            for name, feed in input_feed.items():
+                position = self.input_index.get(name)
+                if position is None:
+                    raise OrtInvalidArgument(
+                        f"unknown input name {name!r}; the model's inputs are {list(self.input_index)}")
+                i = <Py_ssize_t>position
+                if i < self.n_inputs:
+                    n_required += 1
+                in_names[n_ready] = self.input_names_c[i]
+                keep.append(feed)
+                if type(feed) is OrtValue:
+                    (<OrtValue>feed).require_handle()
+                    in_values[n_ready] = (<OrtValue>feed).handle
+                    in_created[n_ready] = 0
+                else:
+                    in_values[n_ready] = tensor_for_feed(feed, name, self.input_elem_types[i], keep)
+                    in_created[n_ready] = 1
+                n_ready += 1
+            if n_required < self.n_inputs:
+                self._raise_missing_inputs(input_feed)
+            n_out = self.output_positions(output_names, out_names, n_out_capacity)
+            for i in range(n_out):
+                out_values[i] = NULL
+            session = self.handle
+            with nogil:
+                status = ort.Run(session, run_options_c, in_names, <const ort.OrtValue* const*>in_values,
+                                 <size_t>n_ready, out_names, <size_t>n_out, out_values)
+            # Own every output before anything can raise, so none leaks.
+            results = [None] * n_out
+            for i in range(n_out):
+                if out_values[i] != NULL:
+                    results[i] = wrap_value(out_values[i], self)
+                    out_values[i] = NULL
+            check(status)
+            if as_numpy:
+                for i in range(n_out):
+                    value = results[i]
+                    results[i] = value_to_numpy(value)
+            return results
+        finally:
+            for i in range(n_ready):
+                if in_created[i]:
+                    ort.ReleaseValue(in_values[i])
+            if in_names != in_names_stack:
+                free(in_names)
+                free(in_values)
+                free(in_created)
+            if out_names != out_names_stack:
+                free(out_names)
+                free(out_values)
+            self.end_run()
+
+    def _raise_missing_inputs(self, input_feed):
+        missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
+        raise OrtInvalidArgument(f"required inputs {missing} are missing from the input feed")
+
+    def __reduce__(self):
+        raise OrtInvalidType("InferenceSession cannot be pickled")

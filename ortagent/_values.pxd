@@ -1,0 +1,61 @@
+# cython: language_level=3
+from libc.stdint cimport int64_t
+from ortagent cimport _capi as ort
+
+# Where a tensor's bytes live, as far as ortagent needs to know.
+cpdef enum MemoryKind:
+    MEMORY_CPU = 0          # host memory owned by the CPU allocator (or the caller)
+    MEMORY_CUDA = 1         # CUDA device memory
+    MEMORY_CUDA_PINNED = 2  # page-locked host memory (host-accessible, kDLCUDAHost)
+    MEMORY_OTHER = 3        # any other device ortagent does not interpret
+
+cdef enum:
+    MAX_INLINE_DIMS = 8
+
+
+cdef class OrtDevice:
+    cdef readonly int kind          # MemoryKind
+    cdef readonly int index         # device id
+    cdef ort.OrtMemoryInfo* memory_info(self) except NULL
+
+
+cdef class OrtValue:
+    # The one owner of `handle` (released in __dealloc__ / _release()).
+    cdef ort.OrtValue* handle
+    # Whatever keeps the memory under `handle` valid: a NumPy array, a DLPack import, the
+    # session whose allocator produced it, or None when ORT owns the memory outright.
+    cdef object owner
+    # Tensor facts, read once by describe(): elem_type < 0 means "not read yet".
+    cdef int elem_type
+    cdef int ndim
+    cdef int64_t* dims
+    cdef int64_t dims_inline[MAX_INLINE_DIMS]
+    cdef void* data
+    cdef int memory_kind
+    cdef int device_id
+    cdef bint is_tensor_value
+    cdef bint readonly
+
+    cdef int describe(self) except -1
+    cdef int require_handle(self) except -1
+    cdef void _release(self) noexcept
+
+
+# Take ownership of `handle` (a value produced by ORT) and wrap it; `owner` is kept alive.
+cdef OrtValue wrap_value(ort.OrtValue* handle, object owner)
+
+# A new ORT tensor over a NumPy array's memory (or over a contiguous copy, appended to `keep`).
+# `expected_type` (ONNX element type, or -1) is checked first and reported with `name`.
+# The caller owns the returned handle and must keep the array (and `keep`) alive while it lives.
+cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL
+
+# A NumPy view (CPU) or copy (strings, device memory) of a value.
+cdef object value_to_numpy(OrtValue value)
+
+# The process-wide CPU memory description (created on first use).
+cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL
+
+# 'tensor(float)' style name of an ONNX element type.
+cdef str tensor_type_name(int elem_type)
+
+cdef int ensure_numpy() except -1

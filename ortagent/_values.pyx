@@ -1,0 +1,802 @@
+# cython: language_level=3
+"""OrtValue and OrtDevice: tensors owned by onnxruntime or viewed over caller memory.
+
+NumPy arrays go in and come out without copies on the CPU: a C-contiguous, aligned, native-order
+array becomes a tensor over the same bytes (the value keeps the array alive), and ``numpy()`` is a
+view whose base is the value. Strings always copy. NumPy itself is imported on first use.
+"""
+
+cimport cython
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, strlen
+
+from ortagent cimport _capi as ort
+from ortagent cimport _numpy as npc
+from ortagent._runtime cimport (
+    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE, HANDLE_MEMORY_INFO,
+)
+
+from ortagent.errors import (
+    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError,
+)
+
+ort.ortagent_rt = shared_runtime()
+cdef Py_ssize_t* _live = live_handle_counts()
+
+# ---- element types ---------------------------------------------------------------------------
+
+# ONNX element type -> (type name used in 'tensor(<name>)', NumPy dtype name or None, item size)
+_ELEMENT_TYPES = {
+    1: ("float", "float32", 4),
+    2: ("uint8", "uint8", 1),
+    3: ("int8", "int8", 1),
+    4: ("uint16", "uint16", 2),
+    5: ("int16", "int16", 2),
+    6: ("int32", "int32", 4),
+    7: ("int64", "int64", 8),
+    8: ("string", "object", 0),
+    9: ("bool", "bool", 1),
+    10: ("float16", "float16", 2),
+    11: ("double", "float64", 8),
+    12: ("uint32", "uint32", 4),
+    13: ("uint64", "uint64", 8),
+    14: ("complex64", "complex64", 8),
+    15: ("complex128", "complex128", 16),
+    16: ("bfloat16", "bfloat16", 2),
+    17: ("float8e4m3fn", "float8_e4m3fn", 1),
+    18: ("float8e4m3fnuz", "float8_e4m3fnuz", 1),
+    19: ("float8e5m2", "float8_e5m2", 1),
+    20: ("float8e5m2fnuz", "float8_e5m2fnuz", 1),
+    21: ("uint4", None, 0),
+    22: ("int4", None, 0),
+}
+# Element types provided by ml_dtypes rather than NumPy itself.
+_ML_DTYPES = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
+              20: "float8_e5m2fnuz"}
+
+cdef str tensor_type_name(int elem_type):
+    entry = _ELEMENT_TYPES.get(elem_type)
+    return f"tensor({entry[0]})" if entry is not None else f"tensor(undefined:{elem_type})"
+
+
+cdef int[24] _ELEM_SIZE
+for _k, _v in _ELEMENT_TYPES.items():
+    _ELEM_SIZE[_k] = _v[2]
+_ELEM_SIZE[0] = 0
+
+# ---- NumPy bridge ------------------------------------------------------------------------------
+
+cdef bint _numpy_ready = False
+_np = None
+# NumPy type number -> ONNX element type, for NumPy's own types.
+cdef int[32] _NPY_TO_ONNX
+# ONNX element type -> NumPy type number (-1: not a builtin NumPy type).
+cdef int[24] _ONNX_TO_NPY
+# ml_dtypes: type number (dynamic) -> ONNX type, and ONNX type -> dtype object.
+_user_type_to_onnx = {}
+_onnx_to_user_dtype = {}
+_ml_dtypes_state = [None]   # None: not tried, False: not installed, module otherwise
+
+
+cdef int ensure_numpy() except -1:
+    global _numpy_ready, _np
+    if _numpy_ready:
+        return 0
+    import numpy
+    npc._import_array()
+    _np = numpy
+    cdef int i
+    for i in range(32):
+        _NPY_TO_ONNX[i] = -1
+    for i in range(24):
+        _ONNX_TO_NPY[i] = -1
+    pairs = (
+        (npc.NPY_FLOAT, 1), (npc.NPY_UINT8, 2), (npc.NPY_INT8, 3), (npc.NPY_UINT16, 4),
+        (npc.NPY_INT16, 5), (npc.NPY_INT32, 6), (npc.NPY_INT64, 7), (npc.NPY_BOOL, 9),
+        (npc.NPY_HALF, 10), (npc.NPY_DOUBLE, 11), (npc.NPY_UINT32, 12), (npc.NPY_UINT64, 13),
+        (npc.NPY_CFLOAT, 14), (npc.NPY_CDOUBLE, 15),
+    )
+    for npy, onnx_type in pairs:
+        _NPY_TO_ONNX[npy] = onnx_type
+        _ONNX_TO_NPY[onnx_type] = npy
+    # C long / long long are both 64 bits here: map the one NPY_INT64 is not.
+    _NPY_TO_ONNX[<int>npc.NPY_LONG] = 7 if numpy.dtype("long").itemsize == 8 else 6
+    _NPY_TO_ONNX[<int>npc.NPY_ULONG] = 13 if numpy.dtype("ulong").itemsize == 8 else 12
+    _NPY_TO_ONNX[<int>npc.NPY_LONGLONG] = 7
+    _NPY_TO_ONNX[<int>npc.NPY_ULONGLONG] = 13
+    _numpy_ready = True
+    return 0
+
+
+cdef object _ml_dtypes():
+    if _ml_dtypes_state[0] is None:
+        try:
+            import ml_dtypes
+        except ImportError:
+            _ml_dtypes_state[0] = False
+        else:
+            _ml_dtypes_state[0] = ml_dtypes
+            for onnx_type, attr in _ML_DTYPES.items():
+                dtype = _np.dtype(getattr(ml_dtypes, attr))
+                _user_type_to_onnx[dtype.num] = onnx_type
+                _onnx_to_user_dtype[onnx_type] = dtype
+    return _ml_dtypes_state[0]
+
+
+cdef int onnx_type_of_array(npc.PyArrayObject* arr) except -2:
+    """ONNX element type of a NumPy array, -1 when it has no ONNX equivalent."""
+    cdef int type_num = npc.PyArray_TYPE(arr)
+    if type_num < 32 and _NPY_TO_ONNX[type_num] >= 0:
+        return _NPY_TO_ONNX[type_num]
+    if type_num == npc.NPY_OBJECT or type_num == npc.NPY_UNICODE or type_num == npc.NPY_STRING:
+        return 8
+    if type_num >= npc.NPY_USERDEF and _ml_dtypes():
+        return _user_type_to_onnx.get(type_num, -1)
+    return -1
+
+
+cdef object numpy_dtype_for(int elem_type):
+    ensure_numpy()
+    if 0 <= elem_type < 24 and _ONNX_TO_NPY[elem_type] >= 0:
+        return _np.dtype(_ELEMENT_TYPES[elem_type][1])
+    if elem_type == 8:
+        return _np.dtype(object)
+    if elem_type in _ML_DTYPES:
+        if not _ml_dtypes():
+            raise OrtNotImplemented(
+                f"{tensor_type_name(elem_type)} values need the ml_dtypes package for NumPy: "
+                "pip install ml_dtypes")
+        return _onnx_to_user_dtype[elem_type]
+    raise OrtNotImplemented(f"{tensor_type_name(elem_type)} has no NumPy equivalent")
+
+
+def _element_type_from(element_type):
+    """An ONNX element type (int) from an int, a 'tensor(float)' string or a NumPy dtype-like."""
+    if isinstance(element_type, int) and not isinstance(element_type, bool):
+        if element_type in _ELEMENT_TYPES:
+            return element_type
+        raise OrtInvalidArgument(f"unknown ONNX element type {element_type}")
+    if isinstance(element_type, str) and element_type.startswith("tensor("):
+        for key, entry in _ELEMENT_TYPES.items():
+            if f"tensor({entry[0]})" == element_type:
+                return key
+        raise OrtInvalidArgument(f"unknown tensor type {element_type!r}")
+    ensure_numpy()
+    try:
+        dtype = _np.dtype(element_type)
+    except TypeError as exc:
+        raise OrtInvalidType(f"element_type must be a NumPy dtype, an ONNX type number or "
+                             f"'tensor(...)', got {element_type!r}") from exc
+    probe = _np.empty(0, dtype=dtype)
+    cdef int onnx_type = onnx_type_of_array(<npc.PyArrayObject*>probe)
+    if onnx_type < 0:
+        raise OrtInvalidArgument(f"NumPy dtype {dtype} has no ONNX tensor equivalent")
+    return onnx_type
+
+
+# ---- memory descriptions -----------------------------------------------------------------------
+
+cdef ort.OrtMemoryInfo* _cpu_memory_info = NULL
+
+cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL:
+    global _cpu_memory_info
+    if _cpu_memory_info == NULL:
+        ensure_loaded()
+        check(ort.CreateCpuMemoryInfo(ort.OrtArenaAllocator, ort.OrtMemTypeDefault,
+                                      &_cpu_memory_info))
+    return _cpu_memory_info
+
+
+_DEVICE_NAMES = {MEMORY_CPU: "cpu", MEMORY_CUDA: "cuda", MEMORY_CUDA_PINNED: "cuda_pinned"}
+# onnxruntime's OrtDevice numbering (device type; memory type).
+_ORT_DEVICE_CPU, _ORT_DEVICE_GPU = 0, 1
+_ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE = 0, 1, 5
+# Memory descriptions by (kind, index), owned here for the life of the process.
+cdef dict _memory_infos = {}
+
+
+cdef class _MemoryInfoHandle:
+    cdef ort.OrtMemoryInfo* handle
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseMemoryInfo(self.handle)
+            _live[<int>HANDLE_MEMORY_INFO] -= 1
+
+
+@cython.final
+cdef class OrtDevice:
+    """Where a tensor lives: ``cpu``, ``cuda:<id>`` or ``cuda_pinned`` (page-locked host memory).
+
+    Accepted wherever a device is expected, as are the strings ``"cpu"``, ``"cuda"``,
+    ``"cuda:1"``, ``"cuda_pinned"`` and objects shaped like onnxruntime's own ``OrtDevice``
+    (``device_type()``, ``device_id()`` and optionally ``mem_type()``).
+    Constructor arguments follow onnxruntime's: ``OrtDevice(device_type, memory_type, device_id)``
+    with device type 0 = CPU, 1 = GPU and memory type 0 = default, 1 = CUDA pinned.
+    """
+
+    def __init__(self, int device_type=0, int memory_type=0, int device_id=0):
+        if device_id < 0:
+            raise OrtInvalidArgument(f"device_id must be >= 0, got {device_id}")
+        if device_type == _ORT_DEVICE_CPU and memory_type == _ORT_MEM_DEFAULT:
+            self.kind = MEMORY_CPU
+        elif device_type == _ORT_DEVICE_GPU and memory_type == _ORT_MEM_DEFAULT:
+            self.kind = MEMORY_CUDA
+        elif memory_type in (_ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE) and device_type in (
+                _ORT_DEVICE_CPU, _ORT_DEVICE_GPU):
+            self.kind = MEMORY_CUDA_PINNED
+        else:
+            raise OrtInvalidArgument(
+                f"unsupported device (device_type={device_type}, memory_type={memory_type}); "
+                "ortagent supports CPU (0, 0), CUDA (1, 0) and CUDA pinned memory (0 or 1, 1)")
+        self.index = device_id
+
+    # onnxruntime-compatible helpers
+    @staticmethod
+    def cpu():
+        return _ORT_DEVICE_CPU
+
+    @staticmethod
+    def cuda():
+        return _ORT_DEVICE_GPU
+
+    @staticmethod
+    def default_memory():
+        return _ORT_MEM_DEFAULT
+
+    @staticmethod
+    def cuda_pinned_memory():
+        return _ORT_MEM_CUDA_PINNED
+
+    def device_type(self):
+        return _ORT_DEVICE_GPU if self.kind == MEMORY_CUDA else _ORT_DEVICE_CPU
+
+    def mem_type(self):
+        return _ORT_MEM_CUDA_PINNED if self.kind == MEMORY_CUDA_PINNED else _ORT_MEM_DEFAULT
+
+    def device_id(self):
+        return self.index
+
+    @property
+    def name(self):
+        """'cpu', 'cuda' or 'cuda_pinned'."""
+        return _DEVICE_NAMES[self.kind]
+
+    @staticmethod
+    def parse(device, device_id=None):
+        """An OrtDevice from a string ('cuda:1'), an OrtDevice or an onnxruntime OrtDevice."""
+        return as_device(device, device_id)
+
+    def __repr__(self):
+        if self.kind == MEMORY_CUDA:
+            return f"OrtDevice('cuda:{self.index}')"
+        if self.kind == MEMORY_CUDA_PINNED:
+            return f"OrtDevice('cuda_pinned:{self.index}')" if self.index else "OrtDevice('cuda_pinned')"
+        return "OrtDevice('cpu')"
+
+    def __eq__(self, other):
+        if not isinstance(other, OrtDevice):
+            return NotImplemented
+        return self.kind == (<OrtDevice>other).kind and self.index == (<OrtDevice>other).index
+
+    def __hash__(self):
+        return hash((self.kind, self.index))
+
+    def __reduce__(self):
+        return (OrtDevice, (self.device_type(), self.mem_type(), self.index))
+
+    cdef ort.OrtMemoryInfo* memory_info(self) except NULL:
+        if self.kind == MEMORY_CPU:
+            return cpu_memory_info()
+        key = (self.kind, self.index)
+        holder = _memory_infos.get(key)
+        if holder is None:
+            ensure_loaded()
+            holder = _MemoryInfoHandle.__new__(_MemoryInfoHandle)
+            if self.kind == MEMORY_CUDA:
+                check(ort.CreateMemoryInfo(b"Cuda", ort.OrtDeviceAllocator, self.index,
+                                           ort.OrtMemTypeDefault, &(<_MemoryInfoHandle>holder).handle))
+            elif self.kind == MEMORY_CUDA_PINNED:
+                check(ort.CreateMemoryInfo(b"CudaPinned", ort.OrtDeviceAllocator, self.index,
+                                           ort.OrtMemTypeCPUOutput,
+                                           &(<_MemoryInfoHandle>holder).handle))
+            else:
+                raise OrtNotImplemented(f"no memory description for {self!r}")
+            _live[<int>HANDLE_MEMORY_INFO] += 1
+            _memory_infos[key] = holder
+        return (<_MemoryInfoHandle>holder).handle
+
+
+_CPU_DEVICE = OrtDevice()
+
+
+def as_device(device, device_id=None):
+    """Normalise the many spellings of a device into an OrtDevice."""
+    if isinstance(device, OrtDevice):
+        if device_id is not None and device_id != (<OrtDevice>device).index:
+            raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
+        return device
+    if device is None:
+        return _CPU_DEVICE
+    if isinstance(device, str):
+        text = device.strip().lower()
+        index = 0
+        if ":" in text:
+            text, _, index_text = text.partition(":")
+            if not index_text.isdigit():
+                raise OrtInvalidArgument(f"invalid device {device!r}: the index must be a number")
+            index = int(index_text)
+            if device_id is not None and device_id != index:
+                raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
+        elif device_id is not None:
+            index = int(device_id)
+        if text == "cpu":
+            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_DEFAULT, index) if index == 0 else _bad_cpu_index(device)
+        if text in ("cuda", "gpu"):
+            return OrtDevice(_ORT_DEVICE_GPU, _ORT_MEM_DEFAULT, index)
+        if text in ("cuda_pinned", "cudapinned", "pinned"):
+            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_CUDA_PINNED, index)
+        raise OrtInvalidArgument(
+            f"unknown device {device!r}; expected 'cpu', 'cuda', 'cuda:<id>' or 'cuda_pinned'")
+    if hasattr(device, "device_type") and hasattr(device, "device_id"):
+        # onnxruntime's OrtDevice (or a look-alike): methods device_type(), device_id(), mem_type()
+        mem_type = device.mem_type() if hasattr(device, "mem_type") else _ORT_MEM_DEFAULT
+        return OrtDevice(int(device.device_type()), int(mem_type), int(device.device_id()))
+    if hasattr(device, "type") and hasattr(device, "index"):
+        # torch.device
+        return as_device(device.type if device.index is None else f"{device.type}:{device.index}",
+                         device_id)
+    raise OrtInvalidType(f"cannot interpret {device!r} as a device")
+
+
+def _bad_cpu_index(device):
+    raise OrtInvalidArgument(f"invalid device {device!r}: the CPU has only device id 0")
+
+
+# ---- OrtValue ------------------------------------------------------------------------------------
+
+cdef int _memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1:
+    cdef const char* name = NULL
+    cdef int mem_id = 0
+    cdef ort.OrtMemType mem_type
+    check(ort.MemoryInfoGetName(info, &name))
+    check(ort.MemoryInfoGetId(info, &mem_id))
+    check(ort.MemoryInfoGetMemType(info, &mem_type))
+    device_id[0] = mem_id
+    text = name[:strlen(name)] if name != NULL else b""
+    # Classify by name first: pinned memory reports a GPU device type in recent releases.
+    if text == b"Cpu":
+        return MEMORY_CPU
+    if text == b"CudaPinned":
+        return MEMORY_CUDA_PINNED
+    if text == b"Cuda":
+        return MEMORY_CUDA
+    if mem_type == ort.OrtMemTypeCPUInput or mem_type == ort.OrtMemTypeCPUOutput:
+        return MEMORY_CPU
+    return MEMORY_OTHER
+
+
+@cython.final
+@cython.freelist(64)
+cdef class OrtValue:
+    """An onnxruntime value (tensor) owned by this object.
+
+    Create one with :meth:`ortvalue_from_numpy`, :meth:`ortvalue_from_shape_and_type` or
+    :meth:`from_dlpack`; sessions return them from ``run_with_ort_values`` and IO bindings.
+    """
+
+    def __cinit__(self):
+        self.elem_type = -1
+        self.dims = self.dims_inline
+
+    def __init__(self, *args, **kwargs):
+        raise OrtInvalidType(
+            "OrtValue cannot be created directly; use OrtValue.ortvalue_from_numpy(), "
+            "OrtValue.ortvalue_from_shape_and_type() or OrtValue.from_dlpack()")
+
+    def __dealloc__(self):
+        self._release()
+
+    cdef void _release(self) noexcept:
+        if self.handle != NULL:
+            ort.ReleaseValue(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_VALUE] -= 1
+        if self.dims != self.dims_inline and self.dims != NULL:
+            free(self.dims)
+        self.dims = self.dims_inline
+        self.owner = None
+
+    cdef int require_handle(self) except -1:
+        if self.handle == NULL:
+            raise ObjectClosedError("this OrtValue has been released")
+        return 0
+
+    cdef int describe(self) except -1:
+        """Read and cache element type, shape, data pointer and device of the tensor."""
+        if self.elem_type >= 0:
+            return 0
+        self.require_handle()
+        cdef int is_tensor = 0
+        cdef ort.OrtTensorTypeAndShapeInfo* info = NULL
+        cdef ort.ONNXTensorElementDataType elem
+        cdef size_t count = 0
+        cdef const ort.OrtMemoryInfo* mem = NULL
+        check(ort.IsTensor(self.handle, &is_tensor))
+        if not is_tensor:
+            self.is_tensor_value = False
+            self.elem_type = 0
+            self.ndim = 0
+            return 0
+        self.is_tensor_value = True
+        check(ort.GetTensorTypeAndShape(self.handle, &info))
+        try:
+            check(ort.GetTensorElementType(info, &elem))
+            check(ort.GetDimensionsCount(info, &count))
+            if count > MAX_INLINE_DIMS:
+                self.dims = <int64_t*>malloc(count * sizeof(int64_t))
+                if self.dims == NULL:
+                    self.dims = self.dims_inline
+                    raise MemoryError()
+            check(ort.GetDimensions(info, self.dims, count))
+        finally:
+            ort.ReleaseTensorTypeAndShapeInfo(info)
+        self.ndim = <int>count
+        check(ort.GetTensorMemoryInfo(self.handle, &mem))
+        self.memory_kind = _memory_kind_of(mem, &self.device_id)
+        if elem != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING:
+            check(ort.GetTensorMutableData(self.handle, &self.data))
+        self.elem_type = <int>elem
+        return 0
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @staticmethod
+    def ortvalue_from_numpy(numpy_obj, device_type="cpu", int device_id=0):
+        """A tensor over `numpy_obj`'s memory (no copy) when it is C-contiguous, aligned and in
+        native byte order; over a contiguous copy otherwise. The value keeps the array alive.
+        Strings are always copied. On a device other than the CPU the data is copied there."""
+        device = as_device(device_type, device_id)
+        if (<OrtDevice>device).kind != MEMORY_CPU:
+            return _device_value_from_numpy(numpy_obj, device)
+        cdef list keep = []
+        cdef ort.OrtValue* handle = tensor_for_feed(numpy_obj, None, -1, keep)
+        owner = keep[len(keep) - 1] if keep else numpy_obj
+        cdef OrtValue value = wrap_value(handle, owner)
+        if npc.PyArray_Check(owner):
+            value.readonly = (npc.PyArray_FLAGS(<npc.PyArrayObject*>owner) & npc.NPY_ARRAY_WRITEABLE) == 0
+        return value
+
+    @staticmethod
+    def ortvalue_from_shape_and_type(shape, element_type, device_type="cpu", int device_id=0):
+        """A new tensor of `shape` and `element_type` (NumPy dtype, ONNX type number or
+        'tensor(...)'), allocated by onnxruntime on the given device; contents uninitialised
+        (strings: empty)."""
+        device = as_device(device_type, device_id)
+        cdef int onnx_type = _element_type_from(element_type)
+        dims = _checked_shape(shape)
+        if (<OrtDevice>device).kind != MEMORY_CPU:
+            return _allocate_device_value(dims, onnx_type, device)
+        ensure_loaded()
+        cdef ort.OrtAllocator* allocator = NULL
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        return _allocate_with(allocator, dims, onnx_type, None)
+
+    # -- inspection --------------------------------------------------------------------------------
+
+    def data_ptr(self):
+        """Address of the first element (0 for strings)."""
+        self.describe()
+        return <size_t>self.data
+
+    def device_name(self):
+        """'cpu', 'cuda' or 'cuda_pinned' (onnxruntime spells CUDA 'cuda' too)."""
+        self.describe()
+        return _DEVICE_NAMES.get(self.memory_kind, "other")
+
+    def device(self):
+        """The OrtDevice this tensor lives on."""
+        self.describe()
+        if self.memory_kind == MEMORY_CUDA:
+            return OrtDevice(_ORT_DEVICE_GPU, _ORT_MEM_DEFAULT, self.device_id)
+        if self.memory_kind == MEMORY_CUDA_PINNED:
+            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_CUDA_PINNED, self.device_id)
+        return _CPU_DEVICE
+
+    def shape(self):
+        """The tensor's dimensions as a list of ints."""
+        self.describe()
+        self._require_tensor()
+        return [self.dims[i] for i in range(self.ndim)]
+
+    def data_type(self):
+        """onnxruntime's type string, e.g. 'tensor(float)'."""
+        self.describe()
+        self._require_tensor()
+        return tensor_type_name(self.elem_type)
+
+    def element_type(self):
+        """The ONNX element type number (1 = float, 7 = int64, ...)."""
+        self.describe()
+        self._require_tensor()
+        return self.elem_type
+
+    def is_tensor(self):
+        self.describe()
+        return self.is_tensor_value
+
+    def has_value(self):
+        self.require_handle()
+        cdef int out = 0
+        check(ort.HasValue(self.handle, &out))
+        return bool(out)
+
+    def nbytes(self):
+        """Size of the tensor's data in bytes (0 for strings)."""
+        self.describe()
+        self._require_tensor()
+        return _element_count(self) * _ELEM_SIZE[self.elem_type]
+
+    def _require_tensor(self):
+        if not self.is_tensor_value:
+            raise OrtNotImplemented("this OrtValue is not a tensor; ortagent supports tensors only")
+
+    def numpy(self):
+        """The tensor as a NumPy array: a view of the same memory on the CPU (keeps this value
+        alive), a copy for strings and for device memory."""
+        return value_to_numpy(self)
+
+    def update_inplace(self, np_arr):
+        """Copy `np_arr` (same shape and element type) into this tensor's memory."""
+        self.describe()
+        self._require_tensor()
+        if self.memory_kind not in (MEMORY_CPU, MEMORY_CUDA_PINNED):
+            return _update_device_value(self, np_arr)
+        ensure_numpy()
+        target = value_to_numpy(self)
+        source = _np.asarray(np_arr)
+        if source.shape != target.shape:
+            raise OrtInvalidArgument(f"update_inplace: shape {source.shape} does not match the "
+                                     f"value's shape {target.shape}")
+        if source.dtype != target.dtype:
+            raise OrtInvalidArgument(f"update_inplace: dtype {source.dtype} does not match the "
+                                     f"value's {self.data_type()}")
+        if self.readonly:
+            raise OrtInvalidArgument("update_inplace: this value views read-only memory")
+        _np.copyto(target, source)
+
+    def close(self):
+        """Release the ORT value now (views taken earlier keep it alive until they go)."""
+        self._release()
+
+    def __repr__(self):
+        if self.handle == NULL:
+            return "<OrtValue released>"
+        self.describe()
+        if not self.is_tensor_value:
+            return "<OrtValue non-tensor>"
+        return (f"<OrtValue {self.data_type()} shape={self.shape()} on "
+                f"{self.device_name()}{':' + str(self.device_id) if self.memory_kind == MEMORY_CUDA else ''}>")
+
+    def __reduce__(self):
+        raise OrtInvalidType("OrtValue cannot be pickled; pickle value.numpy() instead")
+
+
+cdef inline Py_ssize_t _element_count(OrtValue value):
+    cdef Py_ssize_t count = 1
+    cdef int i
+    for i in range(value.ndim):
+        count *= value.dims[i]
+    return count
+
+
+cdef OrtValue wrap_value(ort.OrtValue* handle, object owner):
+    cdef OrtValue value = OrtValue.__new__(OrtValue)
+    value.handle = handle
+    value.owner = owner
+    _live[<int>HANDLE_VALUE] += 1
+    return value
+
+
+def _checked_shape(shape):
+    try:
+        dims = [int(d) for d in shape]
+    except TypeError as exc:
+        raise OrtInvalidType(f"shape must be a sequence of ints, got {shape!r}") from exc
+    for d in dims:
+        if d < 0:
+            raise OrtInvalidArgument(f"shape {dims} has a negative dimension")
+    return dims
+
+
+cdef OrtValue _allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner):
+    cdef int64_t stack_dims[MAX_INLINE_DIMS]
+    cdef int64_t* shape_ptr = stack_dims
+    cdef Py_ssize_t n = len(dims), i
+    cdef ort.OrtValue* handle = NULL
+    if n > MAX_INLINE_DIMS:
+        shape_ptr = <int64_t*>malloc(n * sizeof(int64_t))
+        if shape_ptr == NULL:
+            raise MemoryError()
+    try:
+        for i in range(n):
+            shape_ptr[i] = dims[i]
+        with nogil:
+            check(ort.CreateTensorAsOrtValue(allocator, shape_ptr, <size_t>n,
+                                             <ort.ONNXTensorElementDataType>onnx_type, &handle))
+    finally:
+        if shape_ptr != stack_dims:
+            free(shape_ptr)
+    return wrap_value(handle, owner)
+
+
+cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL:
+    ensure_numpy()
+    if not npc.PyArray_Check(feed):
+        if isinstance(feed, _np.generic):
+            feed = _np.asarray(feed)
+            keep.append(feed)
+        else:
+            where = f"input {name!r}" if name is not None else "the value"
+            raise OrtInvalidType(
+                f"{where} must be a numpy.ndarray or an OrtValue, got {type(feed).__name__}")
+    cdef npc.PyArrayObject* arr = <npc.PyArrayObject*>feed
+    cdef int onnx_type = onnx_type_of_array(arr)
+    if onnx_type < 0:
+        where = f"input {name!r}" if name is not None else "array"
+        raise OrtInvalidArgument(f"{where}: NumPy dtype {feed.dtype} has no ONNX tensor equivalent")
+    if expected_type >= 0 and onnx_type != expected_type:
+        raise OrtInvalidArgument(
+            f"input {name!r} expects {tensor_type_name(expected_type)}, got a NumPy array of "
+            f"{feed.dtype} ({tensor_type_name(onnx_type)})")
+    if onnx_type == 8:
+        return _string_tensor(feed)
+    cdef int flags = npc.PyArray_FLAGS(arr)
+    if ((flags & npc.NPY_ARRAY_C_CONTIGUOUS) == 0 or (flags & npc.NPY_ARRAY_ALIGNED) == 0
+            or not npc.PyArray_ISNOTSWAPPED(arr)):
+        feed = _np.ascontiguousarray(feed, dtype=feed.dtype.newbyteorder("="))
+        keep.append(feed)
+        arr = <npc.PyArrayObject*>feed
+    cdef int ndim = npc.PyArray_NDIM(arr)
+    cdef int64_t stack_dims[MAX_INLINE_DIMS]
+    cdef int64_t* shape_ptr = stack_dims
+    cdef npc.npy_intp* np_dims = npc.PyArray_DIMS(arr)
+    cdef int i
+    cdef ort.OrtValue* handle = NULL
+    cdef void* data = npc.PyArray_DATA(arr)
+    cdef size_t nbytes = <size_t>npc.PyArray_NBYTES(arr)
+    cdef ort.OrtMemoryInfo* info = cpu_memory_info()
+    cdef ort.OrtStatus* status
+    if ndim > MAX_INLINE_DIMS:
+        shape_ptr = <int64_t*>malloc(ndim * sizeof(int64_t))
+        if shape_ptr == NULL:
+            raise MemoryError()
+    for i in range(ndim):
+        shape_ptr[i] = np_dims[i]
+    status = ort.CreateTensorWithDataAsOrtValue(info, data, nbytes, shape_ptr, <size_t>ndim,
+                                                <ort.ONNXTensorElementDataType>onnx_type, &handle)
+    if shape_ptr != stack_dims:
+        free(shape_ptr)
+    check(status)
+    return handle
+
+
+cdef ort.OrtValue* _string_tensor(object arr) except NULL:
+    """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects)."""
+    flat = arr.ravel(order="C")
+    cdef Py_ssize_t n = flat.shape[0], i
+    encoded = []
+    for item in flat.tolist():
+        if isinstance(item, bytes):
+            encoded.append(item)
+        elif isinstance(item, str):
+            encoded.append(item.encode("utf-8"))
+        else:
+            raise OrtInvalidType(f"string tensors hold str or bytes, got {type(item).__name__}")
+    cdef ort.OrtAllocator* allocator = NULL
+    check(ort.GetAllocatorWithDefaultOptions(&allocator))
+    cdef OrtValue value = _allocate_with(allocator, list(arr.shape), 8, None)
+    cdef const char** pointers = <const char**>malloc(max(n, 1) * sizeof(char*))
+    if pointers == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            pointers[i] = <const char*>(<bytes>encoded[i])
+        check(ort.FillStringTensor(value.handle, pointers, <size_t>n))
+    finally:
+        free(pointers)
+    # Hand the handle over to the caller.
+    cdef ort.OrtValue* handle = value.handle
+    value.handle = NULL
+    _live[<int>HANDLE_VALUE] -= 1
+    return handle
+
+
+cdef object _strings_to_numpy(OrtValue value):
+    cdef size_t total = 0
+    cdef Py_ssize_t count = _element_count(value), i
+    check(ort.GetStringTensorDataLength(value.handle, &total))
+    cdef char* buffer = <char*>malloc(total + 1)
+    cdef size_t* offsets = <size_t*>malloc((count + 1) * sizeof(size_t))
+    if buffer == NULL or offsets == NULL:
+        free(buffer)
+        free(offsets)
+        raise MemoryError()
+    try:
+        if count:
+            check(ort.GetStringTensorContent(value.handle, buffer, total, offsets, <size_t>count))
+        offsets[count] = total
+        items = [buffer[offsets[i]:offsets[i + 1]].decode("utf-8", "replace") for i in range(count)]
+    finally:
+        free(buffer)
+        free(offsets)
+    result = _np.empty(count, dtype=object)
+    result[:] = items
+    return result.reshape([value.dims[i] for i in range(value.ndim)])
+
+
+cdef object value_to_numpy(OrtValue value):
+    ensure_numpy()
+    value.describe()
+    if not value.is_tensor_value:
+        raise OrtNotImplemented("this OrtValue is not a tensor; ortagent converts tensors only")
+    if value.elem_type == 8:
+        return _strings_to_numpy(value)
+    if value.memory_kind == MEMORY_CUDA or value.memory_kind == MEMORY_OTHER:
+        return _device_value_to_numpy(value)
+    cdef npc.npy_intp stack_dims[MAX_INLINE_DIMS]
+    cdef npc.npy_intp* dims = stack_dims
+    cdef int i
+    cdef npc.PyArray_Descr* descr
+    if 0 <= value.elem_type < 24 and _ONNX_TO_NPY[value.elem_type] >= 0:
+        descr = npc.PyArray_DescrFromType(_ONNX_TO_NPY[value.elem_type])
+    else:
+        dtype = numpy_dtype_for(value.elem_type)
+        Py_INCREF(dtype)
+        descr = <npc.PyArray_Descr*>dtype
+    if value.ndim > MAX_INLINE_DIMS:
+        dims = <npc.npy_intp*>malloc(value.ndim * sizeof(npc.npy_intp))
+        if dims == NULL:
+            raise MemoryError()
+    for i in range(value.ndim):
+        dims[i] = <npc.npy_intp>value.dims[i]
+    cdef Py_ssize_t count = _element_count(value)
+    try:
+        if count == 0 or value.data == NULL:
+            # Nothing to view: NumPy allocates an empty array of the right shape.
+            return npc.PyArray_NewFromDescr(&npc.PyArray_Type, descr, value.ndim, dims, NULL,
+                                            NULL, 0, NULL)
+        array = npc.PyArray_NewFromDescr(
+            &npc.PyArray_Type, descr, value.ndim, dims, NULL, value.data,
+            npc.NPY_ARRAY_CARRAY_RO if value.readonly else npc.NPY_ARRAY_CARRAY, NULL)
+    finally:
+        if dims != stack_dims:
+            free(dims)
+    Py_INCREF(value)
+    npc.PyArray_SetBaseObject(<npc.PyArrayObject*>array, <PyObject*>value)
+    return array
+
+
+# ---- device values (CUDA): filled in by the device-memory module -------------------------------
+
+def _device_value_from_numpy(numpy_obj, device):
+    raise OrtNotImplemented(f"values on {device!r} are not supported yet")
+
+
+def _allocate_device_value(dims, onnx_type, device):
+    raise OrtNotImplemented(f"values on {device!r} are not supported yet")
+
+
+def _update_device_value(value, np_arr):
+    raise OrtNotImplemented("update_inplace on device memory is not supported yet")
+
+
+cdef object _device_value_to_numpy(OrtValue value):
+    raise OrtNotImplemented("copying device memory to NumPy is not supported yet")
+
+
+def from_dlpack(obj):
+    raise OrtNotImplemented("DLPack is not supported yet")

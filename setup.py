@@ -1,0 +1,51 @@
+"""Build the Cython extension modules of ortagent.
+
+The extensions link no onnxruntime library: the runtime is dlopen-ed at first use (see
+ortagent/_runtime.pyx) and every call goes through the OrtApi table declared in include/.
+Set ORTAGENT_CFLAGS to add compiler flags (e.g. -fsanitize=address for `make asan`).
+"""
+
+import os
+import shlex
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+MODULES = ["_runtime", "_values", "_session", "_agent"]
+
+extra_compile_args = ["-O2", "-Wno-unused-function"] + shlex.split(os.environ.get("ORTAGENT_CFLAGS", ""))
+extra_link_args = shlex.split(os.environ.get("ORTAGENT_LDFLAGS", ""))
+
+extensions = [
+    Extension(
+        f"ortagent.{name}",
+        [f"ortagent/{name}.pyx"],
+        include_dirs=["include", numpy.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=extra_compile_args,
+        extra_link_args=extra_link_args,
+        libraries=["dl"],
+    )
+    for name in MODULES
+    if os.path.exists(f"ortagent/{name}.pyx")
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        compiler_directives={
+            "language_level": "3",
+            "embedsignature": True,
+            "binding": False,
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "warn.undeclared": False,
+            "warn.unreachable": True,
+            "warn.maybe_uninitialized": False,
+            "warn.unused": False,
+        },
+        include_path=["."],
+    ),
+)
