@@ -37,7 +37,7 @@ class InputSpec:
     def sample(self, rng: np.random.Generator) -> np.ndarray:
         if self.kind == "bool":
             return np.asarray(rng.random(self.shape) < 0.5)
-        return rng.standard_normal(self.shape).astype(self.dtype)
+        return np.asarray(rng.standard_normal(self.shape), dtype=self.dtype)
 
 
 @dataclass
@@ -74,7 +74,7 @@ class TrainingCase:
     def make_gradients(self, rng: np.random.Generator, outputs: list[np.ndarray]) -> list[np.ndarray]:
         """Random output gradients shaped like the differentiable outputs."""
         return [
-            rng.standard_normal(np.shape(out)).astype(self.dtype)
+            np.asarray(rng.standard_normal(np.shape(out)), dtype=self.dtype)
             for out, diff in zip(outputs, self.differentiable)
             if diff
         ]
@@ -714,14 +714,24 @@ def random_case(seed: int, dtype=np.float64) -> TrainingCase:
 # -- running a split with stock onnxruntime --------------------------------------------------
 
 
-def cpu_session(model: onnx.ModelProto, optimization_level=None):
-    """An onnxruntime CPU session for ``model`` (onnxruntime imported lazily)."""
+# onnxruntime's MatMulScaleFusion folds a scalar Mul into FusedMatMul's float ``alpha``
+# attribute, which rounds a double scale to float32 (relative error ~1e-8 in a double graph).
+PRECISION_LOSING_OPTIMIZERS = ("MatMulScaleFusion",)
+
+
+def cpu_session(model: onnx.ModelProto, optimization_level=None, keep_precision=True):
+    """An onnxruntime CPU session for ``model`` (onnxruntime imported lazily).
+
+    ``keep_precision`` disables the optimizers that lose precision in double graphs.
+    """
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if optimization_level is not None:
         options.graph_optimization_level = optimization_level
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    disabled = list(PRECISION_LOSING_OPTIMIZERS) if keep_precision else None
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=disabled)
 
 
 class SplitRunner:

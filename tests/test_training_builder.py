@@ -1,0 +1,253 @@
+"""Tests of ortagent.training.build_training_graph, checked through the split on stock onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import training_graphs as tg
+from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
+from ortagent.graph_split import split_training_graph
+from ortagent.training import build_training_graph
+from test_graph_split import check_against_reference, check_finite_differences
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx_ad")
+
+
+def mlp_forward(dtype=np.float64, seed=0):
+    """x [N, 3] -> logits [N, 2] and argmax [N] (int64); W1, b1, W2, b2 are initializers."""
+    rng = np.random.default_rng(seed)
+    params = {"W1": rng.standard_normal((3, 5)), "b1": rng.standard_normal(5),
+              "W2": rng.standard_normal((5, 2)), "b2": rng.standard_normal(2)}
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h0"]),
+        helper.make_node("Add", ["h0", "b1"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("MatMul", ["r", "W2"], ["z"]),
+        helper.make_node("Add", ["z", "b2"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["pred"], axis=1, keepdims=0),
+    ]
+    elem = tg._ELEM[np.dtype(dtype)]
+    model = tg.make_model(
+        nodes, [helper.make_tensor_value_info("x", elem, ["N", 3])],
+        [helper.make_tensor_value_info("logits", elem, ["N", 2]),
+         helper.make_tensor_value_info("pred", TensorProto.INT64, ["N"])],
+        [numpy_helper.from_array(v.astype(dtype), k) for k, v in params.items()], name="mlp", ms_domain=False)
+    return model, params
+
+
+def _yield(model):
+    return next(node for node in model.graph.node if node.op_type == "YieldOp")
+
+
+def _attr(node, name):
+    for attr in node.attribute:
+        if attr.name == name:
+            return list(attr.ints)
+    return None
+
+
+def test_layout_follows_ortmodule():
+    forward, params = mlp_forward()
+    model = build_training_graph(forward, ["W1", "b1", "W2"], input_gradients=["x"])
+    graph = model.graph
+    assert [v.name for v in graph.input] == ["x", "W1", "b1", "W2"]
+    assert [v.name for v in graph.output] == ["x_grad", "W1_grad", "b1_grad", "W2_grad"]
+    assert [init.name for init in graph.initializer if init.name in params] == ["b2"]  # stays an initializer
+    node = _yield(model)
+    assert node.domain == "com.microsoft"
+    assert list(node.input) == ["logits", "pred"]
+    assert list(node.output) == ["logits_grad"]
+    assert _attr(node, "non_differentiable_outputs") == [1]  # int64 output, automatically
+    assert _attr(node, "full_shape_outputs") == [0, 1]
+    assert {(o.domain, o.version) for o in model.opset_import} >= {("", tg.OPSET), ("com.microsoft", 1)}
+    assert model.ir_version == tg.IR_VERSION
+    for value in graph.output:
+        assert value.type.tensor_type.elem_type == TensorProto.DOUBLE
+    # the forward model is left alone
+    assert [v.name for v in forward.graph.input] == ["x"]
+
+
+def _mlp_reference(f, params, glog):
+    h = f["x"] @ f["W1"] + f["b1"]
+    r = np.maximum(h, 0)
+    logits = r @ f["W2"] + params["b2"]
+    dh = (glog @ f["W2"].T) * (h > 0)
+    return logits, {"x_grad": dh @ f["W1"].T, "W1_grad": f["x"].T @ dh, "b1_grad": dh.sum(0),
+                    "W2_grad": r.T @ glog}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_mlp_gradients_match_numpy(dtype):
+    forward, params = mlp_forward(dtype)
+    model = build_training_graph(forward, ["W1", "b1", "W2"], input_gradients=["x"])
+    split = split_training_graph(model)
+    runner = tg.SplitRunner(split)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((6, 3)).astype(dtype),
+             **{k: params[k].astype(dtype) for k in ("W1", "b1", "W2")}}
+    glog = rng.standard_normal((6, 2)).astype(dtype)
+    (logits, pred), results = runner.run(feeds, [glog])
+    want_logits, want = _mlp_reference({k: v.astype(np.float64) for k, v in feeds.items()}, params,
+                                       glog.astype(np.float64))
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, want_logits, **tol)
+    np.testing.assert_array_equal(pred, np.argmax(logits, axis=1))
+    for name, got in zip(split.graph_output_names, results):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want[name], **tol, err_msg=name)
+
+
+def test_user_input_order_and_parameter_inputs():
+    forward, params = mlp_forward()
+    # a parameter that is a graph input (not an initializer), and an extra user input
+    forward.graph.input.append(helper.make_tensor_value_info("W1", TensorProto.DOUBLE, [3, 5]))
+    forward.graph.initializer.remove(next(i for i in forward.graph.initializer if i.name == "W1"))
+    forward.graph.input.append(helper.make_tensor_value_info("unused", TensorProto.FLOAT, [1]))
+    model = build_training_graph(forward, ["b2", "W1"], user_inputs=["unused", "x"])
+    assert [v.name for v in model.graph.input] == ["unused", "x", "b2", "W1"]
+    assert [v.name for v in model.graph.output] == ["b2_grad", "W1_grad"]
+
+
+def test_parameter_without_gradient_path_gets_zeros():
+    d = np.float64
+    forward = tg.make_model([helper.make_node("Mul", ["x", "w"], ["y"])], [tg.tensor("x", d, [2])],
+                            [tg.tensor("y", d, [2])], [tg.const("w", [2.0, 3.0], d), tg.const("v", [1.0, 1.0, 1.0], d)],
+                            ms_domain=False)
+    split = split_training_graph(build_training_graph(forward, ["w", "v"]))
+    _, (w_grad, v_grad) = tg.SplitRunner(split).run({"x": np.array([1.0, 2.0]), "w": np.array([2.0, 3.0]),
+                                                     "v": np.ones(3)}, [np.array([1.0, 1.0])])
+    np.testing.assert_array_equal(w_grad, [1.0, 2.0])
+    np.testing.assert_array_equal(v_grad, np.zeros(3))
+
+
+def test_explicit_non_differentiable_output_and_full_shape():
+    d = np.float64
+    nodes = [helper.make_node("Mul", ["x", "w"], ["y"]), helper.make_node("Tanh", ["y"], ["t"])]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, [2])], [tg.tensor("y", d, [2]), tg.tensor("t", d, [2])],
+                            [tg.const("w", [2.0, 3.0], d)], ms_domain=False)
+    model = build_training_graph(forward, ["w"], non_differentiable_outputs=[0], full_shape_outputs=[1])
+    node = _yield(model)
+    assert list(node.output) == ["t_grad"]
+    assert _attr(node, "non_differentiable_outputs") == [0]
+    assert _attr(node, "full_shape_outputs") == [1]
+    split = split_training_graph(model)
+    x = np.array([0.3, -0.2])
+    g = np.array([1.0, -2.0])
+    _, (w_grad,) = tg.SplitRunner(split).run({"x": x, "w": np.array([2.0, 3.0])}, [g])
+    np.testing.assert_allclose(w_grad, g * (1 - np.tanh(x * [2.0, 3.0]) ** 2) * x, rtol=1e-12)
+
+
+def test_repeated_and_passthrough_outputs():
+    """A forward output listed twice and an output that is a graph input still train correctly."""
+    d = np.float64
+    forward = tg.make_model([helper.make_node("Mul", ["x", "w"], ["y"])], [tg.tensor("x", d, [2])],
+                            [tg.tensor("y", d, [2]), tg.tensor("y", d, [2]), tg.tensor("x", d, [2])],
+                            [tg.const("w", [2.0, 3.0], d)], ms_domain=False)
+    model = build_training_graph(forward, ["w"], input_gradients=["x"])
+    split = split_training_graph(model)
+    assert len(split.module_output_names) == 3 and len(split.gradient_names) == 3
+    x, w = np.array([1.0, 2.0]), np.array([2.0, 3.0])
+    g = [np.array([1.0, 1.0]), np.array([0.5, 0.5]), np.array([10.0, 20.0])]
+    outputs, (x_grad, w_grad) = tg.SplitRunner(split).run({"x": x, "w": w}, g)
+    np.testing.assert_array_equal(outputs[2], x)
+    np.testing.assert_allclose(w_grad, 1.5 * x)
+    np.testing.assert_allclose(x_grad, 1.5 * w + g[2])
+
+
+def test_opset_12_spelling():
+    d = np.float32
+    forward = tg.make_model([helper.make_node("Mul", ["x", "w"], ["y"])], [tg.tensor("x", d, [2])],
+                            [tg.tensor("y", d, [2])], [tg.const("w", [2.0, 3.0], d)], opset=12, ms_domain=False)
+    model = build_training_graph(forward, ["w"])
+    assert all(n.op_type not in ("Unsqueeze", "Squeeze") or len(n.input) == 1 for n in model.graph.node
+               if n.output[0] in ("w_grad",) or n.input[0] in ("y_grad",))
+    _, (w_grad,) = tg.SplitRunner(split_training_graph(model)).run(
+        {"x": np.array([1.0, 2.0], d), "w": np.array([2.0, 3.0], d)}, [np.ones(2, d)])
+    np.testing.assert_array_equal(w_grad, [1.0, 2.0])
+
+
+ARGUMENT_ERRORS = {
+    "unknown_trainable": (dict(trainable=["nope"]), OrtInvalidArgument, r"'nope' is neither an initializer"),
+    "duplicate_trainable": (dict(trainable=["W1", "W1"]), OrtInvalidArgument, r"lists 'W1' more than once"),
+    "integer_trainable": (dict(trainable=["int_param"]), OrtInvalidArgument, r"'int_param' has element type INT64"),
+    "user_inputs_missing": (dict(trainable=["W1"], user_inputs=[]), OrtInvalidArgument, r"missing: \['x'\]"),
+    "user_inputs_extra": (dict(trainable=["W1"], user_inputs=["x", "W2"]), OrtInvalidArgument,
+                          r"not non-trainable graph inputs: \['W2'\]"),
+    "input_gradient_not_user_input": (dict(trainable=["W1"], input_gradients=["W2"]), OrtInvalidArgument,
+                                      r"'W2', which is not a user input"),
+    "non_diff_out_of_range": (dict(trainable=["W1"], non_differentiable_outputs=[5]), OrtInvalidArgument,
+                              r"index 5 is out of range"),
+    "full_shape_out_of_range": (dict(trainable=["W1"], full_shape_outputs=[2]), OrtInvalidArgument,
+                                r"full_shape_outputs index 2 is out of range"),
+    "nothing_to_differentiate": (dict(trainable=[]), OrtInvalidArgument, r"nothing to differentiate"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARGUMENT_ERRORS))
+def test_argument_errors(name):
+    kwargs, error, message = ARGUMENT_ERRORS[name]
+    forward, _ = mlp_forward()
+    forward.graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), "int_param"))
+    with pytest.raises(error, match=message):
+        build_training_graph(forward, **kwargs)
+
+
+def test_training_graph_as_forward_is_refused():
+    with pytest.raises(OrtInvalidArgument, match="already contains a YieldOp"):
+        build_training_graph(tg.mul_add_case().model, ["w"])
+
+
+def test_gradient_name_collision_is_refused():
+    d = np.float64
+    nodes = [helper.make_node("Mul", ["x", "w"], ["w_grad"])]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, [2])], [tg.tensor("w_grad", d, [2])],
+                            [tg.const("w", [1.0, 1.0], d)], ms_domain=False)
+    with pytest.raises(OrtInvalidArgument, match="'w_grad' is already used"):
+        build_training_graph(forward, ["w"])
+
+
+def test_operator_without_derivative_is_refused():
+    """A differentiated value reaching an operator with no rule raises OrtNotImplemented."""
+    d = np.float32
+    nodes = [helper.make_node("Mul", ["x", "w"], ["y"]),
+             helper.make_node("MaxRoiPool", ["y", "rois"], ["pooled"], pooled_shape=[1, 1])]
+    forward = tg.make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 2, 2])],
+                            [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 1, 1, 1])],
+                            [tg.const("w", np.ones((1, 1, 2, 2)), d), tg.const("rois", [[0, 0, 0, 1, 1]], d)],
+                            ms_domain=False)
+    with pytest.raises(OrtNotImplemented, match="MaxRoiPool"):
+        build_training_graph(forward, ["w"])
+
+
+# -- the random family ------------------------------------------------------------------------
+
+
+def _check_family(seed: int, finite_differences: bool = False) -> None:
+    case = tg.random_case(seed)
+    runner, feeds, gradients = check_against_reference(case, seed)
+    if finite_differences:
+        check_finite_differences(case, runner, feeds, gradients, seed)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_family_with_finite_differences(seed):
+    _check_family(seed, finite_differences=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=0, max_value=2**31 - 1))
+def test_family_matches_numpy(seed):
+    _check_family(seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(min_value=0, max_value=2**31 - 1))
+def test_family_float32(seed):
+    case = tg.random_case(seed, np.float32)
+    check_against_reference(case, seed)
