@@ -3,6 +3,7 @@ from ortagent cimport _capi as ort
 
 
 cdef class SessionOptions:
+    cdef object __weakref__
     cdef ort.OrtSessionOptions* handle
     cdef dict _config_entries
     cdef list _initializers          # [(name, OrtValue)] kept alive for the sessions using them
@@ -23,6 +24,7 @@ cdef class SessionOptions:
 
 
 cdef class RunOptions:
+    cdef object __weakref__
     cdef ort.OrtRunOptions* handle
     cdef int _log_severity_level
     cdef int _log_verbosity_level
@@ -32,6 +34,7 @@ cdef class RunOptions:
 
 
 cdef class InferenceSession:
+    cdef object __weakref__
     cdef ort.OrtSession* handle
     cdef readonly object _sess_options          # the SessionOptions given (or a default one)
     cdef list _providers

@@ -1006,7 +1006,7 @@ cdef class InferenceSession:
             if as_numpy:
                 for i in range(n_out):
                     value = results[i]
-                    results[i] = value_to_numpy(value)
+                    results[i] = value_to_numpy(value, False)
             return results
         finally:
             for i in range(n_ready):

@@ -20,6 +20,7 @@ cdef class OrtDevice:
 
 
 cdef class OrtValue:
+    cdef object __weakref__
     # The one owner of `handle` (released in __dealloc__ / _release()).
     cdef ort.OrtValue* handle
     # Whatever keeps the memory under `handle` valid: a NumPy array, a DLPack import, the
@@ -35,6 +36,10 @@ cdef class OrtValue:
     cdef int device_id
     cdef bint is_tensor_value
     cdef bint readonly
+    # Views and DLPack capsules handed out over this value's memory. close() with exports
+    # outstanding only marks the value closed; the handle goes when the last export does.
+    cdef Py_ssize_t exports
+    cdef bint close_requested
 
     cdef int describe(self) except -1
     cdef int require_handle(self) except -1
@@ -49,8 +54,17 @@ cdef OrtValue wrap_value(ort.OrtValue* handle, object owner)
 # The caller owns the returned handle and must keep the array (and `keep`) alive while it lives.
 cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL
 
-# A NumPy view (CPU) or copy (strings, device memory) of a value.
-cdef object value_to_numpy(OrtValue value)
+# A NumPy view (CPU) or copy (strings, device memory) of a value. `tracked` views keep the
+# value through an export guard so that close() can tell when they are gone; untracked ones
+# (for values never handed to the caller) pin the value until it is deallocated.
+cdef object value_to_numpy(OrtValue value, bint tracked)
+
+# An object that keeps `value`'s memory alive and counts as one export while it lives.
+cdef object export_guard(OrtValue value)
+
+# A tensor over caller memory (`data` on `device`, never dereferenced); `owner` is kept alive.
+cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevice device,
+                                object owner, bint readonly)
 
 # The process-wide CPU memory description (created on first use).
 cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL
@@ -59,3 +73,6 @@ cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL
 cdef str tensor_type_name(int elem_type)
 
 cdef int ensure_numpy() except -1
+
+# Copy tensors pairwise through OrtApi::CopyTensors (same shapes and types, any devices).
+cdef int copy_tensors(list sources, list destinations) except -1

@@ -411,15 +411,15 @@ cdef class OrtValue:
         self.owner = None
 
     cdef int require_handle(self) except -1:
-        if self.handle == NULL:
+        if self.handle == NULL or self.close_requested:
             raise ObjectClosedError("this OrtValue has been released")
         return 0
 
     cdef int describe(self) except -1:
         """Read and cache element type, shape, data pointer and device of the tensor."""
+        self.require_handle()
         if self.elem_type >= 0:
             return 0
-        self.require_handle()
         cdef int is_tensor = 0
         cdef ort.OrtTensorTypeAndShapeInfo* info = NULL
         cdef ort.ONNXTensorElementDataType elem
@@ -547,7 +547,7 @@ cdef class OrtValue:
     def numpy(self):
         """The tensor as a NumPy array: a view of the same memory on the CPU (keeps this value
         alive), a copy for strings and for device memory."""
-        return value_to_numpy(self)
+        return value_to_numpy(self, True)
 
     def update_inplace(self, np_arr):
         """Copy `np_arr` (same shape and element type) into this tensor's memory."""
@@ -556,7 +556,7 @@ cdef class OrtValue:
         if self.memory_kind not in (MEMORY_CPU, MEMORY_CUDA_PINNED):
             return _update_device_value(self, np_arr)
         ensure_numpy()
-        target = value_to_numpy(self)
+        target = value_to_numpy(self, True)
         source = _np.asarray(np_arr)
         if source.shape != target.shape:
             raise OrtInvalidArgument(f"update_inplace: shape {source.shape} does not match the "
@@ -569,8 +569,12 @@ cdef class OrtValue:
         _np.copyto(target, source)
 
     def close(self):
-        """Release the ORT value now (views taken earlier keep it alive until they go)."""
-        self._release()
+        """Release the ORT value. Views and DLPack capsules taken earlier stay valid: the memory
+        is released when the last of them goes. Later calls on this object raise."""
+        if self.exports > 0:
+            self.close_requested = True
+        else:
+            self._release()
 
     def __repr__(self):
         if self.handle == NULL:
@@ -583,6 +587,31 @@ cdef class OrtValue:
 
     def __reduce__(self):
         raise OrtInvalidType("OrtValue cannot be pickled; pickle value.numpy() instead")
+
+    # -- DLPack (implemented in ortagent._dlpack) --------------------------------------------------
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """Export this tensor as a DLPack capsule (see ortagent._dlpack.export_value)."""
+        return _dlpack_module().export_value(self, stream=stream, max_version=max_version,
+                                             dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        """(DLPack device type, device id) of this tensor."""
+        return _dlpack_module().value_device(self)
+
+    @staticmethod
+    def from_dlpack(obj, *, stream=None):
+        """An OrtValue viewing the memory of `obj` (any object with __dlpack__, or a capsule)."""
+        return _dlpack_module().from_dlpack(obj, stream=stream)
+
+    @staticmethod
+    def _from_pointer(size_t data_ptr, shape, element_type, device_type="cpu", int device_id=0,
+                      owner=None):
+        """A tensor over raw memory at `data_ptr` (never dereferenced here); `owner` is kept
+        alive. The caller guarantees the memory outlives the value."""
+        device = as_device(device_type, device_id)
+        return value_over_memory(<void*>data_ptr, shape, _element_type_from(element_type),
+                                 <OrtDevice>device, owner, False)
 
 
 cdef inline Py_ssize_t _element_count(OrtValue value):
@@ -684,6 +713,37 @@ cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, 
     return handle
 
 
+cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevice device,
+                                object owner, bint readonly):
+    """A tensor over caller memory at `data` on `device` (never dereferenced here)."""
+    if elem_type == 8 or elem_type not in _ELEMENT_TYPES or _ELEM_SIZE[elem_type] == 0:
+        raise OrtInvalidArgument(f"cannot view memory as {tensor_type_name(elem_type)}")
+    dims = _checked_shape(dims)
+    cdef Py_ssize_t n = len(dims), i
+    cdef int64_t stack_dims[MAX_INLINE_DIMS]
+    cdef int64_t* shape_ptr = stack_dims
+    cdef size_t count = 1
+    cdef ort.OrtValue* handle = NULL
+    cdef ort.OrtMemoryInfo* info = device.memory_info()
+    cdef ort.OrtStatus* status
+    if n > MAX_INLINE_DIMS:
+        shape_ptr = <int64_t*>malloc(n * sizeof(int64_t))
+        if shape_ptr == NULL:
+            raise MemoryError()
+    for i in range(n):
+        shape_ptr[i] = dims[i]
+        count *= <size_t>dims[i]
+    status = ort.CreateTensorWithDataAsOrtValue(info, data, count * _ELEM_SIZE[elem_type], shape_ptr,
+                                                <size_t>n, <ort.ONNXTensorElementDataType>elem_type,
+                                                &handle)
+    if shape_ptr != stack_dims:
+        free(shape_ptr)
+    check(status)
+    cdef OrtValue value = wrap_value(handle, owner)
+    value.readonly = readonly
+    return value
+
+
 cdef ort.OrtValue* _string_tensor(object arr) except NULL:
     """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects)."""
     flat = arr.ravel(order="C")
@@ -738,7 +798,28 @@ cdef object _strings_to_numpy(OrtValue value):
     return result.reshape([value.dims[i] for i in range(value.ndim)])
 
 
-cdef object value_to_numpy(OrtValue value):
+@cython.final
+@cython.freelist(64)
+cdef class _ExportGuard:
+    """Base object of NumPy views (and context of DLPack exports) of an OrtValue."""
+    cdef OrtValue value
+
+    def __dealloc__(self):
+        cdef OrtValue value = self.value
+        if value is not None:
+            value.exports -= 1
+            if value.close_requested and value.exports == 0:
+                value._release()
+
+
+cdef object export_guard(OrtValue value):
+    cdef _ExportGuard guard = _ExportGuard.__new__(_ExportGuard)
+    guard.value = value
+    value.exports += 1
+    return guard
+
+
+cdef object value_to_numpy(OrtValue value, bint tracked):
     ensure_numpy()
     value.describe()
     if not value.is_tensor_value:
@@ -775,9 +856,59 @@ cdef object value_to_numpy(OrtValue value):
     finally:
         if dims != stack_dims:
             free(dims)
-    Py_INCREF(value)
-    npc.PyArray_SetBaseObject(<npc.PyArrayObject*>array, <PyObject*>value)
+    if tracked:
+        base = export_guard(value)
+    else:
+        value.exports += 1   # pinned: close() defers to deallocation
+        base = value
+    Py_INCREF(base)
+    npc.PyArray_SetBaseObject(<npc.PyArrayObject*>array, <PyObject*>base)
     return array
+
+
+cdef int copy_tensors(list sources, list destinations) except -1:
+    """Copy tensors pairwise with OrtApi::CopyTensors (synchronous, no stream)."""
+    cdef Py_ssize_t n = len(sources), i
+    cdef OrtValue source, destination
+    if n != len(destinations):
+        raise OrtInvalidArgument("copy_tensors needs as many destinations as sources")
+    for i in range(n):
+        source = sources[i]
+        destination = destinations[i]
+        source.describe()
+        destination.describe()
+        if not source.is_tensor_value or not destination.is_tensor_value:
+            raise OrtNotImplemented("only tensors can be copied")
+        if source.elem_type != destination.elem_type:
+            raise OrtInvalidArgument(f"cannot copy {tensor_type_name(source.elem_type)} into "
+                                     f"{tensor_type_name(destination.elem_type)}")
+        if source.shape() != destination.shape():
+            raise OrtInvalidArgument(f"cannot copy shape {source.shape()} into {destination.shape()}")
+        if destination.readonly:
+            raise OrtInvalidArgument("the destination views read-only memory")
+    cdef const ort.OrtValue** src = <const ort.OrtValue**>malloc(max(n, 1) * sizeof(void*))
+    cdef ort.OrtValue** dst = <ort.OrtValue**>malloc(max(n, 1) * sizeof(void*))
+    cdef ort.OrtStatus* status
+    cdef ort.OrtEnv* env = shared_runtime().env
+    if src == NULL or dst == NULL:
+        free(src)
+        free(dst)
+        raise MemoryError()
+    for i in range(n):
+        src[i] = (<OrtValue>sources[i]).handle
+        dst[i] = (<OrtValue>destinations[i]).handle
+    with nogil:
+        status = ort.CopyTensors(env, src, dst, NULL, <size_t>n)
+    free(src)
+    free(dst)
+    check(status)
+    return 0
+
+
+def _copy_tensors_with_ort(sources, destinations):
+    """OrtApi::CopyTensors on lists of OrtValues (needs onnxruntime >= 1.23 and a data transfer
+    registered for the devices involved)."""
+    copy_tensors(list(sources), list(destinations))
 
 
 # ---- device values (CUDA): filled in by the device-memory module -------------------------------
@@ -798,5 +929,16 @@ cdef object _device_value_to_numpy(OrtValue value):
     raise OrtNotImplemented("copying device memory to NumPy is not supported yet")
 
 
-def from_dlpack(obj):
-    raise OrtNotImplemented("DLPack is not supported yet")
+_dlpack_cache = []
+
+
+def _dlpack_module():
+    if not _dlpack_cache:
+        from ortagent import _dlpack
+        _dlpack_cache.append(_dlpack)
+    return _dlpack_cache[0]
+
+
+def from_dlpack(obj, *, stream=None):
+    """An OrtValue viewing the memory of `obj` (any object with __dlpack__, or a capsule)."""
+    return _dlpack_module().from_dlpack(obj, stream=stream)

@@ -1,0 +1,51 @@
+# ortagent: every target sets itself up (virtual environments, packages) on a fresh machine.
+#   make test    build the extension and run the test suite (what .ci/run calls)
+#   make demo    train a small classifier end to end with TrainingAgent
+#   make bench   run the benchmarks side by side with onnxruntime and the C floor
+# Variables: PYTHON (interpreter for the venvs), ORT_PACKAGE (the onnxruntime wheel to test
+# against), TORCH=1 (also install torch's CPU build so the torch tests run), PYTEST_ARGS.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ORT_PACKAGE ?= onnxruntime-gpu==1.31.1
+TORCH ?= 0
+TORCH_PACKAGE ?= torch==2.13.0
+REF_VENV ?= .venv-refagent
+REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
+PYTEST_ARGS ?=
+
+.PHONY: all test build venv refagent demo bench bench-quick fuzz asan clean
+
+all: test
+
+$(VENV)/.ready: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=68" wheel "Cython>=3.0" "numpy>=2.0"
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]" "$(ORT_PACKAGE)"
+	touch $@
+
+venv: $(VENV)/.ready
+	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
+		echo "installing $(TORCH_PACKAGE) (CPU build) for the torch tests"; \
+		$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PACKAGE)"; fi
+
+build: venv
+	$(PY) setup.py -q build_ext --inplace
+
+# onnxruntime-training 1.19.2 (the last release with the real TrainingAgent) in its own venv:
+# the agreement tests compare ortagent's agent with it. If it cannot be installed here, those
+# tests skip and say why.
+$(REF_VENV)/.ready:
+	@($(PYTHON) -m venv $(REF_VENV) && \
+	  $(REF_VENV)/bin/python -m pip install -q --disable-pip-version-check $(foreach p,$(REF_PACKAGES),"$(p)") && \
+	  touch $@) || echo "note: could not install $(REF_PACKAGES); agreement tests will skip"
+
+refagent: $(REF_VENV)/.ready
+
+test: build refagent
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+clean:
+	rm -rf build ortagent/*.so ortagent/_*.c ortagent/*.html .pytest_cache

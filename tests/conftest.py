@@ -1,0 +1,77 @@
+"""Shared fixtures: onnxruntime's own Python module as the reference, live-handle accounting, and
+the CUDA / torch skips (with their reasons)."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+
+@pytest.fixture(scope="session")
+def ort_ref():
+    """onnxruntime's own Python module (the reference the binding is compared against)."""
+    return pytest.importorskip("onnxruntime", reason="onnxruntime's Python module is not installed")
+
+
+def reference_session(ort_ref, model, **kwargs):
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort_ref.InferenceSession(data, providers=["CPUExecutionProvider"], **kwargs)
+
+
+@pytest.fixture
+def no_leaks():
+    """Assert that the test leaves as many live ORT handles as it found."""
+    import ortagent
+
+    gc.collect()
+    before = ortagent.live_handles()
+    yield
+    gc.collect()
+    after = ortagent.live_handles()
+    leaked = {k: after[k] - before[k] for k in before if after[k] != before[k]}
+    assert not leaked, f"live handles changed: {leaked}"
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_unavailable_reason() -> str | None:
+    """None when a CUDA execution provider can be created, else why not."""
+    import ortagent
+
+    if "CUDAExecutionProvider" not in ortagent.get_available_providers():
+        return "this onnxruntime build has no CUDAExecutionProvider"
+    try:
+        import onnx_models
+
+        ortagent.InferenceSession(onnx_models.identity().SerializeToString(),
+                                  providers=["CUDAExecutionProvider"])
+    except ortagent.OrtError as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"no CUDA execution provider can be created here: {first_line}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda_items = [item for item in items if "cuda" in item.keywords]
+    if cuda_items:
+        reason = cuda_unavailable_reason()
+        if reason:
+            for item in cuda_items:
+                item.add_marker(pytest.mark.skip(reason=reason))
+    torch_items = [item for item in items if "torch" in item.keywords]
+    if torch_items:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            for item in torch_items:
+                item.add_marker(pytest.mark.skip(
+                    reason="torch is not installed (make test TORCH=1, which .ci/run sets, installs "
+                           "its CPU build)"))

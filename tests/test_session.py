@@ -1,0 +1,316 @@
+"""InferenceSession, SessionOptions and RunOptions against onnxruntime's own Python module."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import onnx_models as models
+import ortagent
+from conftest import reference_session
+
+
+def assert_same_outputs(ours, theirs):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype, (a.dtype, b.dtype)
+        assert a.shape == b.shape, (a.shape, b.shape)
+        if a.dtype == object:
+            assert a.tolist() == b.tolist()
+        else:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_add_matches_onnxruntime(ort_ref):
+    model = models.add()
+    rng = np.random.default_rng(0)
+    feed = {"a": rng.standard_normal(16).astype(np.float32),
+            "b": rng.standard_normal(16).astype(np.float32)}
+    ours = ortagent.InferenceSession(model.SerializeToString()).run(None, feed)
+    theirs = reference_session(ort_ref, model).run(None, feed)
+    assert_same_outputs(ours, theirs)
+    np.testing.assert_array_equal(ours[0], feed["a"] + feed["b"])
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_mlp_matches_onnxruntime(ort_ref, batch):
+    model = models.mlp(sizes=(16, 64, 32, 8))
+    x = np.random.default_rng(batch).standard_normal((batch, 16)).astype(np.float32)
+    ours = ortagent.InferenceSession(model).run(["y"], {"x": x})
+    theirs = reference_session(ort_ref, model).run(["y"], {"x": x})
+    assert_same_outputs(ours, theirs)
+
+
+def test_multi_input_output_and_output_selection(ort_ref):
+    model = models.multi_io()
+    rng = np.random.default_rng(1)
+    feed = {"a": rng.standard_normal((3, 4)).astype(np.float32),
+            "b": rng.standard_normal((3, 4)).astype(np.float32),
+            "k": np.array([3], np.int32)}
+    ours_session = ortagent.InferenceSession(model)
+    ref = reference_session(ort_ref, model)
+    assert_same_outputs(ours_session.run(None, feed), ref.run(None, feed))
+    for names in (["shape"], ["prod", "scaled"], ["total", "total"]):
+        assert_same_outputs(ours_session.run(names, feed), ref.run(names, feed))
+    scaled, total, shape, prod = ours_session.run(None, feed)
+    np.testing.assert_allclose(scaled, (feed["a"] + feed["b"]) * 3, rtol=1e-6)
+    assert shape.tolist() == [3, 4]
+
+
+@pytest.mark.parametrize("dtype_name", sorted(models.DTYPES))
+def test_every_dtype_round_trips_like_onnxruntime(ort_ref, dtype_name):
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes")
+    model = models.identity(models.DTYPES[dtype_name], shape=["N", 3])
+    x = models.random_array(dtype_name, (5, 3), np.random.default_rng(2))
+    ours = ortagent.InferenceSession(model).run(None, {"x": x})
+    if dtype_name == "bfloat16":
+        theirs = [x]  # onnxruntime's Python module cannot take ml_dtypes arrays
+    else:
+        theirs = reference_session(ort_ref, model).run(None, {"x": x})
+    assert_same_outputs(ours, theirs)
+    if dtype_name != "string":
+        assert ours[0].tobytes() == x.tobytes()
+
+
+def test_symbolic_dimensions_metadata_and_values(ort_ref):
+    model = models.symbolic_dims()
+    ours = ortagent.InferenceSession(model)
+    ref = reference_session(ort_ref, model)
+    for mine, theirs in zip(ours.get_inputs() + ours.get_outputs(), ref.get_inputs() + ref.get_outputs()):
+        assert (mine.name, mine.type, mine.shape) == (theirs.name, theirs.type, theirs.shape)
+    assert ours.get_inputs()[0].shape == ["batch", "seq", 8]
+    for shape in [(1, 1, 8), (2, 5, 8), (0, 3, 8)]:
+        x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+        assert_same_outputs(ours.run(None, {"x": x}), ref.run(None, {"x": x}))
+
+
+def test_string_tensors(ort_ref):
+    model = models.strings()
+    s = np.array(["Hello", "WORLD", "", "Déjà Vu", "日本"], dtype=object)
+    feed = {"s": s, "lens": np.array([5], np.int64)}
+    ours = ortagent.InferenceSession(model).run(None, feed)
+    theirs = reference_session(ort_ref, model).run(None, feed)
+    assert_same_outputs(ours, theirs)
+    assert ours[1][:, 0].tolist() == s.tolist() + s[::-1].tolist()
+    # numpy unicode arrays are accepted too
+    ours_u = ortagent.InferenceSession(model).run(["same"], {"s": s.astype(str), "lens": feed["lens"]})
+    assert ours_u[0].tolist() == s.tolist()
+
+
+def test_outputs_are_views_of_ort_buffers():
+    session = ortagent.InferenceSession(models.mlp())
+    x = np.ones((4, 16), np.float32)
+    (y,) = session.run(None, {"x": x})
+    assert isinstance(y.base, ortagent.OrtValue)
+    assert y.ctypes.data == y.base.data_ptr()
+    assert y.flags.writeable and y.flags.c_contiguous
+    (v,) = session.run_with_ort_values(None, {"x": x})
+    assert v.shape() == [4, 8] and v.data_type() == "tensor(float)"
+    np.testing.assert_array_equal(v.numpy(), y)
+
+
+def test_non_contiguous_and_foreign_order_feeds(ort_ref):
+    model = models.add(shape=[4, 4])
+    base = np.arange(64, dtype=np.float32).reshape(8, 8)
+    a = base[::2, ::2]                       # strided
+    b = np.arange(16, dtype=">f4").reshape(4, 4)  # big-endian
+    with pytest.raises(ortagent.OrtInvalidArgument):
+        ortagent.InferenceSession(model).run(None, {"a": a, "b": b.astype(np.float64)})
+    ours = ortagent.InferenceSession(model).run(None, {"a": a, "b": b})
+    theirs = reference_session(ort_ref, model).run(None, {"a": np.ascontiguousarray(a),
+                                                           "b": b.astype(np.float32)})
+    assert_same_outputs(ours, theirs)
+
+
+def test_ortvalue_feeds_and_numpy_scalars():
+    session = ortagent.InferenceSession(models.identity(TensorProto.INT64, shape=[]))
+    (y,) = session.run(None, {"x": np.int64(42)})
+    assert y.shape == () and y == 42
+    value = ortagent.OrtValue.ortvalue_from_numpy(np.array(7, np.int64))
+    assert session.run(None, {"x": value})[0] == 7
+
+
+def test_overridable_initializer_can_be_fed(ort_ref):
+    model = models.overridable_initializer()
+    x = np.array([1, 2, 3], np.float32)
+    session = ortagent.InferenceSession(model)
+    assert [a.name for a in session.get_overridable_initializers()] == ["scale"]
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x * 2)
+    np.testing.assert_array_equal(session.run(None, {"x": x, "scale": np.array([5], np.float32)})[0], x * 5)
+    ref = reference_session(ort_ref, model)
+    assert_same_outputs(session.run(None, {"x": x, "scale": np.array([3], np.float32)}),
+                        ref.run(None, {"x": x, "scale": np.array([3], np.float32)}))
+
+
+def test_model_from_path_bytes_and_modelproto(tmp_path):
+    model = models.add()
+    path = tmp_path / "add.onnx"
+    onnx.save(model, str(path))
+    feed = {"a": np.ones(16, np.float32), "b": np.ones(16, np.float32)}
+    for source in (str(path), path, model.SerializeToString(), model):
+        np.testing.assert_array_equal(ortagent.InferenceSession(source).run(None, feed)[0], 2 * feed["a"])
+
+
+def test_model_metadata(ort_ref):
+    model = models.with_metadata()
+    mine = ortagent.InferenceSession(model).get_modelmeta()
+    theirs = reference_session(ort_ref, model).get_modelmeta()
+    for field in ("producer_name", "graph_name", "domain", "description", "graph_description",
+                  "version", "custom_metadata_map"):
+        assert getattr(mine, field) == getattr(theirs, field), field
+    assert mine.custom_metadata_map == {"author": "tests", "purpose": "metadata"}
+
+
+def test_providers_default_to_cpu():
+    session = ortagent.InferenceSession(models.identity())
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert session.get_provider_options() == {"CPUExecutionProvider": {}}
+    assert "CPUExecutionProvider" in ortagent.get_available_providers()
+
+
+def test_session_options_are_applied_and_reported(tmp_path):
+    so = ortagent.SessionOptions()
+    assert so.graph_optimization_level == ortagent.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ortagent.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ortagent.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.log_severity_level = 3
+    so.enable_mem_pattern = False
+    so.enable_cpu_mem_arena = False
+    so.logid = "tests"
+    optimized = tmp_path / "optimized.onnx"
+    so.optimized_model_filepath = str(optimized)
+    so.add_session_config_entry("session.use_env_allocators", "0")
+    assert so.get_session_config_entry("session.use_env_allocators") == "0"
+    with pytest.raises(ortagent.OrtNotFound):
+        so.get_session_config_entry("no.such.key")
+    session = ortagent.InferenceSession(models.mlp(), sess_options=so)
+    assert session.get_session_options() is so
+    assert optimized.exists() and onnx.load(str(optimized)).graph.node
+    x = np.ones((2, 16), np.float32)
+    assert session.run(None, {"x": x})[0].shape == (2, 8)
+    # the same options object stays usable for another session
+    ortagent.InferenceSession(models.identity(), sess_options=so)
+
+
+def test_free_dimension_override_fixes_symbolic_shape():
+    so = ortagent.SessionOptions()
+    so.add_free_dimension_override_by_name("batch", 2)
+    session = ortagent.InferenceSession(models.symbolic_dims(), sess_options=so)
+    assert session.get_inputs()[0].shape == [2, "seq", 8]
+    with pytest.raises(ortagent.OrtInvalidArgument):
+        session.run(None, {"x": np.zeros((3, 1, 8), np.float32)})
+
+
+def test_add_initializer_replaces_weights():
+    so = ortagent.SessionOptions()
+    scale = ortagent.OrtValue.ortvalue_from_numpy(np.array([10.0], np.float32))
+    so.add_initializer("scale", scale)
+    del scale  # kept alive by the options
+    session = ortagent.InferenceSession(models.overridable_initializer(), sess_options=so)
+    np.testing.assert_array_equal(session.run(None, {"x": np.ones(3, np.float32)})[0], np.full(3, 10.0))
+
+
+def test_run_options_tag_and_config():
+    ro = ortagent.RunOptions()
+    ro.logid = "run-1"
+    ro.log_severity_level = 3
+    ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    assert ro.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    assert ro.logid == "run-1" and not ro.terminate
+    session = ortagent.InferenceSession(models.identity())
+    assert session.run(None, {"x": np.ones(1, np.float32)}, ro)[0][0] == 1
+
+
+def test_terminate_stops_a_running_call_and_session_recovers():
+    session = ortagent.InferenceSession(models.slow_loop(iterations=3000))
+    x = np.eye(256, dtype=np.float32)
+    ro = ortagent.RunOptions()
+    errors = []
+
+    def run():
+        try:
+            session.run(None, {"x": x}, ro)
+        except ortagent.OrtError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.2)
+    ro.terminate = True
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ortagent.OrtError)
+    assert "terminat" in str(errors[0]).lower()
+    ro.terminate = False
+    small = ortagent.InferenceSession(models.slow_loop(iterations=2))
+    assert small.run(None, {"x": x}, ro)[0].shape == (256, 256)
+
+
+def test_gil_is_released_during_run():
+    session = ortagent.InferenceSession(models.slow_loop(iterations=400))
+    x = np.eye(256, dtype=np.float32)
+    ticks = 0
+    running = threading.Event()
+    done = threading.Event()
+
+    def count():
+        nonlocal ticks
+        running.set()
+        while not done.is_set():
+            ticks += 1
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    running.wait()
+    start = time.perf_counter()
+    session.run(None, {"x": x})
+    elapsed = time.perf_counter() - start
+    before = ticks
+    done.set()
+    counter.join()
+    # With the GIL held for the whole run the counter could advance only at the switch interval
+    # boundaries around the call; released, it spins freely for the whole run.
+    assert elapsed > 0.05, f"the model ran too fast ({elapsed:.3f}s) to tell"
+    assert before > 10000, f"the other thread advanced only {before} times during a {elapsed:.2f}s run"
+
+
+def test_concurrent_runs_on_one_session_are_correct():
+    session = ortagent.InferenceSession(models.mlp(sizes=(16, 64, 8)))
+    reference = {}
+    inputs = {i: np.random.default_rng(i).standard_normal((3, 16)).astype(np.float32) for i in range(8)}
+    for i, x in inputs.items():
+        reference[i] = session.run(None, {"x": x})[0].copy()
+    failures = []
+
+    def worker(i):
+        for _ in range(200):
+            (y,) = session.run(None, {"x": inputs[i]})
+            if not np.array_equal(y, reference[i]):
+                failures.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_close_and_context_manager():
+    with ortagent.InferenceSession(models.identity()) as session:
+        (value,) = session.run_with_ort_values(None, {"x": np.ones(1, np.float32)})
+    with pytest.raises(ortagent.ObjectClosedError):
+        session.run(None, {"x": np.ones(1, np.float32)})
+    with pytest.raises(ortagent.ObjectClosedError):
+        session.get_modelmeta()
+    assert value.numpy()[0] == 1  # values outlive the session
+    session.close()  # idempotent
