@@ -737,10 +737,10 @@ def cpu_session(model: onnx.ModelProto, optimization_level=None, keep_precision=
 class SplitRunner:
     """Runs the two halves of a :class:`~ortagent.graph_split.TrainingGraphSplit` like an agent."""
 
-    def __init__(self, split, optimization_level=None):
+    def __init__(self, split, optimization_level=None, keep_precision=True):
         self.split = split
-        self.forward = cpu_session(split.forward_model, optimization_level)
-        self.backward = cpu_session(split.backward_model, optimization_level)
+        self.forward = cpu_session(split.forward_model, optimization_level, keep_precision)
+        self.backward = cpu_session(split.backward_model, optimization_level, keep_precision)
 
     def run_forward(self, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """(module outputs, stash) for the graph-input feeds."""
