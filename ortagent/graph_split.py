@@ -424,9 +424,9 @@ class _Splitter:
         if not yields:
             raise TrainingGraphError(
                 f"the training graph has no {YIELD_OP_DOMAIN}:{YIELD_OP_TYPE} node, so there is no "
-                "point where forward ends and backward begins (onnxruntime-training 1.19.2 "
-                "crashes with a segmentation fault on such a graph); an inference graph cannot "
-                "be used with TrainingAgent"
+                "point where forward ends and backward begins; an inference graph cannot be used "
+                "with TrainingAgent (onnxruntime-training 1.19.2 accepted such a graph, ran all "
+                "of it as the forward and failed only in run_backward)"
             )
         if len(yields) > 1:
             listed = ", ".join(describe_node(self.nodes[i]) for i in yields)
