@@ -8,66 +8,15 @@ import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 import training_graphs as tg
+from training_graphs import check_against_reference, check_finite_differences
 from ortagent.errors import OrtInvalidProtobuf, OrtInvalidType, OrtNoSuchFile, TrainingGraphError
 from ortagent.graph_split import TensorInfo, TrainingGraphSplit, split_training_graph
 
 pytest.importorskip("onnxruntime")
 
-TOLERANCE = {np.dtype(np.float64): dict(rtol=1e-12, atol=1e-12), np.dtype(np.float32): dict(rtol=1e-5, atol=1e-5)}
-
-
 def _cases(dtypes=(np.float64,)):
     return [pytest.param(builder, dtype, id=f"{builder.__name__}-{np.dtype(dtype).name}")
             for builder in tg.HAND_BUILT for dtype in dtypes]
-
-
-def check_against_reference(case: tg.TrainingCase, seed: int = 0) -> tuple[tg.SplitRunner, dict, list]:
-    rng = np.random.default_rng(seed)
-    split = split_training_graph(case.model)
-    runner = tg.SplitRunner(split)
-    feeds = case.make_feeds(rng)
-    reference_feeds = {name: value.astype(np.float64) if value.dtype.kind == "f" else value
-                       for name, value in feeds.items()}
-    expected_outputs = case.reference(reference_feeds)
-    outputs, stash = runner.run_forward(feeds)
-    assert len(outputs) == len(expected_outputs)
-    tolerance = TOLERANCE[case.dtype]
-    for name, got, want in zip(case.module_output_names, outputs, expected_outputs):
-        assert got.shape == np.shape(want), name
-        if got.dtype.kind == "f":
-            assert got.dtype == case.dtype, name
-            np.testing.assert_allclose(got, want, **tolerance, err_msg=name)
-        else:
-            np.testing.assert_array_equal(got, want, err_msg=name)
-    gradients = case.make_gradients(rng, outputs)
-    results = runner.run_backward(feeds, gradients, stash)
-    expected = case.reference_gradients(reference_feeds, [g.astype(np.float64) for g in gradients])
-    assert len(results) == len(case.graph_output_names)
-    for name, got, want in zip(case.graph_output_names, results, expected):
-        assert got.shape == np.shape(want), name
-        np.testing.assert_allclose(got, want, **tolerance, err_msg=name)
-    return runner, feeds, gradients
-
-
-def check_finite_differences(case: tg.TrainingCase, runner: tg.SplitRunner, feeds: dict, gradients: list,
-                             seed: int = 1, eps: float = 1e-6) -> None:
-    """<gradient, v> against the central difference of sum_i <g_i, y_i> along a random v."""
-    rng = np.random.default_rng(seed)
-    results = dict(zip(case.graph_output_names, runner.run(feeds, gradients)[1]))
-
-    def weighted_outputs(values):
-        outputs, _ = runner.run_forward(values)
-        diff = [out for out, is_diff in zip(outputs, case.differentiable) if is_diff]
-        return sum(float(np.sum(g * y)) for g, y in zip(gradients, diff))
-
-    for output_name, input_name in case.gradient_of.items():
-        direction = rng.standard_normal(np.shape(feeds[input_name]))
-        plus, minus = dict(feeds), dict(feeds)
-        plus[input_name] = np.asarray(feeds[input_name] + eps * direction)
-        minus[input_name] = np.asarray(feeds[input_name] - eps * direction)
-        numeric = (weighted_outputs(plus) - weighted_outputs(minus)) / (2 * eps)
-        analytic = float(np.sum(results[output_name] * direction))
-        assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-7), output_name
 
 
 # -- running the halves ---------------------------------------------------------------------

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import training_graphs as tg
+from training_graphs import check_against_reference, check_finite_differences
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 from ortagent.graph_split import split_training_graph
 from ortagent.training import build_training_graph
-from test_graph_split import check_against_reference, check_finite_differences
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_ad")

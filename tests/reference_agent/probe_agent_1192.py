@@ -17,7 +17,6 @@ import sys
 import traceback
 
 import numpy as np
-import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 import run_agent_1192 as agent_runner
