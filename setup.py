@@ -10,9 +10,13 @@ import shlex
 
 import numpy
 from Cython.Build import cythonize
+from Cython.Compiler import Options
+
+# Cython warnings are errors: an unused or uninitialised name in a .pyx stops the build.
+Options.warning_errors = True
 from setuptools import Extension, setup
 
-MODULES = ["_runtime", "_values", "_session", "_agent"]
+MODULES = ["_runtime", "_values", "_session", "_device", "_dlpack", "_agent"]
 
 extra_compile_args = ["-O2", "-Wno-unused-function"] + shlex.split(os.environ.get("ORTAGENT_CFLAGS", ""))
 extra_link_args = shlex.split(os.environ.get("ORTAGENT_LDFLAGS", ""))

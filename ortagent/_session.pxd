@@ -1,5 +1,6 @@
 # cython: language_level=3
 from ortagent cimport _capi as ort
+from ortagent._values cimport OrtValue
 
 
 cdef class SessionOptions:
@@ -61,3 +62,26 @@ cdef class InferenceSession:
     cdef int _read_io_metadata(self) except -1
     cdef void _release_handle(self) noexcept
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)
+
+
+cdef class IOBinding:
+    cdef object __weakref__
+    cdef ort.OrtIoBinding* handle
+    cdef readonly InferenceSession session
+    cdef dict bound_inputs                      # name -> OrtValue, kept alive while bound
+    cdef list bound_outputs                     # [_BoundOutput] in binding order
+    cdef readonly bint reuse_output_buffers
+    cdef bint has_run                           # outputs were produced at least once
+    cdef bint outputs_unsynchronized            # last run disabled the end-of-run device sync
+    cdef int require_open(self) except -1
+    cdef bytes _input_name(self, object name)
+    cdef bytes _output_name(self, object name)
+    cdef _remember_output(self, _BoundOutput bound)
+    cdef int rebind_handed_out_outputs(self) except -1
+    cdef list output_values(self)
+
+
+cdef class _BoundOutput:
+    cdef bytes name
+    cdef object device
+    cdef object value

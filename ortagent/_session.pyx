@@ -19,11 +19,12 @@ from libc.string cimport strlen, strcpy
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
     check, ensure_loaded, shared_runtime, live_handle_counts,
-    HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE,
+    HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
 )
 from ortagent._values cimport (
-    OrtValue, wrap_value, tensor_for_feed, value_to_numpy, tensor_type_name,
+    OrtValue, OrtDevice, wrap_value, tensor_for_feed, value_to_numpy, tensor_type_name,
 )
+from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
 from ortagent.errors import (
     OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, OrtNotFound,
@@ -1021,9 +1022,272 @@ cdef class InferenceSession:
                 free(out_values)
             self.end_run()
 
+    def io_binding(self, bint reuse_output_buffers=False):
+        """A new IOBinding for this session (see IOBinding)."""
+        return IOBinding(self, reuse_output_buffers)
+
+    def run_with_iobinding(self, IOBinding iobinding not None, run_options=None):
+        """Run with the inputs and outputs bound in `iobinding` (GIL released)."""
+        if iobinding.session is not self:
+            raise OrtInvalidArgument("this IOBinding belongs to another session")
+        cdef ort.OrtRunOptions* run_options_c = NULL
+        if run_options is not None:
+            if not isinstance(run_options, RunOptions):
+                raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got "
+                                     f"{type(run_options).__name__}")
+            run_options_c = (<RunOptions>run_options).handle
+        iobinding.require_open()
+        iobinding.rebind_handed_out_outputs()
+        cdef ort.OrtIoBinding* binding = iobinding.handle
+        cdef ort.OrtSession* session
+        cdef ort.OrtStatus* status
+        self.begin_run()
+        try:
+            session = self.handle
+            with nogil:
+                status = ort.RunWithBinding(session, run_options_c, binding)
+            check(status)
+        finally:
+            self.end_run()
+        iobinding.outputs_unsynchronized = _disables_sync(run_options)
+
     def _raise_missing_inputs(self, input_feed):
         missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
         raise OrtInvalidArgument(f"required inputs {missing} are missing from the input feed")
 
     def __reduce__(self):
         raise OrtInvalidType("InferenceSession cannot be pickled")
+
+
+# ---- IOBinding -----------------------------------------------------------------------------------
+
+_SYNC_DISABLED_KEY = "disable_synchronize_execution_providers"
+
+
+cdef bint _disables_sync(object run_options):
+    return (run_options is not None
+            and (<RunOptions>run_options)._config_entries.get(_SYNC_DISABLED_KEY) == "1")
+
+
+@cython.final
+cdef class _BoundOutput:
+    """One output binding: to a device (ORT allocates; `device` set) or to a given value
+    (the caller's buffer; `value` set)."""
+
+
+@cython.final
+cdef class IOBinding:
+    """Inputs and outputs bound to a session once and reused across runs
+    (onnxruntime.IOBinding's names and behaviour).
+
+    Safe by default: onnxruntime keeps the buffer it allocated for an output bound to a device
+    and, in the next run, overwrites it (same shape) or fails (another shape). ortagent re-binds
+    such outputs before every run, so values returned by :meth:`get_outputs` are never changed
+    by a later run and output shapes may vary from run to run. Pass
+    ``reuse_output_buffers=True`` to ``session.io_binding()`` for onnxruntime's behaviour: the
+    same buffers are written run after run (values handed out change with each run, and the
+    output shapes must stay the same).
+    """
+
+    def __cinit__(self):
+        self.bound_inputs = {}
+        self.bound_outputs = []
+
+    def __init__(self, InferenceSession session not None, bint reuse_output_buffers=False):
+        session.require_open()
+        check(ort.CreateIoBinding(session.handle, &self.handle))
+        _live[<int>HANDLE_IO_BINDING] += 1
+        self.session = session
+        self.reuse_output_buffers = reuse_output_buffers
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseIoBinding(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_IO_BINDING] -= 1
+
+    cdef int require_open(self) except -1:
+        if self.handle == NULL:
+            raise ObjectClosedError("this IOBinding has been closed")
+        self.session.require_open()
+        return 0
+
+    def close(self):
+        """Release the binding and the values it keeps alive."""
+        if self.handle != NULL:
+            ort.ReleaseIoBinding(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_IO_BINDING] -= 1
+        self.bound_inputs = {}
+        self.bound_outputs = []
+
+    cdef bytes _input_name(self, object name):
+        if name not in self.session.input_index:
+            raise OrtInvalidArgument(
+                f"unknown input name {name!r}; the model's inputs are {list(self.session.input_index)}")
+        return _encode(name, "input name")
+
+    cdef bytes _output_name(self, object name):
+        if name not in self.session.output_index:
+            raise OrtInvalidArgument(
+                f"unknown output name {name!r}; the model's outputs are {list(self.session.output_index)}")
+        return _encode(name, "output name")
+
+    # -- inputs ------------------------------------------------------------------------------------
+
+    def bind_ortvalue_input(self, name, OrtValue value not None):
+        """Bind an OrtValue as input `name` (kept alive by this binding)."""
+        self.require_open()
+        value.require_handle()
+        encoded = self._input_name(name)
+        expected = self.session.input_elem_types[<Py_ssize_t>self.session.input_index[name]]
+        value.describe()
+        if expected >= 0 and value.elem_type != expected:
+            raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got a value of "
+                                     f"{tensor_type_name(value.elem_type)}")
+        check(ort.BindInput(self.handle, encoded, value.handle))
+        self.bound_inputs[name] = value
+
+    def bind_cpu_input(self, name, arr_on_cpu):
+        """Bind a NumPy array as input `name` without copying it (a contiguous copy when needed)."""
+        self.require_open()
+        self.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(arr_on_cpu))
+
+    def bind_input(self, name, device_type, int device_id, element_type, shape, size_t buffer_ptr):
+        """Bind memory at `buffer_ptr` on a device (e.g. a torch or cupy tensor's data pointer) as
+        input `name`. The caller keeps the memory alive while the binding uses it."""
+        self.require_open()
+        if buffer_ptr == 0:
+            raise OrtInvalidArgument(f"input {name!r}: buffer_ptr must not be 0")
+        value = OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
+        self.bind_ortvalue_input(name, value)
+
+    def clear_binding_inputs(self):
+        self.require_open()
+        ort.ClearBoundInputs(self.handle)
+        self.bound_inputs = {}
+
+    # -- outputs -----------------------------------------------------------------------------------
+
+    def bind_output(self, name, device_type="cpu", int device_id=0, element_type=None, shape=None,
+                    buffer_ptr=None):
+        """Bind output `name` to a device (onnxruntime allocates it there) or, with
+        `element_type`, `shape` and `buffer_ptr`, to caller memory that each run writes into."""
+        self.require_open()
+        encoded = self._output_name(name)
+        device = as_device(device_type, device_id)
+        cdef _BoundOutput bound = _BoundOutput.__new__(_BoundOutput)
+        bound.name = encoded
+        if buffer_ptr is None:
+            if element_type is not None or shape is not None:
+                raise OrtInvalidArgument(f"output {name!r}: element_type and shape need a buffer_ptr")
+            check(ort.BindOutputToDevice(self.handle, encoded, (<OrtDevice>device).memory_info()))
+            bound.device = device
+        else:
+            if element_type is None or shape is None:
+                raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
+            if int(buffer_ptr) == 0:
+                raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
+            value = OrtValue._from_pointer(int(buffer_ptr), shape, element_type, device_type, device_id)
+            check(ort.BindOutput(self.handle, encoded, (<OrtValue>value).handle))
+            bound.value = value
+        self._remember_output(bound)
+
+    def bind_ortvalue_output(self, name, OrtValue value not None):
+        """Bind an OrtValue as output `name`: each run writes into its buffer."""
+        self.require_open()
+        value.require_handle()
+        encoded = self._output_name(name)
+        if value.readonly:
+            raise OrtInvalidArgument(f"output {name!r}: the value views read-only memory")
+        check(ort.BindOutput(self.handle, encoded, value.handle))
+        cdef _BoundOutput bound = _BoundOutput.__new__(_BoundOutput)
+        bound.name = encoded
+        bound.value = value
+        self._remember_output(bound)
+
+    cdef _remember_output(self, _BoundOutput bound):
+        for i, existing in enumerate(self.bound_outputs):
+            if (<_BoundOutput>existing).name == bound.name:
+                self.bound_outputs[i] = bound
+                return
+        self.bound_outputs.append(bound)
+
+    def clear_binding_outputs(self):
+        self.require_open()
+        ort.ClearBoundOutputs(self.handle)
+        self.bound_outputs = []
+
+    cdef int rebind_handed_out_outputs(self) except -1:
+        """Give every device-allocated output a fresh buffer before a run, so that values already
+        handed out keep their contents (the IoBinding overwrite trap) and an output whose shape
+        changes from run to run gets a buffer of the new shape."""
+        cdef _BoundOutput bound
+        if self.reuse_output_buffers or not self.has_run:
+            self.has_run = True
+            return 0
+        for item in self.bound_outputs:
+            bound = <_BoundOutput>item
+            if bound.device is not None:
+                check(ort.BindOutputToDevice(self.handle, bound.name,
+                                             (<OrtDevice>bound.device).memory_info()))
+        return 0
+
+    # -- results -----------------------------------------------------------------------------------
+
+    cdef list output_values(self):
+        """The bound outputs as new OrtValue objects (sharing the buffers), in binding order."""
+        self.require_open()
+        if self.outputs_unsynchronized:
+            self.synchronize_outputs()
+        cdef ort.OrtAllocator* allocator = NULL
+        cdef ort.OrtValue** values = NULL
+        cdef size_t count = 0, i
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        check(ort.GetBoundOutputValues(self.handle, allocator, &values, &count))
+        result = []
+        try:
+            for i in range(count):
+                result.append(wrap_value(values[i], self.session))
+                values[i] = NULL
+        finally:
+            for i in range(count):
+                if values[i] != NULL:
+                    ort.ReleaseValue(values[i])
+            if values != NULL:
+                check(ort.AllocatorFree(allocator, values))
+        return result
+
+    def get_outputs(self):
+        """The outputs of the last run as OrtValues, in binding order."""
+        return self.output_values()
+
+    def get_outputs_as_numpy(self):
+        """The outputs as NumPy arrays: views of CPU outputs, copies of device outputs."""
+        return [value_to_numpy(<OrtValue>value, True) for value in self.output_values()]
+
+    def copy_outputs_to_cpu(self):
+        """The outputs copied into new NumPy arrays (never views)."""
+        result = []
+        for value in self.output_values():
+            array = value_to_numpy(<OrtValue>value, True)
+            result.append(array.copy() if array.base is not None else array)
+        return result
+
+    def synchronize_inputs(self):
+        """Wait until inputs copied to devices are in place."""
+        self.require_open()
+        cdef ort.OrtIoBinding* handle = self.handle
+        with nogil:
+            check(ort.SynchronizeBoundInputs(handle))
+
+    def synchronize_outputs(self):
+        """Wait until the devices have finished writing the outputs."""
+        self.require_open()
+        cdef ort.OrtIoBinding* handle = self.handle
+        with nogil:
+            check(ort.SynchronizeBoundOutputs(handle))
+        self.outputs_unsynchronized = False
+
+    def __reduce__(self):
+        raise OrtInvalidType("IOBinding cannot be pickled")

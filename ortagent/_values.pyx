@@ -111,6 +111,14 @@ cdef int ensure_numpy() except -1:
     return 0
 
 
+cdef inline int _npy_type_of(int elem_type) noexcept:
+    """NumPy's builtin type number for an ONNX element type, -1 if NumPy has none."""
+    cdef unsigned int index = <unsigned int>elem_type
+    if index >= 24:
+        return -1
+    return _ONNX_TO_NPY[index]
+
+
 cdef object _ml_dtypes():
     if _ml_dtypes_state[0] is None:
         try:
@@ -140,7 +148,7 @@ cdef int onnx_type_of_array(npc.PyArrayObject* arr) except -2:
 
 cdef object numpy_dtype_for(int elem_type):
     ensure_numpy()
-    if 0 <= elem_type < 24 and _ONNX_TO_NPY[elem_type] >= 0:
+    if _npy_type_of(elem_type) >= 0:
         return _np.dtype(_ELEMENT_TYPES[elem_type][1])
     if elem_type == 8:
         return _np.dtype(object)
@@ -832,8 +840,9 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     cdef npc.npy_intp* dims = stack_dims
     cdef int i
     cdef npc.PyArray_Descr* descr
-    if 0 <= value.elem_type < 24 and _ONNX_TO_NPY[value.elem_type] >= 0:
-        descr = npc.PyArray_DescrFromType(_ONNX_TO_NPY[value.elem_type])
+    cdef int npy_type = _npy_type_of(value.elem_type)
+    if npy_type >= 0:
+        descr = npc.PyArray_DescrFromType(npy_type)
     else:
         dtype = numpy_dtype_for(value.elem_type)
         Py_INCREF(dtype)
@@ -911,22 +920,48 @@ def _copy_tensors_with_ort(sources, destinations):
     copy_tensors(list(sources), list(destinations))
 
 
-# ---- device values (CUDA): filled in by the device-memory module -------------------------------
+# ---- device values (CUDA): through ortagent._device ---------------------------------------------
+
+_device_cache = []
+
+
+def _device_module():
+    if not _device_cache:
+        from ortagent import _device
+        _device_cache.append(_device)
+    return _device_cache[0]
+
+
+def _allocate_with_allocator_address(size_t allocator_address, dims, int onnx_type, owner):
+    """A tensor allocated by the OrtAllocator at `allocator_address`; `owner` keeps it alive."""
+    return _allocate_with(<ort.OrtAllocator*>allocator_address, list(dims), onnx_type, owner)
+
+
+def numpy_dtype_for_element_type(int elem_type):
+    return numpy_dtype_for(elem_type)
+
 
 def _device_value_from_numpy(numpy_obj, device):
-    raise OrtNotImplemented(f"values on {device!r} are not supported yet")
+    ensure_numpy()
+    return _device_module().from_host(_np.asarray(numpy_obj), device)
 
 
 def _allocate_device_value(dims, onnx_type, device):
-    raise OrtNotImplemented(f"values on {device!r} are not supported yet")
+    return _device_module().allocate(dims, onnx_type, device)
 
 
 def _update_device_value(value, np_arr):
-    raise OrtNotImplemented("update_inplace on device memory is not supported yet")
+    ensure_numpy()
+    source = OrtValue.ortvalue_from_numpy(_np.asarray(np_arr))
+    if source.shape() != value.shape() or source.element_type() != value.element_type():
+        raise OrtInvalidArgument(f"update_inplace: {source!r} does not match {value!r}")
+    _device_module().copy(source, value)
 
 
 cdef object _device_value_to_numpy(OrtValue value):
-    raise OrtNotImplemented("copying device memory to NumPy is not supported yet")
+    if value.memory_kind != MEMORY_CUDA:
+        raise OrtNotImplemented(f"ortagent cannot read memory of {value!r}")
+    return _device_module().to_host(value)
 
 
 _dlpack_cache = []
