@@ -30,7 +30,7 @@ _LAZY = {
     # values
     "OrtValue": "ortagent._values",
     "OrtDevice": "ortagent._values",
-    "from_dlpack": "ortagent._values",
+    "from_dlpack": "ortagent._dlpack",
     # sessions
     "SessionOptions": "ortagent._session",
     "RunOptions": "ortagent._session",
@@ -82,5 +82,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         RunOptions,
         SessionOptions,
     )
-    from ortagent._values import OrtDevice, OrtValue, from_dlpack  # noqa: F401
+    from ortagent._dlpack import from_dlpack  # noqa: F401
+    from ortagent._values import OrtDevice, OrtValue  # noqa: F401
     from ortagent.agent import PartialGraphExecutionState, TrainingAgent  # noqa: F401
