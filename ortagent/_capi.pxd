@@ -254,4 +254,5 @@ cdef extern from "ortagent/ort_call.h" nogil:
     const char* GetBuildInfoString "ORTAGENT_CALL(GetBuildInfoString)"()
 
     # ---- slots newer than ORTAGENT_API_FLOOR ----
+    OrtStatus* SessionGetMemoryInfoForOutputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForOutputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* CopyTensors "ORTAGENT_CALL_NEWER(CopyTensors)"(const OrtEnv*, const OrtValue* const*, OrtValue* const*, OrtSyncStream*, size_t)

@@ -69,6 +69,9 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
 # The process-wide CPU memory description (created on first use).
 cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL
 
+# Where memory described by `info` lives (MemoryKind); its device id goes to device_id[0].
+cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1
+
 # 'tensor(float)' style name of an ONNX element type.
 cdef str tensor_type_name(int elem_type)
 

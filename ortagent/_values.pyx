@@ -366,7 +366,7 @@ def _bad_cpu_index(device):
 
 # ---- OrtValue ------------------------------------------------------------------------------------
 
-cdef int _memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1:
+cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1:
     cdef const char* name = NULL
     cdef int mem_id = 0
     cdef ort.OrtMemType mem_type
@@ -454,7 +454,7 @@ cdef class OrtValue:
             ort.ReleaseTensorTypeAndShapeInfo(info)
         self.ndim = <int>count
         check(ort.GetTensorMemoryInfo(self.handle, &mem))
-        self.memory_kind = _memory_kind_of(mem, &self.device_id)
+        self.memory_kind = memory_kind_of(mem, &self.device_id)
         if elem != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING:
             check(ort.GetTensorMutableData(self.handle, &self.data))
         self.elem_type = <int>elem

@@ -243,6 +243,9 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
 /* Functions newer than ORTAGENT_API_FLOOR. All return OrtStatus*, and their parameters are
  * named so that ort_call.h can define a stand-in that reports the missing version. */
 #define ORTAGENT_ORT_NEWER_FUNCTIONS(X) \
+    X(381, 23, OrtStatus*, SessionGetMemoryInfoForOutputs, (const OrtSession* session, \
+                                                            const OrtMemoryInfo** infos, \
+                                                            size_t count)) \
     X(386, 23, OrtStatus*, CopyTensors, (const OrtEnv* env, const OrtValue* const* sources, \
                                          OrtValue* const* destinations, OrtSyncStream* stream, \
                                          size_t count))

@@ -1,0 +1,462 @@
+"""TrainingAgent: run an ORTModule training graph forward until its YieldOp, hand back the module
+outputs, and later resume backward from the YieldOp with the output gradients -- on stock
+onnxruntime.
+
+Both generations of onnxruntime-training's agent are served by one class:
+
+* state API (onnxruntime-training 1.8 - 1.19.2)::
+
+      agent = TrainingAgent(model, fw_feed_names, fw_fetches_names, fw_outputs_device_info,
+                            bw_feed_names, bw_fetches_names, bw_outputs_device_info)
+      # or the 1.19.2 keyword form:
+      agent = TrainingAgent(model, fw_feed_names=..., fw_outputs_device_info=...,
+                            bw_fetches_names=..., bw_outputs_device_info=...)
+      state = PartialGraphExecutionState()
+      outputs = []
+      agent.run_forward(feeds, outputs, state)      # outputs filled in place
+      grads = []
+      agent.run_backward(output_grads, grads, state)
+
+* run-id API (the io_binding generation)::
+
+      agent = TrainingAgent(model)
+      binding = agent.io_binding()
+      binding.bind_cpu_input("x", x); ...; binding.bind_output("w_grad")
+      outputs, run_id = agent.run_forward(binding, run_options)
+      agent.run_backward(output_grads, run_id)
+      gradients = binding.get_outputs()
+
+The graph is split once, at construction (see :mod:`ortagent.graph_split`); each half runs as an
+ordinary session with the GIL released.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ortagent._agent import PartialGraphExecutionState, _AgentEngine
+from ortagent._session import IOBinding, RunOptions, SessionOptions
+from ortagent._values import OrtDevice, OrtValue, as_device
+from ortagent.errors import (
+    ObjectClosedError,
+    OrtInvalidArgument,
+    OrtInvalidType,
+    RunStateError,
+    UnknownRunError,
+)
+from ortagent.graph_split import TrainingGraphSplit, split_training_graph
+
+__all__ = ["TrainingAgent", "PartialGraphExecutionState", "TrainingIOBinding"]
+
+_STATE_FORM = ("fw_feed_names", "fw_fetches_names", "fw_outputs_device_info", "bw_feed_names",
+               "bw_fetches_names", "bw_outputs_device_info")
+_FORM_1192 = ("fw_feed_names", "fw_outputs_device_info", "bw_fetches_names", "bw_outputs_device_info")
+_SESSION_ARGS = ("session_options", "providers", "provider_options")
+
+
+def _parse_arguments(args: tuple, kwargs: dict) -> dict:
+    """Map the three constructor forms onto one set of named arguments."""
+    named = dict(kwargs)
+    if "sess_options" in named:
+        named.setdefault("session_options", named.pop("sess_options"))
+    positional = list(args)
+    if positional and (positional[0] is None or isinstance(positional[0], SessionOptions)) or (
+            not positional and not any(k in named for k in _STATE_FORM)):
+        form: tuple = ()
+    elif any(k in named for k in ("fw_fetches_names", "bw_feed_names")) or (
+            len(positional) >= 6 and isinstance(positional[4], (list, tuple))):
+        form = _STATE_FORM
+    else:
+        form = _FORM_1192
+    order = form + _SESSION_ARGS + (("local_rank",) if form is _FORM_1192 else ())
+    if len(positional) > len(order):
+        raise OrtInvalidType(f"TrainingAgent takes at most {len(order) + 1} positional arguments")
+    for name, value in zip(order, positional):
+        if name in named:
+            raise OrtInvalidType(f"TrainingAgent got two values for {name!r}")
+        named[name] = value
+    unknown = set(named) - set(_STATE_FORM) - set(_SESSION_ARGS) - {"local_rank"}
+    if unknown:
+        raise OrtInvalidType(f"TrainingAgent got unexpected arguments {sorted(unknown)}")
+    named["_form"] = form
+    return named
+
+
+def _names(value: Any, what: str) -> list[str]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise OrtInvalidType(f"{what} must be a list of names, got {type(value).__name__}")
+    names = list(value)
+    for name in names:
+        if not isinstance(name, str):
+            raise OrtInvalidType(f"{what} must hold str names, got {name!r}")
+    return names
+
+
+def _devices(value: Any, count: int, what: str) -> list[OrtDevice]:
+    if value is None:
+        return [None] * count
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise OrtInvalidType(f"{what} must be a list with one device per fetch")
+    devices = list(value)
+    if len(devices) < count:
+        raise OrtInvalidArgument(f"{what} has {len(devices)} entries for {count} fetches; "
+                                 "give one device per fetch")
+    return [as_device(device) for device in devices[:count]]
+
+
+def _position_map(names: list[str], known: Sequence[str], what: str, role: str) -> list[int]:
+    positions = []
+    for name in names:
+        if name not in known:
+            raise OrtInvalidArgument(f"{what}: {name!r} is not {role}; expected names among "
+                                     f"{list(dict.fromkeys(known))}")
+        positions.append(list(known).index(name))
+    if len(set(names)) != len(names):
+        raise OrtInvalidArgument(f"{what} lists a name twice: {names}")
+    return positions
+
+
+class TrainingAgent:
+    """Runs a training graph (ORTModule layout, one ``com.microsoft:YieldOp``) on stock
+    onnxruntime, forward until the YieldOp and, later, backward from it.
+
+    ``TrainingAgent(path_or_bytes, session_options=None, providers=None, provider_options=None)``
+    gives the run-id API; the state API's constructors (seven positional arguments, or the
+    onnxruntime-training 1.19.2 keywords ``fw_feed_names``, ``fw_outputs_device_info``,
+    ``bw_fetches_names``, ``bw_outputs_device_info``) name the feeds and fetches and where the
+    fetches go. Without names, feeds are all graph inputs in graph order, forward fetches all
+    module outputs (YieldOp inputs), backward feeds one gradient per YieldOp output and backward
+    fetches all graph outputs.
+
+    Invalid graphs raise :class:`~ortagent.TrainingGraphError` at construction (where
+    onnxruntime's own agent crashes or misleads), misuse of runs raises
+    :class:`~ortagent.RunStateError`.
+    """
+
+    def __init__(self, path_or_bytes, *args, **kwargs):
+        named = _parse_arguments(args, kwargs)
+        self._split: TrainingGraphSplit = split_training_graph(path_or_bytes)
+        split = self._split
+        self._engine = _AgentEngine(split, named.get("session_options"), named.get("providers"),
+                                    named.get("provider_options"))
+        self._lock = threading.Lock()
+        self._runs: dict[int, PartialGraphExecutionState] = {}
+        self._run_ids = itertools.count(1)
+        self._closed = False
+        form = named["_form"]
+        graph_inputs = split.graph_input_names
+        module_outputs = split.module_output_names
+        feed_names = _names(named["fw_feed_names"], "fw_feed_names") if form else list(graph_inputs)
+        self._feed_positions = _position_map(feed_names, graph_inputs, "fw_feed_names", "a graph input")
+        needed = set(split.forward_input_names) | set(split.backward_graph_input_names)
+        missing = [name for name in graph_inputs if name in needed and name not in feed_names]
+        if missing:
+            raise OrtInvalidArgument(f"fw_feed_names lacks graph inputs the graph reads: {missing}")
+        if form is _STATE_FORM:
+            fetch_names = _names(named["fw_fetches_names"], "fw_fetches_names")
+            self._fetch_positions = [self._module_output_position(name) for name in fetch_names]
+            grad_names = _names(named["bw_feed_names"], "bw_feed_names")
+            self._grad_order = _position_map(grad_names, split.gradient_names, "bw_feed_names",
+                                             "a YieldOp output (an output gradient)")
+            if sorted(self._grad_order) != list(range(len(split.gradient_names))):
+                raise OrtInvalidArgument(f"bw_feed_names must list every YieldOp output once: "
+                                         f"{list(split.gradient_names)}")
+        else:
+            self._fetch_positions = list(range(len(module_outputs)))
+            self._grad_order = list(range(len(split.gradient_names)))
+        if form:
+            output_names = _names(named["bw_fetches_names"], "bw_fetches_names")
+        else:
+            output_names = list(split.graph_output_names)
+        self._output_positions = _position_map(output_names, split.graph_output_names,
+                                               "bw_fetches_names", "a graph output")
+        self._fetch_devices = _devices(named.get("fw_outputs_device_info"), len(self._fetch_positions),
+                                       "fw_outputs_device_info")
+        self._output_devices = _devices(named.get("bw_outputs_device_info"),
+                                        len(self._output_positions), "bw_outputs_device_info")
+
+    def _module_output_position(self, name: str) -> int:
+        if name not in self._split.module_output_names:
+            raise OrtInvalidArgument(
+                f"fw_fetches_names: {name!r} is not a module output (a YieldOp input); expected names "
+                f"among {list(self._split.module_output_names)}")
+        return self._split.module_output_names.index(name)
+
+    # -- properties --------------------------------------------------------------------------------
+
+    @property
+    def split(self) -> TrainingGraphSplit:
+        """How the graph was split (names of feeds, stash, gradients, outputs; both models)."""
+        return self._split
+
+    @property
+    def forward_session(self):
+        return self._engine.forward_session
+
+    @property
+    def backward_session(self):
+        return self._engine.backward_session
+
+    def get_providers(self) -> list[str]:
+        return self._engine.providers
+
+    @property
+    def runs_in_flight(self) -> int:
+        """Run ids whose forward ran and whose backward has not (run-id API)."""
+        return len(self._runs)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ObjectClosedError("this TrainingAgent has been closed")
+
+    # -- dispatch between the two generations -------------------------------------------------------
+
+    def run_forward(self, feeds_or_iobinding, fetches_or_run_options=None, state=None, cache=None):
+        """State API: ``run_forward(feeds, fetches, state)`` fills `fetches` in place with the
+        forward outputs. Run-id API: ``run_forward(iobinding, run_options)`` returns
+        ``(outputs, run_id)``."""
+        self._require_open()
+        if isinstance(feeds_or_iobinding, TrainingIOBinding):
+            if state is not None:
+                raise OrtInvalidType("run_forward(iobinding, run_options) takes no state")
+            return self._run_forward_bound(feeds_or_iobinding, fetches_or_run_options)
+        if isinstance(feeds_or_iobinding, IOBinding):
+            raise OrtInvalidType("use agent.io_binding() for the bindings of a TrainingAgent, not a "
+                                 "session's IOBinding")
+        if not isinstance(state, PartialGraphExecutionState):
+            raise OrtInvalidType("run_forward(feeds, fetches, state) needs an "
+                                 f"ortagent.PartialGraphExecutionState, got {type(state).__name__}")
+        fetches = fetches_or_run_options
+        if not isinstance(fetches, list):
+            raise OrtInvalidType(f"fetches must be a list (filled in place), got {type(fetches).__name__}")
+        outputs = self._engine_forward(state, self._graph_inputs_from_feeds(feeds_or_iobinding), None)
+        fetches[:] = [outputs[p] for p in self._fetch_positions]
+
+    def run_backward(self, feeds_or_grads, fetches_or_run_id, state=None):
+        """State API: ``run_backward(feeds, fetches, state)`` fills `fetches` with the graph
+        outputs. Run-id API: ``run_backward(backward_output_grads, run_id)``: the gradients land
+        in the outputs bound to the run's io binding (``iobinding.get_outputs()``)."""
+        self._require_open()
+        if state is None and not isinstance(fetches_or_run_id, list):
+            return self._run_backward_by_id(feeds_or_grads, fetches_or_run_id)
+        if not isinstance(state, PartialGraphExecutionState):
+            raise OrtInvalidType("run_backward(feeds, fetches, state) needs an "
+                                 f"ortagent.PartialGraphExecutionState, got {type(state).__name__}")
+        fetches = fetches_or_run_id
+        if not isinstance(fetches, list):
+            raise OrtInvalidType(f"fetches must be a list (filled in place), got {type(fetches).__name__}")
+        gradients = self._ordered_gradients(feeds_or_grads)
+        targets = list(self._output_devices)
+        fetches[:] = self._engine.backward(state, gradients, self._output_positions, targets, None)
+
+    # -- state API helpers ---------------------------------------------------------------------------
+
+    def _graph_inputs_from_feeds(self, feeds) -> list:
+        if isinstance(feeds, (str, bytes, dict)) or not isinstance(feeds, Sequence):
+            raise OrtInvalidType(f"feeds must be a list of OrtValues (one per fw_feed_names entry), "
+                                 f"got {type(feeds).__name__}")
+        if len(feeds) != len(self._feed_positions):
+            raise OrtInvalidArgument(f"expected {len(self._feed_positions)} feeds (fw_feed_names), "
+                                     f"got {len(feeds)}")
+        graph_inputs: list = [None] * len(self._split.graph_input_names)
+        for position, feed in zip(self._feed_positions, feeds):
+            graph_inputs[position] = feed
+        return graph_inputs
+
+    def _ordered_gradients(self, grads) -> list:
+        if isinstance(grads, (str, bytes, dict)) or not isinstance(grads, Sequence):
+            raise OrtInvalidType(f"the gradients must be a list of OrtValues, got {type(grads).__name__}")
+        grads = list(grads)
+        if len(grads) != len(self._grad_order):
+            raise OrtInvalidArgument(
+                f"expected {len(self._grad_order)} gradients (one per YieldOp output: "
+                f"{list(self._split.gradient_names)}), got {len(grads)}")
+        ordered: list = [None] * len(grads)
+        for given, position in enumerate(self._grad_order):
+            ordered[position] = grads[given]
+        return ordered
+
+    def _engine_forward(self, state, graph_inputs, run_options):
+        if run_options is not None and not isinstance(run_options, RunOptions):
+            raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got {type(run_options).__name__}")
+        targets = [None] * len(self._split.module_output_names)
+        for position, device in zip(self._fetch_positions, self._fetch_devices):
+            targets[position] = device
+        return self._engine.forward(state, graph_inputs, run_options, targets)
+
+    # -- run-id API ----------------------------------------------------------------------------------
+
+    def io_binding(self) -> TrainingIOBinding:
+        """A binding for the training graph's inputs and outputs (run-id API)."""
+        self._require_open()
+        return TrainingIOBinding(self)
+
+    def _run_forward_bound(self, binding: TrainingIOBinding, run_options):
+        if binding._agent is not self:
+            raise OrtInvalidArgument("this binding belongs to another TrainingAgent")
+        graph_inputs = binding._graph_inputs()
+        state = PartialGraphExecutionState()
+        outputs = self._engine_forward(state, graph_inputs, run_options)
+        run_id = next(self._run_ids)
+        state.run_id = run_id
+        state.binding = binding
+        with self._lock:
+            self._runs[run_id] = state
+        return list(outputs), run_id
+
+    def _take_run(self, run_id) -> PartialGraphExecutionState:
+        with self._lock:
+            state = self._runs.pop(run_id, None)
+        if state is None:
+            raise UnknownRunError(f"no run with id {run_id!r} is waiting for its backward in this agent "
+                                  "(unknown, already resumed, or released)")
+        return state
+
+    def _run_backward_by_id(self, grads, run_id):
+        state = self._take_run(run_id)
+        binding: TrainingIOBinding = state.binding
+        try:
+            positions, targets = binding._output_plan()
+            outputs = self._engine.backward(state, self._ordered_gradients(grads), positions, targets, None)
+        except BaseException:
+            if state.status == "waiting for its backward":
+                with self._lock:
+                    self._runs[run_id] = state      # still resumable
+            raise
+        binding._set_results(outputs)
+
+    def release_run(self, run_id) -> None:
+        """Free a run that will never be resumed (its stash and the inputs it holds)."""
+        self._take_run(run_id).release()
+
+    def close(self) -> None:
+        """Release every pending run and both sessions."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            runs, self._runs = list(self._runs.values()), {}
+        for state in runs:
+            state.release()
+        self._engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __reduce__(self):
+        raise OrtInvalidType("TrainingAgent cannot be pickled")
+
+
+class TrainingIOBinding:
+    """Inputs and outputs of a TrainingAgent's training graph, bound once and reused across runs
+    (the names and methods of onnxruntime's IOBinding). Gradients of the last backward resumed
+    from a run of this binding land in its bound outputs: see :meth:`get_outputs`."""
+
+    def __init__(self, agent: TrainingAgent):
+        self._agent = agent
+        self._inputs: dict[str, OrtValue] = {}
+        self._outputs: dict[str, object] = {}       # name -> OrtDevice or OrtValue, in order
+        self._results: list[OrtValue] = []
+
+    def _graph_input_type(self, name: str) -> int | None:
+        split = self._agent._split
+        if name not in split.graph_input_names:
+            raise OrtInvalidArgument(f"unknown input name {name!r}; the training graph's inputs are "
+                                     f"{list(split.graph_input_names)}")
+        info = split.graph_input_types[split.graph_input_names.index(name)]
+        return None if info is None else info.elem_type
+
+    def _check_output(self, name: str) -> None:
+        split = self._agent._split
+        if name not in split.graph_output_names:
+            raise OrtInvalidArgument(f"unknown output name {name!r}; the training graph's outputs are "
+                                     f"{list(split.graph_output_names)}")
+
+    def bind_ortvalue_input(self, name: str, value: OrtValue) -> None:
+        expected = self._graph_input_type(name)
+        if not isinstance(value, OrtValue):
+            raise OrtInvalidType(f"input {name!r} must be an OrtValue, got {type(value).__name__}")
+        if expected is not None and value.element_type() != expected:
+            raise OrtInvalidArgument(f"input {name!r} expects element type {expected}, got "
+                                     f"{value.data_type()}")
+        self._inputs[name] = value
+
+    def bind_cpu_input(self, name: str, arr_on_cpu) -> None:
+        self._graph_input_type(name)
+        self.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(arr_on_cpu))
+
+    def bind_input(self, name, device_type, device_id, element_type, shape, buffer_ptr) -> None:
+        self._graph_input_type(name)
+        if not buffer_ptr:
+            raise OrtInvalidArgument(f"input {name!r}: buffer_ptr must not be 0")
+        self.bind_ortvalue_input(name, OrtValue._from_pointer(int(buffer_ptr), shape, element_type,
+                                                              device_type, device_id))
+
+    def bind_output(self, name, device_type="cpu", device_id=0, element_type=None, shape=None,
+                    buffer_ptr=None) -> None:
+        self._check_output(name)
+        if buffer_ptr is None:
+            if element_type is not None or shape is not None:
+                raise OrtInvalidArgument(f"output {name!r}: element_type and shape need a buffer_ptr")
+            self._outputs[name] = as_device(device_type, device_id)
+        else:
+            if element_type is None or shape is None:
+                raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
+            self._outputs[name] = OrtValue._from_pointer(int(buffer_ptr), shape, element_type,
+                                                         device_type, device_id)
+
+    def bind_ortvalue_output(self, name: str, value: OrtValue) -> None:
+        self._check_output(name)
+        if not isinstance(value, OrtValue):
+            raise OrtInvalidType(f"output {name!r} must be an OrtValue, got {type(value).__name__}")
+        self._outputs[name] = value
+
+    def clear_binding_inputs(self) -> None:
+        self._inputs = {}
+
+    def clear_binding_outputs(self) -> None:
+        self._outputs = {}
+        self._results = []
+
+    def synchronize_inputs(self) -> None:
+        """Nothing to wait for: inputs are bound to the sessions at each run."""
+
+    def synchronize_outputs(self) -> None:
+        """Nothing to wait for: each backward synchronizes its outputs before returning."""
+
+    def get_outputs(self) -> list[OrtValue]:
+        """The gradients of the last backward resumed from a run of this binding, in the order
+        the outputs were bound (all graph outputs when none were bound)."""
+        return list(self._results)
+
+    def get_outputs_as_numpy(self) -> list:
+        return [value.numpy() for value in self._results]
+
+    def copy_outputs_to_cpu(self) -> list:
+        return [value.numpy().copy() for value in self._results]
+
+    # -- for the agent -------------------------------------------------------------------------------
+
+    def _graph_inputs(self) -> list:
+        split = self._agent._split
+        needed = set(split.forward_input_names) | set(split.backward_graph_input_names)
+        missing = [name for name in split.graph_input_names if name in needed and name not in self._inputs]
+        if missing:
+            raise OrtInvalidArgument(f"inputs {missing} of the training graph are not bound")
+        return [self._inputs.get(name) for name in split.graph_input_names]
+
+    def _output_plan(self) -> tuple[list[int], list]:
+        index = self._agent._split.graph_output_names.index
+        if not self._outputs:
+            count = len(self._agent._split.graph_output_names)
+            return list(range(count)), [None] * count
+        return [index(name) for name in self._outputs], list(self._outputs.values())
+
+    def _set_results(self, outputs: list) -> None:
+        self._results = outputs
