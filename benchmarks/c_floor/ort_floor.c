@@ -27,6 +27,13 @@
  * Each sample times N consecutive calls; N is --iterations, or chosen so that one sample
  * lasts about --seconds. Diagnostics go to stderr; any failed ORT call prints its message and
  * exits with status 1 (2 for usage errors).
+ *
+ * --serve keeps the session for a driver that interleaves the floor with other contenders
+ * (benchmarks/bench.py): after set-up it prints one line {"ready": true, ...} and then answers
+ * commands read from stdin, one per line, until "quit" or end of input:
+ *   MODE N    time N consecutive calls of MODE; answers {"mode": ..., "iterations": N, "ns": T}
+ *             where T is the elapsed time of the N calls (the same loop as the sampled modes)
+ * A malformed command is answered {"error": ...}; the process keeps serving.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -97,13 +104,14 @@ typedef struct options {
     int repeat;
     long warmup;
     long symbolic_dim;
+    int serve;
 } options;
 
 static void usage(FILE* out) {
     fputs("usage: ort_floor MODEL.onnx [--lib PATH] [--threads N] [--inter-threads N]\n"
           "         [--parallel] [--opt-level disable|basic|extended|all]\n"
           "         [--config KEY=VALUE]... [--modes LIST] [--iterations N] [--seconds S]\n"
-          "         [--repeat R] [--warmup N] [--dim N]\n"
+          "         [--repeat R] [--warmup N] [--dim N] [--serve]\n"
           "  --lib PATH        libonnxruntime.so to dlopen (default: $ORTAGENT_ORT_LIBRARY)\n"
           "  --threads N       intra-op threads (default 1)\n"
           "  --inter-threads N inter-op threads (default 1)\n"
@@ -116,7 +124,8 @@ static void usage(FILE* out) {
           "  --seconds S       target duration of one sample (default 0.2)\n"
           "  --repeat R        samples per mode (default 5)\n"
           "  --warmup N        untimed calls before the samples (default 20)\n"
-          "  --dim N           value of symbolic input dimensions (default 1)\n",
+          "  --dim N           value of symbolic input dimensions (default 1)\n"
+          "  --serve           answer \"MODE N\" commands on stdin (see the source)\n",
           out);
 }
 
@@ -162,6 +171,11 @@ static void parse_options(int argc, char** argv, options* o) {
         if (strcmp(flag, "--parallel") == 0) {
             if (eq) die(2, "--parallel takes no value");
             o->parallel = 1;
+            continue;
+        }
+        if (strcmp(flag, "--serve") == 0) {
+            if (eq) die(2, "--serve takes no value");
+            o->serve = 1;
             continue;
         }
         if (eq) {
@@ -528,6 +542,40 @@ static void measure(const char* mode, step_fn step, bench* b, const options* o) 
     free(sorted);
 }
 
+/* ---- serving a driver ---------------------------------------------------------------------- */
+
+static void serve(bench* b, const options* o) {
+    printf("{\"ready\": true, \"inputs\": %zu, \"outputs\": %zu, \"intra_op_threads\": %d, "
+           "\"inter_op_threads\": %d, \"execution_mode\": \"%s\", \"opt_level\": ",
+           b->input_count, b->output_count, o->intra_threads, o->inter_threads,
+           o->parallel ? "parallel" : "sequential");
+    json_string(o->opt_level_name);
+    printf(", \"ort_version\": ");
+    json_string(runtime.version_string);
+    printf(", \"api_version\": %u}\n", (unsigned)runtime.api_version);
+    fflush(stdout);
+    char line[256];
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        char name[64];
+        long n = 0;
+        char extra;
+        int fields = sscanf(line, "%63s %ld %c", name, &n, &extra);
+        if (fields >= 1 && strcmp(name, "quit") == 0) break;
+        size_t m = 0;
+        if (fields == 2 && n >= 1)
+            while (m < MODE_COUNT && strcmp(MODES[m].name, name) != 0) ++m;
+        if (fields != 2 || n < 1 || m == MODE_COUNT) {
+            printf("{\"error\": \"expected 'MODE N' with a known mode and N >= 1\"}\n");
+            fflush(stdout);
+            continue;
+        }
+        uint64_t elapsed = time_calls(MODES[m].step, b, n);
+        printf("{\"mode\": \"%s\", \"iterations\": %ld, \"ns\": %llu}\n", MODES[m].name, n,
+               (unsigned long long)elapsed);
+        fflush(stdout);
+    }
+}
+
 /* ---- main -------------------------------------------------------------------------------- */
 
 int main(int argc, char** argv) {
@@ -554,7 +602,10 @@ int main(int argc, char** argv) {
     bench b;
     memset(&b, 0, sizeof b);
     setup(&b, &o);
-    for (size_t m = 0; m < chosen_count; ++m) measure(chosen_names[m], chosen[m], &b, &o);
+    if (o.serve)
+        serve(&b, &o);
+    else
+        for (size_t m = 0; m < chosen_count; ++m) measure(chosen_names[m], chosen[m], &b, &o);
     teardown(&b);
     free(modes);
     for (size_t c = 0; c < o.config_count; ++c) free((void*)o.config_keys[c]);
