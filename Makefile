@@ -47,5 +47,11 @@ refagent: $(REF_VENV)/.ready
 test: build refagent
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
+# benchmarks/bench.py; BENCH_ARGS passes options (e.g. BENCH_ARGS="--groups calls,values").
+bench bench-quick: build refagent
+	@$(PY) -c "import tqdm, matplotlib" 2>/dev/null || \
+		$(PY) -m pip install -q --disable-pip-version-check tqdm matplotlib
+	$(PY) benchmarks/bench.py $(if $(filter bench-quick,$@),--quick) $(BENCH_ARGS)
+
 clean:
 	rm -rf build ortagent/*.so ortagent/_*.c ortagent/*.html .pytest_cache
