@@ -53,5 +53,16 @@ bench bench-quick: build refagent
 		$(PY) -m pip install -q --disable-pip-version-check tqdm matplotlib
 	$(PY) benchmarks/bench.py $(if $(filter bench-quick,$@),--quick) $(BENCH_ARGS)
 
+# The demo's own packages (scikit-learn ships the digits data: nothing is downloaded at run time).
+# DEMO_ARGS passes options to demo/train_digits.py, e.g. DEMO_ARGS="--device cuda --epochs 40".
+DEMO_PACKAGES ?= scikit-learn matplotlib tqdm
+DEMO_ARGS ?=
+
+demo: build
+	@$(PY) -c "import sklearn, matplotlib, tqdm" 2>/dev/null || { \
+		echo "installing the demo's packages: $(DEMO_PACKAGES)"; \
+		$(PY) -m pip install -q --disable-pip-version-check $(DEMO_PACKAGES); }
+	$(PY) demo/train_digits.py --out build/demo/digits_loss.png $(DEMO_ARGS)
+
 clean:
 	rm -rf build ortagent/*.so ortagent/_*.c ortagent/*.html .pytest_cache
