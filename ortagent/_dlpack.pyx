@@ -119,6 +119,32 @@ cdef extern from *:
     int ortagent_interpreter_gone() noexcept nogil
 
 
+cdef extern from *:
+    """
+    /* The calling thread's pending exception, set aside while a deleter runs Python code. */
+    typedef struct { PyObject *type, *value, *traceback; } ortagent_saved_error;
+    static void ortagent_save_error(ortagent_saved_error* saved) {
+    #if PY_VERSION_HEX >= 0x030C0000
+        saved->type = saved->traceback = NULL;
+        saved->value = PyErr_GetRaisedException();
+    #else
+        PyErr_Fetch(&saved->type, &saved->value, &saved->traceback);
+    #endif
+    }
+    static void ortagent_restore_error(ortagent_saved_error* saved) {
+    #if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(saved->value);
+    #else
+        PyErr_Restore(saved->type, saved->value, saved->traceback);
+    #endif
+    }
+    """
+    ctypedef struct ortagent_saved_error:
+        pass
+    void ortagent_save_error(ortagent_saved_error* saved) noexcept
+    void ortagent_restore_error(ortagent_saved_error* saved) noexcept
+
+
 # ---- element types ---------------------------------------------------------------------------
 
 # ONNX element type -> DLPack (code, bits); bits 0: no DLPack 1.0 equivalent.
@@ -200,9 +226,12 @@ cdef str _device_text(int device_type, int device_id):
 # ---- export ----------------------------------------------------------------------------------
 
 cdef void _drop_export(void* manager_ctx) noexcept:
-    """Release one export's context (GIL held)."""
+    """Release one export's context (GIL held; any pending exception is preserved)."""
+    cdef ortagent_saved_error saved
+    ortagent_save_error(&saved)
     Py_XDECREF(<PyObject*>manager_ctx)
     _live[<int>HANDLE_DLPACK_EXPORT] -= 1
+    ortagent_restore_error(&saved)
 
 
 cdef void _delete_legacy(ortagent_dl_managed_tensor* managed) noexcept nogil:
@@ -423,10 +452,12 @@ def export_value(value, *, stream=None, max_version=None, dl_device=None, copy=N
     _check_stream(stream, v.memory_kind)
     if max_version is not None:
         try:
-            versioned = int(max_version[0]) >= 1
-        except (TypeError, ValueError, IndexError) as exc:
-            raise DLPackError(f"max_version must be a (major, minor) tuple, got "
-                              f"{max_version!r}") from exc
+            major = max_version[0]
+        except (TypeError, IndexError, KeyError):
+            major = None
+        if type(major) is bool or not isinstance(major, int) or isinstance(max_version, str):
+            raise DLPackError(f"max_version must be a (major, minor) tuple, got {max_version!r}")
+        versioned = major >= 1
     if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"copy must be True, False or None, got {copy!r}")
     if dl_device is not None:
@@ -636,19 +667,34 @@ cdef OrtValue _import_capsule(object capsule):
         raise DLPackError(f"DLPack tensor data at {<uintptr_t>data:#x} is not aligned to its "
                           f"{item}-byte elements")
 
+    # The ORT tensor first: if onnxruntime refuses it, the producer still owns the capsule.
     cdef _DLPackImport holder = _DLPackImport.__new__(_DLPackImport)
+    cdef ort.OrtMemoryInfo* info = device.memory_info()
+    cdef ort.OrtValue* handle = NULL
+    cdef ort.OrtStatus* status = ort.CreateTensorWithDataAsOrtValue(
+        info, <void*>data, count * item, tensor.shape, <size_t>ndim,
+        <ort.ONNXTensorElementDataType>elem_type, &handle)
+    if status != NULL:
+        try:
+            check(status)
+        except OrtError as exc:
+            raise DLPackError(f"onnxruntime cannot hold this DLPack tensor "
+                              f"({_dtype_text(tensor.dtype)} on "
+                              f"{_device_text(tensor.device.device_type, tensor.device.device_id)}): "
+                              f"{exc}") from exc
     if capsule_set_name(raw, ORTAGENT_DLPACK_USED_VERSIONED_CAPSULE if versioned
                         else ORTAGENT_DLPACK_USED_CAPSULE) != 0:
+        ort.ReleaseValue(handle)
         raise DLPackError("cannot mark the DLPack capsule as consumed")
+    # The capsule is ours now: the holder calls the producer's deleter once, when it dies.
     holder.managed = managed
     holder.versioned = versioned
-    # From here the holder owns the tensor: if the value cannot be made, it calls the deleter.
-    cdef ort.OrtValue* handle = NULL
-    cdef ort.OrtMemoryInfo* info = device.memory_info()
-    check(ort.CreateTensorWithDataAsOrtValue(
-        info, <void*>data, count * item, tensor.shape, <size_t>ndim,
-        <ort.ONNXTensorElementDataType>elem_type, &handle))
-    cdef OrtValue value = wrap_value(handle, holder)
+    cdef OrtValue value
+    try:
+        value = wrap_value(handle, holder)
+    except BaseException:
+        ort.ReleaseValue(handle)
+        raise
     value.readonly = readonly
     return value
 
