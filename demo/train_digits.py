@@ -295,7 +295,7 @@ def plot_losses(result: TrainResult, steps_per_epoch: int, path: str, title: str
     accuracy_axis.set_ylabel("held-out accuracy (%)")
     accuracy_axis.set_ylim(0, 100)
     lines = loss_axis.get_lines() + accuracy_axis.get_lines()
-    loss_axis.legend(lines, [line.get_label() for line in lines], loc="upper center",
+    loss_axis.legend(lines, [str(line.get_label()) for line in lines], loc="upper center",
                      bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
     loss_axis.set_title(title)
     figure.tight_layout()
@@ -352,10 +352,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             bar = tqdm(total=args.epochs * steps_per_epoch, unit="step", desc="training",
                        dynamic_ncols=True)
-            running = [None]
+            running: list[float] = []      # the loss, smoothed over the last ~20 steps
 
             def on_step(step: int, loss: float) -> None:
-                running[0] = loss if running[0] is None else 0.95 * running[0] + 0.05 * loss
+                running[:] = [loss if not running else 0.95 * running[0] + 0.05 * loss]
                 bar.update(1)
                 if step % 10 == 0 or step == bar.total:
                     bar.set_postfix(loss=f"{running[0]:.4f}", epoch=-(-step // steps_per_epoch),
