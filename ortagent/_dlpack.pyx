@@ -54,14 +54,18 @@ Import (``from_dlpack(obj, *, stream=None)``)
     ``"dltensor_versioned"``. Producers are asked for ``__dlpack__(stream=..., max_version=(1,
     0))``, and for ``__dlpack__(stream=...)`` when they reject ``max_version`` (TypeError).
     When ``stream`` is given, ``__dlpack_device__()`` decides what is passed: None to host
-    producers (kDLCPU, kDLCUDAHost), the caller's ``stream`` to CUDA producers. The default ``stream=None`` asks
-    the producer, as the standard defines it, to make its data ready for the legacy default
-    CUDA stream; onnxruntime's CUDA provider computes on its own stream, which need not be
-    ordered after that one. So, before running a session on an imported CUDA tensor, make sure
-    the producer's work is complete (e.g. ``torch.cuda.current_stream().synchronize()``), or
-    run the CUDA provider on the producer's stream (provider option ``user_compute_stream``)
-    and pass that stream's handle as ``stream``. ``stream`` cannot be given with a raw capsule
-    (the capsule has been produced already).
+    producers (kDLCPU, kDLCUDAHost), the caller's ``stream`` to CUDA producers.
+
+    What ``stream`` means on import: it names the stream on which the data will be read, and
+    the producer makes its pending work visible to that stream (or does nothing for -1). The
+    default, None, stands for the legacy default stream in the standard's words, and producers
+    differ in what they do with it (some synchronize nothing). ortagent synchronizes nothing
+    either, while onnxruntime's CUDA provider reads inputs on its own compute stream. So before
+    a Run reads an imported CUDA tensor, the caller makes sure the producer's work is complete
+    (e.g. ``torch.cuda.current_stream().synchronize()``), or runs the CUDA provider on the
+    producer's stream (provider option ``user_compute_stream``), or passes the handle of the
+    stream onnxruntime computes on as ``stream``. ``stream`` cannot be given with a raw
+    capsule (the capsule has been produced already).
 
     The capsule is marked consumed (renamed ``"used_dltensor[_versioned]"``) and the new
     OrtValue owns a holder that calls the producer's deleter exactly once, when the value (and
@@ -86,6 +90,8 @@ from ortagent._values cimport (
     OrtValue, OrtDevice, wrap_value, export_guard, value_to_numpy, copy_tensors,
     MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED,
 )
+
+from operator import index as _index
 
 from ortagent.errors import DLPackError, OrtError, OrtInvalidType
 
@@ -452,19 +458,21 @@ def export_value(value, *, stream=None, max_version=None, dl_device=None, copy=N
     _check_stream(stream, v.memory_kind)
     if max_version is not None:
         try:
-            major = max_version[0]
-        except (TypeError, IndexError, KeyError):
-            major = None
-        if type(major) is bool or not isinstance(major, int) or isinstance(max_version, str):
-            raise DLPackError(f"max_version must be a (major, minor) tuple, got {max_version!r}")
-        versioned = major >= 1
+            if isinstance(max_version, (str, bytes)) or len(max_version) != 2:
+                raise TypeError
+            versioned = _index(max_version[0]) >= 1
+        except (TypeError, IndexError, KeyError) as exc:
+            raise DLPackError(f"max_version must be a (major, minor) tuple, got "
+                              f"{max_version!r}") from exc
     if copy is not None and copy is not True and copy is not False:
         raise DLPackError(f"copy must be True, False or None, got {copy!r}")
     if dl_device is not None:
         try:
-            wanted_type = int(dl_device[0])
-            wanted_id = int(dl_device[1])
-        except (TypeError, ValueError, IndexError) as exc:
+            if len(dl_device) != 2:
+                raise TypeError
+            wanted_type = _index(dl_device[0])
+            wanted_id = _index(dl_device[1])
+        except (TypeError, IndexError, KeyError) as exc:
             raise DLPackError(f"dl_device must be a (device type, device id) tuple, got "
                               f"{dl_device!r}") from exc
         if wanted_type != device_type or wanted_id != device_id:
@@ -619,7 +627,8 @@ cdef OrtValue _import_capsule(object capsule):
         if versioned_tensor.version.major != ORTAGENT_DLPACK_MAJOR_VERSION:
             raise DLPackError(
                 f"DLPack {versioned_tensor.version.major}.{versioned_tensor.version.minor} "
-                f"tensors are not supported: ortagent reads DLPack {ORTAGENT_DLPACK_MAJOR_VERSION}.x")
+                f"tensors are not supported: ortagent reads DLPack "
+                f"{ORTAGENT_DLPACK_MAJOR_VERSION}.x")
         readonly = (versioned_tensor.flags & ORTAGENT_DLPACK_FLAG_READ_ONLY) != 0
         tensor = &versioned_tensor.dl_tensor
     else:
@@ -678,10 +687,9 @@ cdef OrtValue _import_capsule(object capsule):
         try:
             check(status)
         except OrtError as exc:
+            where = _device_text(tensor.device.device_type, tensor.device.device_id)
             raise DLPackError(f"onnxruntime cannot hold this DLPack tensor "
-                              f"({_dtype_text(tensor.dtype)} on "
-                              f"{_device_text(tensor.device.device_type, tensor.device.device_id)}): "
-                              f"{exc}") from exc
+                              f"({_dtype_text(tensor.dtype)} on {where}): {exc}") from exc
     if capsule_set_name(raw, ORTAGENT_DLPACK_USED_VERSIONED_CAPSULE if versioned
                         else ORTAGENT_DLPACK_USED_CAPSULE) != 0:
         ort.ReleaseValue(handle)

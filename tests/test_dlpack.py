@@ -326,8 +326,10 @@ def test_legacy_and_versioned_capsules(no_leaks):
     assert capsule_name(value.__dlpack__(max_version=(2, 0))) == VERSIONED
     facts = capsule_facts(value.__dlpack__())
     assert facts["data"] == value.data_ptr() and facts["strides"] == [2, 1]
-    with pytest.raises(DLPackError, match="max_version"):
-        value.__dlpack__(max_version="1.0")
+    for bad in ("1.0", (1.0, 0), (1,), 1):
+        with pytest.raises(DLPackError, match="max_version"):
+            value.__dlpack__(max_version=bad)
+    assert capsule_name(value.__dlpack__(max_version=[np.int64(1), 0])) == VERSIONED
 
 
 def test_both_capsule_flavours_import(no_leaks):
@@ -400,8 +402,15 @@ def test_copy_false_and_dl_device_on_the_cpu(no_leaks):
         value.__dlpack__(dl_device=(KDL_CUDA, 0), copy=True)
     with pytest.raises(BufferError):      # DLPackError is a BufferError, as the standard asks
         value.__dlpack__(dl_device=(KDL_CPU, 1))
-    with pytest.raises(DLPackError, match="dl_device"):
-        value.__dlpack__(dl_device="cpu")
+    for bad in ("cpu", (1.0, 0), (1, 0, 0)):
+        with pytest.raises(DLPackError, match="dl_device"):
+            value.__dlpack__(dl_device=bad)
+    import enum
+
+    class Device(enum.IntEnum):
+        CPU = 1
+
+    assert capsule_facts(value.__dlpack__(dl_device=(Device.CPU, 0)))["data"] == x.ctypes.data
     with pytest.raises(DLPackError, match="copy"):
         value.__dlpack__(copy="yes")
 
