@@ -1,0 +1,97 @@
+"""What every benchmark group shares: paths, the session options, the C floor, settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+
+# ortagent from this checkout even when it is not installed (built in place), and the test
+# helpers (training graph builders, the reference agent's locator).
+for _path in (str(REPO_ROOT / "tests"), str(REPO_ROOT)):
+    if _path not in sys.path:
+        sys.path.insert(1, _path)
+
+# The same session settings everywhere: C floor, ortagent, onnxruntime's Python, 1.19.2 agent.
+INTRA_OP_THREADS = 1
+INTER_OP_THREADS = 1
+SESSION_SETTINGS = {"intra_op_threads": INTRA_OP_THREADS, "inter_op_threads": INTER_OP_THREADS,
+                    "execution_mode": "sequential", "graph_optimization_level": "ORT_ENABLE_ALL"}
+
+
+@dataclass
+class Settings:
+    quick: bool
+    burst_s: float
+    rounds: dict[str, int]
+    workdir: Path
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, quick: bool, workdir: Path, rounds_scale: float = 1.0,
+             burst_ms: float | None = None) -> Settings:
+        if quick:
+            rounds = {"calls": 7, "values": 7, "agent": 7, "threads": 7, "startup": 4}
+            burst = 0.01
+        else:
+            rounds = {"calls": 41, "values": 31, "agent": 31, "threads": 31, "startup": 15}
+            burst = 0.03
+        rounds = {k: max(2, int(round(v * rounds_scale))) for k, v in rounds.items()}
+        return cls(quick, burst if burst_ms is None else burst_ms / 1e3, rounds, workdir)
+
+
+def load_module(name: str, path: Path):
+    """Import a file as a module (the benchmark helpers live outside any package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def c_floor():
+    return load_module("ortagent_bench_c_floor", BENCH_DIR / "c_floor" / "build.py")
+
+
+def ortagent_options():
+    import ortagent
+
+    options = ortagent.SessionOptions()
+    options.intra_op_num_threads = INTRA_OP_THREADS
+    options.inter_op_num_threads = INTER_OP_THREADS
+    options.execution_mode = ortagent.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ortagent.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def onnxruntime_options():
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = INTRA_OP_THREADS
+    options.inter_op_num_threads = INTER_OP_THREADS
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return options
+
+
+def onnxruntime_session(model_bytes: bytes):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(model_bytes, onnxruntime_options(),
+                                        providers=["CPUExecutionProvider"])
+
+
+def child_env() -> dict:
+    """Environment for child Pythons: this checkout first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env

@@ -1,0 +1,151 @@
+"""Run ortagent's benchmarks side by side with onnxruntime, the C floor and the 1.19.2 agent.
+
+    python benchmarks/bench.py [--quick] [--groups calls,values,agent,threads,startup]
+                               [--out DIR] [--rounds-scale F] [--burst-ms MS] [--no-plot]
+
+``make bench`` (``make bench-quick`` for ``--quick``) sets up the environments and runs this.
+Each group interleaves its contenders in rounds of short bursts within one process (the C
+floor and the onnxruntime-training 1.19.2 agent run in helper processes that time their own
+bursts and wait idle in between), so every figure in a table comes from the same minutes of
+the same machine. A table per group is printed (median per call, q1-q3 over rounds, ratios
+paired per round), then the targets with PASS/MISS. Results go to ``DIR/latest.json`` and
+``DIR/latest.png`` (default DIR: benchmarks/results). See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import _common  # noqa: F401  (sets up sys.path)
+from _report import Group, plot
+
+GROUPS = ("calls", "values", "agent", "threads", "startup")
+
+
+def machine() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus_online": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0))}
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30).stdout
+        fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        for key, name in (("Model name", "cpu_model"), ("Core(s) per socket", "cores_per_socket"),
+                          ("Socket(s)", "sockets"), ("Thread(s) per core", "threads_per_core"),
+                          ("Hypervisor vendor", "hypervisor")):
+            if key in fields:
+                info[name] = fields[key]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if "cpu_model" not in info:
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+    try:
+        import numpy
+        import onnxruntime
+
+        import ortagent
+
+        info["onnxruntime_python"] = onnxruntime.__version__
+        info["ortagent_library"] = ortagent.get_version_string()
+        info["numpy"] = numpy.__version__
+        info["ortagent"] = ortagent.__version__
+    except Exception as exc:  # noqa: BLE001 - reported, not fatal
+        info["versions_error"] = repr(exc)
+    return info
+
+
+def _run_group(name: str, settings) -> Group:
+    module = __import__(f"group_{name}")
+    try:
+        return module.run(settings)
+    except Exception:  # noqa: BLE001 - one broken group must not lose the others
+        group = Group(name, f"{name} (failed)")
+        group.skipped = "failed: " + traceback.format_exc(limit=6).strip().splitlines()[-1]
+        print(traceback.format_exc(), file=sys.stderr)
+        return group
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds: a fast look")
+    parser.add_argument("--groups", default=",".join(GROUPS),
+                        help=f"comma-separated subset of {','.join(GROUPS)}")
+    parser.add_argument("--out", type=Path, default=_common.BENCH_DIR / "results",
+                        help="where latest.json and latest.png go (default benchmarks/results)")
+    parser.add_argument("--rounds-scale", type=float, default=1.0,
+                        help="multiply every group's number of rounds")
+    parser.add_argument("--burst-ms", type=float, default=None,
+                        help="length of one burst (default 30 ms, 10 ms with --quick)")
+    parser.add_argument("--no-plot", action="store_true", help="skip latest.png")
+    args = parser.parse_args(argv)
+    names = [g.strip() for g in args.groups.split(",") if g.strip()]
+    unknown = sorted(set(names) - set(GROUPS))
+    if unknown:
+        parser.error(f"unknown groups {unknown}; choose from {GROUPS}")
+
+    started = time.perf_counter()
+    info = machine()
+    print(f"machine: {info.get('cpu_model', '?')}, {info.get('cpus_usable')} usable CPUs; "
+          f"Python {info['python']}; onnxruntime (Python) {info.get('onnxruntime_python')}; "
+          f"ortagent over libonnxruntime {info.get('ortagent_library')}", flush=True)
+    groups: list[Group] = []
+    with tempfile.TemporaryDirectory(prefix="ortagent-bench-") as workdir:
+        settings = _common.Settings.make(args.quick, Path(workdir), args.rounds_scale, args.burst_ms)
+        for name in names:
+            group = _run_group(name, settings)
+            groups.append(group)
+            print(group.table(), flush=True)
+            print(flush=True)
+    elapsed = time.perf_counter() - started
+
+    targets = [t for g in groups for t in g.targets]
+    print("== targets ==")
+    for t in targets:
+        print(f"  {t.line()}")
+    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "MISS", "n/a")}
+    print(f"  {counts['PASS']} PASS, {counts['MISS']} MISS, {counts['n/a']} n/a; "
+          f"{elapsed:.0f} s in all{' (--quick)' if args.quick else ''}")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick, "seconds": round(elapsed, 1), "machine": info,
+        "settings": {"burst_s": settings.burst_s, "rounds": settings.rounds,
+                     "session": _common.SESSION_SETTINGS},
+        "groups": [g.as_json() for g in groups],
+        "targets": [t.as_json() for t in targets],
+        "summary": counts,
+    }
+    json_path = args.out / "latest.json"
+    json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {json_path}")
+    if not args.no_plot:
+        png_path = args.out / "latest.png"
+        title = (f"ortagent benchmarks, {result['created']}: {info.get('cpu_model', '?')}, "
+                 f"{info.get('cpus_usable')} CPUs{' (quick)' if args.quick else ''}; "
+                 f"bars: median ratio per round, whiskers q1-q3")
+        try:
+            plot(groups, targets, png_path, title)
+            print(f"wrote {png_path}")
+        except ImportError as exc:
+            print(f"no plot: {exc} (pip install matplotlib)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

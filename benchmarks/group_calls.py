@@ -1,0 +1,164 @@
+"""Group 1, call overhead: one inference on tiny models, C floor vs ortagent vs onnxruntime.
+
+Models (benchmarks/models.py): Identity float32[1], Add float32[16], 10 inputs + 10 outputs,
+MLP 3x256 batch 32. For each model, in every round and in a random order:
+
+* the C floor (``ort_floor --serve``, one process per model kept alive and idle between
+  bursts): ``Run`` with ORT-allocated outputs, ``Run`` into preallocated outputs,
+  ``RunWithBinding`` (outputs bound to the CPU device);
+* ortagent: ``run(None, numpy feeds)``, ``run_with_ort_values(names, OrtValue feeds)``,
+  ``run_with_iobinding`` (inputs bound once, outputs bound to the CPU);
+* onnxruntime's Python: the same three calls.
+
+The per-extra-input+output-pair figure of each contender is, per round,
+(10-in/10-out time - Identity time) / 9.
+"""
+
+from __future__ import annotations
+
+import operator
+import statistics
+import time
+
+import numpy as np
+
+import _common
+import models
+from _harness import BurstServer, PyCalls, Served, run_rounds
+from _report import Group, Row
+
+MODEL_ORDER = ("identity", "multi_io", "add", "mlp")
+MODEL_TITLES = {"identity": "Identity f32[1]", "multi_io": "10 in/10 out", "add": "Add f32[16]",
+                "mlp": "MLP 3x256 b32"}
+EXTRA_PAIRS = 9
+
+
+def _contenders(name: str, settings, program, library, servers: list):
+    import onnxruntime
+    import ortagent
+
+    proto = models.MODELS[name]()
+    path = settings.workdir / f"{name}.onnx"
+    path.write_bytes(proto.SerializeToString())
+    model_bytes = path.read_bytes()
+    feeds = models.feeds(proto)
+    outputs = [o.name for o in proto.graph.output]
+    t = MODEL_TITLES[name]
+
+    server = BurstServer([str(program), str(path), "--serve", "--lib", str(library),
+                          "--threads", str(_common.INTRA_OP_THREADS),
+                          "--inter-threads", str(_common.INTER_OP_THREADS), "--opt-level", "all"],
+                         what=f"ort_floor {name}")
+    servers.append(server)
+    rows = []                                   # (contender, ref key, peer key)
+    c_run, c_binding = f"{name}/c-run", f"{name}/c-binding"
+    rows.append((Served(c_run, f"{t}: C Run", "C", server, "run"), None, None))
+    rows.append((Served(f"{name}/c-run-prealloc", f"{t}: C Run, preallocated outputs", "C",
+                        server, "run-prealloc"), c_run, None))
+    rows.append((Served(c_binding, f"{t}: C RunWithBinding", "C", server, "binding"), c_run, None))
+
+    oa = ortagent.InferenceSession(model_bytes, _common.ortagent_options())
+    oa_values = {k: ortagent.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
+    oa_binding = oa.io_binding()
+    for k, v in oa_values.items():
+        oa_binding.bind_ortvalue_input(k, v)
+    for o in outputs:
+        oa_binding.bind_output(o, "cpu")
+    oa.run_with_iobinding(oa_binding)
+
+    ort = _common.onnxruntime_session(model_bytes)
+    ort_values = {k: onnxruntime.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
+    ort_binding = ort.io_binding()
+    for k, v in feeds.items():
+        ort_binding.bind_cpu_input(k, v)
+    for o in outputs:
+        ort_binding.bind_output(o, "cpu")
+    ort.run_with_iobinding(ort_binding)
+
+    # the same results from every Python contender
+    expect = oa.run(None, feeds)
+    for got in (ort.run(None, feeds), [v.numpy() for v in oa.run_with_ort_values(outputs, oa_values)],
+                [v.numpy() for v in ort.run_with_ort_values(outputs, ort_values)]):
+        for a, b in zip(expect, got):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    oa_feeds, ort_feeds = dict(feeds), dict(feeds)
+    for side, tag, sess, values, binding, feed in (
+            ("ortagent", "oa", oa, oa_values, oa_binding, oa_feeds),
+            ("onnxruntime", "ort", ort, ort_values, ort_binding, ort_feeds)):
+        other = "ort" if tag == "oa" else None
+        rows.append((PyCalls(f"{name}/{tag}-run", f"{t}: {side} run", side, sess.run, None, feed),
+                     c_run, other and f"{name}/{other}-run"))
+        rows.append((PyCalls(f"{name}/{tag}-ortvalues", f"{t}: {side} run_with_ort_values", side,
+                             sess.run_with_ort_values, outputs, values),
+                     c_run, other and f"{name}/{other}-ortvalues"))
+        rows.append((PyCalls(f"{name}/{tag}-iobinding", f"{t}: {side} run_with_iobinding", side,
+                             sess.run_with_iobinding, binding),
+                     c_binding, other and f"{name}/{other}-iobinding"))
+    if name == "identity":
+        # what the Python timing loop itself costs per call (a builtin taking two arguments)
+        rows.append((PyCalls("harness/loop", "harness: Python loop + builtin call", "harness",
+                             operator.is_, None, feeds), None, None))
+    return rows
+
+
+def run(settings) -> Group:
+    started = time.perf_counter()
+    group = Group("calls", "1. call overhead (µs per call)", rounds=settings.rounds["calls"],
+                  burst_s=settings.burst_s)
+    floor = _common.c_floor()
+    library = floor.default_library()
+    if library is None:
+        group.skipped = "no onnxruntime library found for the C floor"
+        return group
+    program = floor.build()
+    servers: list[BurstServer] = []
+    try:
+        plan = {name: _contenders(name, settings, program, library, servers) for name in MODEL_ORDER}
+        blocks = [[c for c, _, _ in plan[name]] for name in MODEL_ORDER]
+        samples = run_rounds(blocks, settings.rounds["calls"], settings.burst_s,
+                             desc="1/5 call overhead", seed=settings.seed)
+    finally:
+        for server in servers:
+            server.close()
+    for name in MODEL_ORDER:
+        for contender, ref, peer in plan[name]:
+            group.rows.append(Row(contender.key, contender.label, contender.side,
+                                  samples[contender.key], ref=ref, peer=peer,
+                                  peer_name="onnxruntime"))
+    # per extra input+output pair, from the 10-in/10-out and Identity rounds (paired)
+    for suffix, label, side, ref, peer in (
+            ("c-run", "C Run", "C", None, None),
+            ("c-binding", "C RunWithBinding", "C", None, None),
+            ("oa-run", "ortagent run", "ortagent", "pair/c-run", "pair/ort-run"),
+            ("oa-iobinding", "ortagent run_with_iobinding", "ortagent", "pair/c-binding",
+             "pair/ort-iobinding"),
+            ("ort-run", "onnxruntime run", "onnxruntime", "pair/c-run", None),
+            ("ort-iobinding", "onnxruntime run_with_iobinding", "onnxruntime", "pair/c-binding",
+             None)):
+        many, one = samples[f"multi_io/{suffix}"], samples[f"identity/{suffix}"]
+        per_pair = [(m - o) / EXTRA_PAIRS for m, o in zip(many, one)]
+        group.rows.append(Row(f"pair/{suffix}", f"per extra in+out pair: {label}", side, per_pair,
+                              ref=ref, peer=peer, peer_name="onnxruntime"))
+
+    g = group
+    med = statistics.median
+    ort_note = f"onnxruntime's own run: {med(g.ratio('identity/ort-run', 'identity/c-run')):.2f}x"
+    g.ratio_target("run_vs_c_run", "ortagent run <= 1.3x C Run (Identity)", "identity/oa-run",
+                   "identity/c-run", 1.3, detail=ort_note)
+    g.ratio_target("iobinding_vs_c_binding",
+                   "ortagent run_with_iobinding <= 1.15x C RunWithBinding (Identity)",
+                   "identity/oa-iobinding", "identity/c-binding", 1.15,
+                   detail="onnxruntime's own: "
+                          f"{med(g.ratio('identity/ort-iobinding', 'identity/c-binding')):.2f}x")
+    g.ratio_target("per_pair_vs_c", "ortagent run per extra input+output pair <= 1.5x C Run's",
+                   "pair/oa-run", "pair/c-run", 1.5,
+                   detail=f"per pair: ortagent {med(g.samples('pair/oa-run')) / 1e3:.3f} µs, "
+                          f"C {med(g.samples('pair/c-run')) / 1e3:.3f} µs, onnxruntime "
+                          f"{med(g.samples('pair/ort-run')) / 1e3:.3f} µs")
+    group.notes.append("same session options everywhere: 1 intra-op and 1 inter-op thread, "
+                       "sequential execution, ORT_ENABLE_ALL; ortagent and onnxruntime run() "
+                       "take NumPy feeds and return NumPy arrays; the C floor reuses its input "
+                       "values (created once)")
+    group.seconds = time.perf_counter() - started
+    return group
