@@ -1,6 +1,7 @@
 # cython: language_level=3
+from cpython.object cimport PyObject
 from ortagent cimport _capi as ort
-from ortagent._values cimport OrtValue
+from ortagent._values cimport OrtValue, FeedView
 
 
 cdef class SessionOptions:
@@ -47,11 +48,15 @@ cdef class InferenceSession:
     cdef char** input_names_c                   # n_feedable names: inputs, then initializers
     cdef char** output_names_c
     cdef int* input_elem_types                  # ONNX element type per input, -1 if not a tensor
+    cdef FeedView* feed_views                   # per input: tensor over the array fed last
+    cdef PyObject** feed_keys                   # per feed place: the key object seen there last
+    cdef Py_ssize_t* feed_key_positions         # ... and the input position it named
     cdef dict input_index                       # name -> position
     cdef dict output_index
     cdef list _inputs_meta
     cdef list _outputs_meta
     cdef list _overridable_meta
+    cdef readonly bint cpu_only                 # the CPU provider only: outputs are host memory
     cdef Py_ssize_t runs_in_flight              # changed with the GIL held
     cdef bint close_pending
     cdef int require_open(self) except -1

@@ -12,6 +12,10 @@ import os
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Next, PyDict_GetItem
+from cpython.long cimport PyLong_AsSsize_t
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport strlen, strcpy
@@ -22,7 +26,8 @@ from ortagent._runtime cimport (
     HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
 )
 from ortagent._values cimport (
-    OrtValue, OrtDevice, wrap_value, tensor_for_feed, value_to_numpy, tensor_type_name,
+    OrtValue, OrtDevice, MEMORY_CPU, FeedView, wrap_value, tensor_for_feed, value_to_numpy,
+    tensor_type_name, feed_view, release_feed_view, clear_feed_view,
 )
 from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
@@ -35,6 +40,11 @@ cdef Py_ssize_t* _live = live_handle_counts()
 
 cdef enum:
     STACK_NAMES = 16
+    # What run() did for each feed: borrowed the caller's OrtValue, created a tensor it must
+    # release, or used the feed view cached for input (value - FEED_CACHED).
+    FEED_BORROWED = -2
+    FEED_CREATED = -1
+    FEED_CACHED = 0
 
 
 class GraphOptimizationLevel(enum.IntEnum):
@@ -730,6 +740,7 @@ cdef class InferenceSession:
         _live[<int>HANDLE_SESSION] += 1
         self._sess_options = sess_options
         self._providers = [name for name, _ in registered]
+        self.cpu_only = self._providers == [_CPU]
         self._provider_options = [settings for _, settings in registered]
         self._read_io_metadata()
 
@@ -748,7 +759,11 @@ cdef class InferenceSession:
         self.input_names_c = <char**>calloc(n_in + n_over + 1, sizeof(char*))
         self.output_names_c = <char**>calloc(n_out + 1, sizeof(char*))
         self.input_elem_types = <int*>calloc(n_in + n_over + 1, sizeof(int))
-        if self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL:
+        self.feed_views = <FeedView*>calloc(n_in + n_over + 1, sizeof(FeedView))
+        self.feed_keys = <PyObject**>calloc(n_in + n_over + 1, sizeof(PyObject*))
+        self.feed_key_positions = <Py_ssize_t*>calloc(n_in + n_over + 1, sizeof(Py_ssize_t))
+        if (self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
+                or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL):
             raise MemoryError()
         for i in range(n_in + n_over):
             if i < n_in:
@@ -798,6 +813,18 @@ cdef class InferenceSession:
             self.output_names_c = NULL
         free(self.input_elem_types)
         self.input_elem_types = NULL
+        if self.feed_views != NULL:
+            for i in range(self.n_feedable):
+                clear_feed_view(&self.feed_views[i])
+            free(self.feed_views)
+            self.feed_views = NULL
+        if self.feed_keys != NULL:
+            for i in range(self.n_feedable):
+                Py_XDECREF(self.feed_keys[i])
+            free(self.feed_keys)
+            self.feed_keys = NULL
+        free(self.feed_key_positions)
+        self.feed_key_positions = NULL
 
     cdef void _release_handle(self) noexcept:
         if self.handle != NULL:
@@ -942,18 +969,24 @@ cdef class InferenceSession:
         cdef Py_ssize_t n_out_capacity = self.n_outputs if output_names is None else len(output_names)
         cdef const char* in_names_stack[STACK_NAMES]
         cdef ort.OrtValue* in_values_stack[STACK_NAMES]
-        cdef char in_created_stack[STACK_NAMES]
+        cdef Py_ssize_t in_created_stack[STACK_NAMES]
+        cdef PyObject* in_refs_stack[STACK_NAMES]
         cdef const char* out_names_stack[STACK_NAMES]
         cdef ort.OrtValue* out_values_stack[STACK_NAMES]
         cdef const char** in_names = in_names_stack
         cdef ort.OrtValue** in_values = in_values_stack
-        cdef char* in_created = in_created_stack
+        cdef Py_ssize_t* in_created = in_created_stack
+        cdef PyObject** in_refs = in_refs_stack
+        cdef bint from_cache = False
         cdef const char** out_names = out_names_stack
         cdef ort.OrtValue** out_values = out_values_stack
-        cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0
+        cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
         cdef ort.OrtStatus* status = NULL
         cdef ort.OrtSession* session
-        cdef list keep = []
+        cdef PyObject* key
+        cdef PyObject* item
+        cdef PyObject* position
+        cdef list keep = None
         cdef list results
         cdef OrtValue value
 
@@ -962,31 +995,49 @@ cdef class InferenceSession:
             if n_in > STACK_NAMES:
                 in_names = <const char**>malloc(n_in * sizeof(char*))
                 in_values = <ort.OrtValue**>malloc(n_in * sizeof(ort.OrtValue*))
-                in_created = <char*>malloc(n_in)
-                if in_names == NULL or in_values == NULL or in_created == NULL:
+                in_created = <Py_ssize_t*>malloc(n_in * sizeof(Py_ssize_t))
+                in_refs = <PyObject**>malloc(n_in * sizeof(PyObject*))
+                if in_names == NULL or in_values == NULL or in_created == NULL or in_refs == NULL:
                     raise MemoryError()
             if n_out_capacity > STACK_NAMES:
                 out_names = <const char**>malloc(n_out_capacity * sizeof(char*))
                 out_values = <ort.OrtValue**>malloc(n_out_capacity * sizeof(ort.OrtValue*))
                 if out_names == NULL or out_values == NULL:
                     raise MemoryError()
-            for name, feed in input_feed.items():
-                position = self.input_index.get(name)
-                if position is None:
-                    raise OrtInvalidArgument(
-                        f"unknown input name {name!r}; the model's inputs are {list(self.input_index)}")
-                i = <Py_ssize_t>position
+            # Every feed is held by a reference of ours while the GIL is released, so another
+            # thread changing the caller's dict cannot free an array ORT is reading.
+            while n_ready < n_in and PyDict_Next(input_feed, &cursor, &key, &item):
+                # Callers usually pass the same key objects in the same order: compare the key
+                # with the one seen at this place last time before looking the name up.
+                if n_ready < self.n_feedable and self.feed_keys[n_ready] == key:
+                    i = self.feed_key_positions[n_ready]
+                else:
+                    position = PyDict_GetItem(self.input_index, <object>key)
+                    if position == NULL:
+                        raise OrtInvalidArgument(
+                            f"unknown input name {<object>key!r}; the model's inputs are {list(self.input_index)}")
+                    i = PyLong_AsSsize_t(<object>position)
+                    if n_ready < self.n_feedable:
+                        Py_INCREF(<object>key)
+                        Py_XDECREF(self.feed_keys[n_ready])
+                        self.feed_keys[n_ready] = key
+                        self.feed_key_positions[n_ready] = i
                 if i < self.n_inputs:
                     n_required += 1
                 in_names[n_ready] = self.input_names_c[i]
-                keep.append(feed)
-                if type(feed) is OrtValue:
-                    (<OrtValue>feed).require_handle()
-                    in_values[n_ready] = (<OrtValue>feed).handle
-                    in_created[n_ready] = 0
+                Py_INCREF(<object>item)
+                in_refs[n_held] = item
+                n_held += 1
+                if type(<object>item) is OrtValue:
+                    (<OrtValue>item).require_handle()
+                    in_values[n_ready] = (<OrtValue>item).handle
+                    in_created[n_ready] = FEED_BORROWED
                 else:
-                    in_values[n_ready] = tensor_for_feed(feed, name, self.input_elem_types[i], keep)
-                    in_created[n_ready] = 1
+                    if keep is None:
+                        keep = []
+                    in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
+                                                   self.input_elem_types[i], keep, &from_cache)
+                    in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
                 n_ready += 1
             if n_required < self.n_inputs:
                 self._raise_missing_inputs(input_feed)
@@ -1007,16 +1058,23 @@ cdef class InferenceSession:
             if as_numpy:
                 for i in range(n_out):
                     value = results[i]
+                    if self.cpu_only:
+                        value.describe_as(MEMORY_CPU)
                     results[i] = value_to_numpy(value, False)
             return results
         finally:
             for i in range(n_ready):
-                if in_created[i]:
+                if in_created[i] == FEED_CREATED:
                     ort.ReleaseValue(in_values[i])
+                elif in_created[i] >= FEED_CACHED:
+                    release_feed_view(&self.feed_views[in_created[i] - FEED_CACHED])
+            for i in range(n_held):
+                Py_DECREF(<object>in_refs[i])
             if in_names != in_names_stack:
                 free(in_names)
                 free(in_values)
                 free(in_created)
+                free(in_refs)
             if out_names != out_names_stack:
                 free(out_names)
                 free(out_values)

@@ -42,6 +42,7 @@ cdef class OrtValue:
     cdef bint close_requested
 
     cdef int describe(self) except -1
+    cdef int describe_as(self, int known_memory_kind) except -1
     cdef int require_handle(self) except -1
     cdef void _release(self) noexcept
 
@@ -53,6 +54,27 @@ cdef OrtValue wrap_value(ort.OrtValue* handle, object owner)
 # `expected_type` (ONNX element type, or -1) is checked first and reported with `name`.
 # The caller owns the returned handle and must keep the array (and `keep`) alive while it lives.
 cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL
+
+# A reusable tensor over the memory of the NumPy array last fed to one input. A run that feeds
+# an array with the same address, size, element type and shape reuses the tensor instead of
+# creating one: the tensor is only a description of that memory, so it describes the new array
+# exactly. `users` counts the runs using `value` (changed with the GIL held).
+cdef struct FeedView:
+    ort.OrtValue* value
+    void* data
+    size_t nbytes
+    int elem_type
+    int ndim
+    int64_t dims[MAX_INLINE_DIMS]
+    Py_ssize_t users
+
+# The tensor for `feed` (see tensor_for_feed). When `*from_cache` comes back true the tensor
+# belongs to `cache` and the caller must call release_feed_view(cache) once done with it;
+# otherwise the caller owns the returned handle.
+cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expected_type,
+                             list keep, bint* from_cache) except NULL
+cdef void release_feed_view(FeedView* cache) noexcept
+cdef void clear_feed_view(FeedView* cache) noexcept
 
 # A NumPy view (CPU) or copy (strings, device memory) of a value. `tracked` views keep the
 # value through an export guard so that close() can tell when they are gone; untracked ones

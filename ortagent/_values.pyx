@@ -425,6 +425,11 @@ cdef class OrtValue:
 
     cdef int describe(self) except -1:
         """Read and cache element type, shape, data pointer and device of the tensor."""
+        return self.describe_as(-1)
+
+    cdef int describe_as(self, int known_memory_kind) except -1:
+        """describe(), trusting `known_memory_kind` (>= 0) instead of asking onnxruntime where
+        the tensor lives: for outputs of sessions that run on the CPU provider only."""
         self.require_handle()
         if self.elem_type >= 0:
             return 0
@@ -433,14 +438,18 @@ cdef class OrtValue:
         cdef ort.ONNXTensorElementDataType elem
         cdef size_t count = 0
         cdef const ort.OrtMemoryInfo* mem = NULL
-        check(ort.IsTensor(self.handle, &is_tensor))
-        if not is_tensor:
-            self.is_tensor_value = False
-            self.elem_type = 0
-            self.ndim = 0
-            return 0
+        cdef ort.OrtStatus* status = ort.GetTensorTypeAndShape(self.handle, &info)
+        if status != NULL:
+            # Not a tensor (a sequence, a map...), or a real failure: tell them apart.
+            ort.ReleaseStatus(status)
+            check(ort.IsTensor(self.handle, &is_tensor))
+            if not is_tensor:
+                self.is_tensor_value = False
+                self.elem_type = 0
+                self.ndim = 0
+                return 0
+            check(ort.GetTensorTypeAndShape(self.handle, &info))
         self.is_tensor_value = True
-        check(ort.GetTensorTypeAndShape(self.handle, &info))
         try:
             check(ort.GetTensorElementType(info, &elem))
             check(ort.GetDimensionsCount(info, &count))
@@ -453,8 +462,12 @@ cdef class OrtValue:
         finally:
             ort.ReleaseTensorTypeAndShapeInfo(info)
         self.ndim = <int>count
-        check(ort.GetTensorMemoryInfo(self.handle, &mem))
-        self.memory_kind = memory_kind_of(mem, &self.device_id)
+        if known_memory_kind >= 0:
+            self.memory_kind = known_memory_kind
+            self.device_id = 0
+        else:
+            check(ort.GetTensorMemoryInfo(self.handle, &mem))
+            self.memory_kind = memory_kind_of(mem, &self.device_id)
         if elem != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING:
             check(ort.GetTensorMutableData(self.handle, &self.data))
         self.elem_type = <int>elem
@@ -719,6 +732,61 @@ cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, 
         free(shape_ptr)
     check(status)
     return handle
+
+
+cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expected_type,
+                             list keep, bint* from_cache) except NULL:
+    from_cache[0] = False
+    cdef npc.PyArrayObject* arr
+    cdef int flags, ndim, i, onnx_type
+    cdef npc.npy_intp* np_dims
+    cdef bint eligible = False
+    if _numpy_ready and npc.PyArray_Check(feed):
+        arr = <npc.PyArrayObject*>feed
+        flags = npc.PyArray_FLAGS(arr)
+        ndim = npc.PyArray_NDIM(arr)
+        eligible = ((flags & npc.NPY_ARRAY_C_CONTIGUOUS) != 0 and (flags & npc.NPY_ARRAY_ALIGNED) != 0
+                    and npc.PyArray_ISNOTSWAPPED(arr) and ndim <= MAX_INLINE_DIMS
+                    and npc.PyArray_TYPE(arr) != npc.NPY_OBJECT)
+        if eligible and cache.value != NULL and cache.data == npc.PyArray_DATA(arr) \
+                and cache.ndim == ndim and cache.nbytes == <size_t>npc.PyArray_NBYTES(arr):
+            np_dims = npc.PyArray_DIMS(arr)
+            for i in range(ndim):
+                if cache.dims[i] != np_dims[i]:
+                    break
+            else:
+                onnx_type = onnx_type_of_array(arr)
+                if onnx_type == cache.elem_type and (expected_type < 0 or onnx_type == expected_type):
+                    cache.users += 1
+                    from_cache[0] = True
+                    return cache.value
+    cdef ort.OrtValue* handle = tensor_for_feed(feed, name, expected_type, keep)
+    if eligible and cache.users == 0:
+        # Keep this one for the next run, replacing the previous array's.
+        if cache.value != NULL:
+            ort.ReleaseValue(cache.value)
+        arr = <npc.PyArrayObject*>feed
+        cache.value = handle
+        cache.data = npc.PyArray_DATA(arr)
+        cache.nbytes = <size_t>npc.PyArray_NBYTES(arr)
+        cache.elem_type = onnx_type_of_array(arr)
+        cache.ndim = npc.PyArray_NDIM(arr)
+        np_dims = npc.PyArray_DIMS(arr)
+        for i in range(cache.ndim):
+            cache.dims[i] = np_dims[i]
+        cache.users = 1
+        from_cache[0] = True
+    return handle
+
+
+cdef void release_feed_view(FeedView* cache) noexcept:
+    cache.users -= 1
+
+
+cdef void clear_feed_view(FeedView* cache) noexcept:
+    if cache.value != NULL and cache.users == 0:
+        ort.ReleaseValue(cache.value)
+        cache.value = NULL
 
 
 cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevice device,

@@ -314,3 +314,32 @@ def test_close_and_context_manager():
         session.get_modelmeta()
     assert value.numpy()[0] == 1  # values outlive the session
     session.close()  # idempotent
+
+
+def test_reused_and_changing_feed_buffers_give_fresh_results():
+    """run() reuses the tensor it made for the array fed last to an input when the next feed has
+    the same address, size, type and shape; every other case gets a new tensor."""
+    session = ortagent.InferenceSession(models.identity(TensorProto.FLOAT, shape=["N"]))
+    buffer = np.arange(8, dtype=np.float32)
+    for step in range(3):
+        buffer[:] = step                           # same memory, new contents
+        np.testing.assert_array_equal(session.run(None, {"x": buffer})[0], np.full(8, step))
+    np.testing.assert_array_equal(session.run(None, {"x": buffer[:3]})[0], np.full(3, 2))  # same address, shorter
+    other = np.arange(8, dtype=np.float32) * 10
+    for x in (buffer, other, buffer, other):      # alternating arrays
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], x)
+    with pytest.raises(ortagent.OrtInvalidArgument):   # same memory seen as another dtype
+        session.run(None, {"x": buffer.view(np.int32)})
+    for _ in range(50):                            # arrays freed and reallocated, maybe at one address
+        fresh = np.random.default_rng(_).standard_normal(8).astype(np.float32)
+        np.testing.assert_array_equal(session.run(None, {"x": fresh})[0], fresh)
+        del fresh
+
+
+def test_feed_keys_in_changing_order_and_equal_but_distinct_strings():
+    session = ortagent.InferenceSession(models.add(shape=[2]))
+    a, b = np.array([1, 2], np.float32), np.array([10, 20], np.float32)
+    for feed in ({"a": a, "b": b}, {"b": b, "a": a}, {"".join(["a"]): a, "".join(["b"]): b}):
+        np.testing.assert_array_equal(session.run(None, feed)[0], [11, 22])
+    with pytest.raises(ortagent.OrtInvalidArgument, match="unknown input name 'c'"):
+        session.run(None, {"a": a, "c": b})
