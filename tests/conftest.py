@@ -48,6 +48,8 @@ def cuda_unavailable_reason() -> str | None:
 
     if "CUDAExecutionProvider" not in ortagent.get_available_providers():
         return "this onnxruntime build has no CUDAExecutionProvider"
+    previous = ortagent.get_default_logger_severity()
+    ortagent.set_default_logger_severity(4)   # the probe's failure is reported here, not logged
     try:
         import onnx_models
 
@@ -56,6 +58,8 @@ def cuda_unavailable_reason() -> str | None:
     except ortagent.OrtError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"no CUDA execution provider can be created here: {first_line}"
+    finally:
+        ortagent.set_default_logger_severity(previous)
     return None
 
 
