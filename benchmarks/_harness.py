@@ -25,6 +25,7 @@ Contenders:
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import statistics
@@ -260,6 +261,8 @@ def run_rounds(blocks: Sequence[Sequence[Contender]], rounds: int, burst_s: floa
         raise ValueError(f"duplicate contender keys in {desc}")
     bar = progress_bar(len(contenders) * (rounds + 1), desc)
     rng = random.Random(seed)
+    gc.collect()
+    gc.freeze()             # what exists now is never scanned again: less collector noise
     try:
         for c in contenders:
             c.calibrate(burst_s)
@@ -274,6 +277,7 @@ def run_rounds(blocks: Sequence[Sequence[Contender]], rounds: int, burst_s: floa
                     bar.update(1)
     finally:
         bar.close()
+        gc.unfreeze()
     return samples
 
 

@@ -92,6 +92,7 @@ class Group:
     burst_s: float = 0.0
     seconds: float = 0.0
     skipped: str = ""
+    load: tuple[float, float] | None = None    # 1-minute load average before and after
 
     def row(self, key: str) -> Row | None:
         return next((r for r in self.rows if r.key == key), None)
@@ -140,6 +141,7 @@ class Group:
         return {"name": self.name, "title": self.title, "rounds": self.rounds,
                 "burst_s": self.burst_s, "seconds": round(self.seconds, 1),
                 "skipped": self.skipped or None, "notes": self.notes,
+                "load_average": list(self.load) if self.load else None,
                 "rows": [self.row_json(r) for r in self.rows],
                 "targets": [t.as_json() for t in self.targets]}
 
@@ -151,6 +153,9 @@ class Group:
         lines.append(f"   median of {self.rounds} rounds, bursts of ~{self.burst_s * 1e3:.0f} ms; "
                      f"spread = q1-q3 over rounds; ratios paired per round"
                      if self.burst_s else f"   median of {self.rounds} rounds; spread = q1-q3")
+        if self.load:
+            lines.append(f"   load average (1 min) {self.load[0]:.2f} before, {self.load[1]:.2f} "
+                         f"after; {self.seconds:.0f} s")
         header = ["benchmark", "median", "q1-q3", "ratio", "vs"]
         body = []
         for row in self.rows:
@@ -214,12 +219,30 @@ def markdown_table(group: Group) -> str:
     return "\n".join(out) + "\n"
 
 
+def markdown(groups: list[Group], targets: list[Target], info: dict, header: str) -> str:
+    """All tables and targets as Markdown."""
+    out = [header, ""]
+    for group in groups:
+        out.append(f"#### {group.title}")
+        out.append("")
+        out.append(markdown_table(group))
+        if group.targets:
+            out.extend(f"- **{t.status}** {t.line()[6:]}" for t in group.targets)
+            out.append("")
+        out.extend(f"- note: {n}" for n in group.notes)
+        out.append("")
+    counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "MISS", "n/a")}
+    out.append(f"Targets: {counts['PASS']} PASS, {counts['MISS']} MISS, {counts['n/a']} n/a.")
+    return "\n".join(out) + "\n"
+
+
 def plot(groups: list[Group], targets: list[Target], path, title: str) -> None:
     """Bars of each row's ratio (to its ref), one panel per group; targets' limits as marks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     panels = [g for g in groups if not g.skipped and any(r.ref for r in g.rows)]
     if not panels:
@@ -246,11 +269,13 @@ def plot(groups: list[Group], targets: list[Target], path, title: str) -> None:
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(group.title, fontsize=9, loc="left")
         ax.tick_params(axis="x", labelsize=7)
         for yy, v in zip(y, values):
             ax.text(v, yy, f" {v:.2f}x", va="center", fontsize=6)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (sum(heights) + 0.6)))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 import _common  # noqa: F401  (sets up sys.path)
-from _report import Group, plot
+from _report import Group, markdown, plot
 
 GROUPS = ("calls", "values", "agent", "threads", "startup")
 
@@ -69,15 +69,36 @@ def machine() -> dict:
     return info
 
 
+def background_busy(seconds: float = 1.0) -> float | None:
+    """CPUs kept busy by other processes: /proc/stat over `seconds` while this one sleeps."""
+    def read():
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields[:8]), idle
+    try:
+        total0, idle0 = read()
+        time.sleep(seconds)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    if total <= 0:
+        return None
+    return round((1 - (idle1 - idle0) / total) * (os.cpu_count() or 1), 2)
+
+
 def _run_group(name: str, settings) -> Group:
     module = __import__(f"group_{name}")
+    load_before = os.getloadavg()[0]
     try:
-        return module.run(settings)
+        group = module.run(settings)
     except Exception:  # noqa: BLE001 - one broken group must not lose the others
         group = Group(name, f"{name} (failed)")
         group.skipped = "failed: " + traceback.format_exc(limit=6).strip().splitlines()[-1]
         print(traceback.format_exc(), file=sys.stderr)
-        return group
+    group.load = (load_before, os.getloadavg()[0])
+    return group
 
 
 def main(argv=None) -> int:
@@ -100,6 +121,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     info = machine()
+    info["busy_cpus_before"] = background_busy()
     print(f"machine: {info.get('cpu_model', '?')}, {info.get('cpus_usable')} usable CPUs; "
           f"Python {info['python']}; onnxruntime (Python) {info.get('onnxruntime_python')}; "
           f"ortagent over libonnxruntime {info.get('ortagent_library')}", flush=True)
@@ -111,12 +133,17 @@ def main(argv=None) -> int:
             groups.append(group)
             print(group.table(), flush=True)
             print(flush=True)
+    info["busy_cpus_after"] = background_busy()
     elapsed = time.perf_counter() - started
 
     targets = [t for g in groups for t in g.targets]
     print("== targets ==")
     for t in targets:
         print(f"  {t.line()}")
+    busy = [b for b in (info["busy_cpus_before"], info["busy_cpus_after"]) if b is not None]
+    if busy and max(busy) > 0.25:
+        print(f"  warning: other processes kept {max(busy):.1f} of {os.cpu_count()} CPUs busy "
+              "(measured for 1 s before and after): the figures are noisier than on a quiet machine")
     counts = {s: sum(t.status == s for t in targets) for s in ("PASS", "MISS", "n/a")}
     print(f"  {counts['PASS']} PASS, {counts['MISS']} MISS, {counts['n/a']} n/a; "
           f"{elapsed:.0f} s in all{' (--quick)' if args.quick else ''}")
@@ -134,6 +161,15 @@ def main(argv=None) -> int:
     json_path = args.out / "latest.json"
     json_path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {json_path}")
+    md_path = args.out / "latest.md"
+    md_path.write_text(markdown(
+        groups, targets, info,
+        f"Run {result['created']}{' (--quick)' if args.quick else ''} on {info.get('cpu_model', '?')} "
+        f"({info.get('cpus_usable')} usable CPUs, {info.get('cores_per_socket', '?')} cores per "
+        f"socket x {info.get('sockets', '?')}), Python {info['python']}, onnxruntime "
+        f"{info.get('onnxruntime_python')} (Python) / {info.get('ortagent_library')} (ortagent's "
+        f"library); {elapsed:.0f} s."))
+    print(f"wrote {md_path}")
     if not args.no_plot:
         png_path = args.out / "latest.png"
         title = (f"ortagent benchmarks, {result['created']}: {info.get('cpu_model', '?')}, "

@@ -392,6 +392,63 @@ cdef bint _broadcasts_to(object shape, object target):
     return True
 
 
+cdef void* _tensor_data(ort.OrtValue* handle) noexcept:
+    """The data address of a tensor value; NULL for non-tensors, empty tensors or on error."""
+    cdef int is_tensor = 0
+    cdef void* data = NULL
+    cdef ort.OrtStatus* status = ort.IsTensor(handle, &is_tensor)
+    if status != NULL:
+        ort.ReleaseStatus(status)
+        return NULL
+    if not is_tensor:
+        return NULL
+    status = ort.GetTensorMutableData(handle, &data)
+    if status != NULL:
+        ort.ReleaseStatus(status)
+        return NULL
+    return data
+
+
+cdef int _hold_aliased_inputs(list outputs, ort.OrtValue** in_values, list holders, object session,
+                              object preallocated) except -1:
+    """onnxruntime returns a feed itself (a graph input that is also a graph output) or an alias
+    of it (Identity, Reshape, ...) as an output sharing the feed's buffer. That buffer may be the
+    caller's memory (a NumPy array, a value over caller memory), which only the feed kept alive:
+    such an output keeps the feed's owner alive too (and is read-only where the feed was)."""
+    cdef Py_ssize_t n_in = len(holders), i, j
+    cdef void* data
+    cdef void* stack[STACK_SLOTS]
+    cdef void** in_data = stack
+    cdef OrtValue value
+    if n_in > STACK_SLOTS:
+        in_data = <void**>malloc(n_in * sizeof(void*))
+        if in_data == NULL:
+            raise MemoryError()
+    try:
+        for j in range(n_in):
+            in_data[j] = _tensor_data(in_values[j])
+        for i in range(len(outputs)):
+            if outputs[i] is None or (preallocated is not None and type(preallocated[i]) is OrtValue):
+                continue
+            value = outputs[i]
+            data = _tensor_data(value.handle)
+            if data == NULL:
+                continue
+            for j in range(n_in):
+                if in_data[j] == data:
+                    holder = holders[j]
+                    value.owner = (session, holder)
+                    if type(holder) is OrtValue:
+                        value.readonly = value.readonly or (<OrtValue>holder).readonly
+                    elif not getattr(getattr(holder, "flags", None), "writeable", True):
+                        value.readonly = True
+                    break
+        return 0
+    finally:
+        if in_data != stack:
+            free(in_data)
+
+
 cdef list _run(InferenceSession session, char** input_names, list feeds, int* input_types,
                char** output_names, Py_ssize_t n_out, object preallocated, object run_options):
     """OrtApi::Run over prepared names: outputs come back as OrtValues on the CPU (or written
@@ -407,6 +464,8 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
     cdef ort.OrtStatus* status
     cdef ort.OrtSession* handle
     cdef list keep = []
+    cdef list holders = [None] * n_in      # what keeps each feed's memory alive
+    cdef Py_ssize_t kept
     cdef OrtValue value
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
@@ -425,9 +484,12 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
                 (<OrtValue>feed).require_handle()
                 in_values[i] = (<OrtValue>feed).handle
                 created[i] = 0
+                holders[i] = feed
             else:
+                kept = len(keep)
                 in_values[i] = tensor_for_feed(feed, input_names[i].decode(), input_types[i], keep)
                 created[i] = 1
+                holders[i] = keep[len(keep) - 1] if len(keep) > kept else feed
             n_ready += 1
         for i in range(n_out):
             out_values[i] = NULL
@@ -447,6 +509,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
             elif out_values[i] != NULL:
                 results[i] = wrap_value(out_values[i], session)
         check(status)
+        _hold_aliased_inputs(results, in_values, holders, session, preallocated)
         return results
     finally:
         for i in range(n_ready):
@@ -473,8 +536,10 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     cdef ort.OrtRunOptions* run_options_c = NULL
     cdef ort.OrtStatus* status
     cdef ort.OrtSession* handle
-    cdef list keep = []
     cdef list created = []
+    cdef list bound = []            # the OrtValue bound for each feed
+    cdef ort.OrtValue* in_stack[STACK_SLOTS]
+    cdef ort.OrtValue** in_values = in_stack
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
     check(ort.GetAllocatorWithDefaultOptions(&allocator))
@@ -492,6 +557,7 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                 created.append(feed)
             (<OrtValue>feed).require_handle()
             check(ort.BindInput(binding, input_names[i], (<OrtValue>feed).handle))
+            bound.append(feed)
         order = []          # distinct output names, in binding order
         for i in range(len(targets)):
             name = output_names[i]
@@ -522,8 +588,18 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                     ort.ReleaseValue(values[j])
             if values != NULL:
                 check(ort.AllocatorFree(allocator, values))
+        if len(bound) > STACK_SLOTS:
+            in_values = <ort.OrtValue**>malloc(len(bound) * sizeof(void*))
+            if in_values == NULL:
+                raise MemoryError()
+        for i in range(len(bound)):
+            in_values[i] = (<OrtValue>bound[i]).handle
+        results = list(by_name.values())
+        _hold_aliased_inputs(results, in_values, bound, session, None)
         return [by_name[output_names[i]] for i in range(len(targets))]
     finally:
+        if in_values != in_stack:
+            free(in_values)
         if binding != NULL:
             ort.ReleaseIoBinding(binding)
         session.end_run()

@@ -1,0 +1,77 @@
+"""Group 4, threads: throughput of 1 vs 2 Python threads calling ``run``, ortagent vs
+onnxruntime's Python.
+
+Models: Identity f32[1] and Add f32[16] (tiny: the call overhead dominates) and the MLP 3x256
+batch 32 (the kernels dominate). For each model and library, in every round (random order):
+
+* 1 thread calling ``session.run(None, feeds)``;
+* 2 threads, each with its own session;
+* 2 threads sharing one session.
+
+Sessions have 1 intra-op thread, so two Python threads can at best use two cores; what stops
+them is the GIL held outside ORT's ``Run``. A burst starts the threads, releases them together
+and takes the wall time from the first start to the last end; the figure is that time per call
+of all threads together, and the ratio is the throughput relative to 1 thread (same round).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import _common
+import models
+from _harness import Threaded, run_rounds
+from _report import Group, Row
+
+MODELS = (("identity", "Identity f32[1]"), ("add", "Add f32[16]"), ("mlp", "MLP 3x256 b32"))
+
+
+def run(settings) -> Group:
+    import ortagent
+
+    started = time.perf_counter()
+    group = Group("threads", "4. threads: 1 vs 2 Python threads (µs per call, all threads)",
+                  rounds=settings.rounds["threads"], burst_s=settings.burst_s)
+    blocks, plan = [], []
+    for name, title in MODELS:
+        proto = models.MODELS[name]()
+        data = proto.SerializeToString()
+        feeds = models.feeds(proto)
+        block = []
+        for side, tag, make in (
+                ("ortagent", "oa", lambda: ortagent.InferenceSession(data, _common.ortagent_options())),
+                ("onnxruntime", "ort", lambda: _common.onnxruntime_session(data))):
+            one, other = make(), make()
+            single = f"{name}/{tag}-1"
+            for key, label, calls in (
+                    (single, "1 thread", [(one.run, (None, dict(feeds)))]),
+                    (f"{name}/{tag}-2-separate", "2 threads, a session each",
+                     [(one.run, (None, dict(feeds))), (other.run, (None, dict(feeds)))]),
+                    (f"{name}/{tag}-2-shared", "2 threads, one shared session",
+                     [(one.run, (None, dict(feeds))), (one.run, (None, dict(feeds)))])):
+                contender = Threaded(key, f"{title}: {side}, {label}", side, calls)
+                block.append(contender)
+                other_tag = "ort" if tag == "oa" else None
+                plan.append((contender, None if key == single else single,
+                             other_tag and key.replace(f"/{tag}-", f"/{other_tag}-")))
+        blocks.append(block)
+    samples = run_rounds(blocks, settings.rounds["threads"], settings.burst_s, desc="4/5 threads",
+                         seed=settings.seed)
+    for contender, ref, peer in plan:
+        group.rows.append(Row(contender.key, contender.label, contender.side, samples[contender.key],
+                              ref=ref, peer=peer, speedup=True, ref_name="1 thread",
+                              peer_name="onnxruntime"))
+    for name, title in MODELS[:2]:
+        ort_speedup = statistics.median(
+            group.ratio(f"{name}/ort-2-separate", f"{name}/ort-1", speedup=True))
+        group.ratio_target(f"threads_{name}",
+                           f"2 threads, a session each, {title}: throughput >= 1.8x one thread's",
+                           f"{name}/oa-2-separate", f"{name}/oa-1", 1.8, op=">=", speedup=True,
+                           detail=f"onnxruntime's: {ort_speedup:.2f}x")
+    usable = len(os.sched_getaffinity(0))
+    group.notes.append(f"{usable} CPUs usable by this process; vs onnxruntime = time per call "
+                       "relative to onnxruntime's same configuration (lower is better)")
+    group.seconds = time.perf_counter() - started
+    return group
