@@ -250,17 +250,19 @@ cdef class _AgentEngine:
             raise RunStateError(
                 f"this PartialGraphExecutionState is {_PHASE_TEXT[state.phase]}; a state serves one "
                 "forward and one backward: create a new one for each run")
-        feeds = [graph_inputs[p] for p in self.forward_input_positions]
-        cdef list targets = list(module_output_targets) if module_output_targets is not None else \
-            [None] * self.n_module_outputs
-        cdef bint on_cpu = self.cpu_only
-        if on_cpu:
-            for target in targets:
-                if not _is_cpu_target(target):
-                    on_cpu = False
-                    break
+        # Claim the state before anything that can let another thread in.
         state.phase = PHASE_FORWARD
+        cdef list targets
+        cdef bint on_cpu = self.cpu_only
         try:
+            feeds = [graph_inputs[p] for p in self.forward_input_positions]
+            targets = list(module_output_targets) if module_output_targets is not None else \
+                [None] * self.n_module_outputs
+            if on_cpu:
+                for target in targets:
+                    if not _is_cpu_target(target):
+                        on_cpu = False
+                        break
             if on_cpu:
                 outputs = _run(self.forward_session, self.forward_input_names, feeds,
                                self.forward_input_types, self.forward_output_names,
@@ -338,22 +340,23 @@ cdef class _AgentEngine:
             raise RunStateError(
                 f"cannot run backward: this run is {_PHASE_TEXT[state.phase]}"
                 + ("; run_forward must come first" if state.phase == PHASE_NEW else ""))
-        self.check_gradients(state, gradients)
-        feeds = gradients + state.stash + state.backward_inputs
-        cdef Py_ssize_t n_out = len(output_positions), i
-        cdef char** names = <char**>malloc((n_out + 1) * sizeof(char*))
-        if names == NULL:
-            raise MemoryError()
-        cdef int* feed_types = <int*>malloc((len(feeds) + 1) * sizeof(int))
-        if feed_types == NULL:
-            free(names)
-            raise MemoryError()
-        cdef bint on_cpu = self.cpu_only
-        for target in output_targets:
-            if not _is_cpu_target(target):
-                on_cpu = False
+        # Claim the run before anything that can let another thread in (a second backward of
+        # the same state from another thread then fails instead of running twice).
         state.phase = PHASE_BACKWARD
+        cdef Py_ssize_t n_out = len(output_positions), i
+        cdef char** names = NULL
+        cdef int* feed_types = NULL
+        cdef bint on_cpu = self.cpu_only
         try:
+            self.check_gradients(state, gradients)
+            feeds = gradients + state.stash + state.backward_inputs
+            names = <char**>malloc((n_out + 1) * sizeof(char*))
+            feed_types = <int*>malloc((len(feeds) + 1) * sizeof(int))
+            if names == NULL or feed_types == NULL:
+                raise MemoryError()
+            for target in output_targets:
+                if not _is_cpu_target(target):
+                    on_cpu = False
             for i in range(n_out):
                 names[i] = self.graph_output_names[<Py_ssize_t>output_positions[i]]
             for i in range(len(feeds)):
