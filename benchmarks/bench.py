@@ -113,6 +113,9 @@ def main(argv=None) -> int:
     parser.add_argument("--burst-ms", type=float, default=None,
                         help="length of one burst (default 30 ms, 10 ms with --quick)")
     parser.add_argument("--no-plot", action="store_true", help="skip latest.png")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="also put the tables into benchmarks/README.md (between its "
+                             "results markers)")
     args = parser.parse_args(argv)
     names = [g.strip() for g in args.groups.split(",") if g.strip()]
     unknown = sorted(set(names) - set(GROUPS))
@@ -170,6 +173,17 @@ def main(argv=None) -> int:
         f"{info.get('onnxruntime_python')} (Python) / {info.get('ortagent_library')} (ortagent's "
         f"library); {elapsed:.0f} s."))
     print(f"wrote {md_path}")
+    if args.update_readme:
+        readme = _common.BENCH_DIR / "README.md"
+        text = readme.read_text()
+        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+        if begin in text and end in text:
+            head, rest = text.split(begin, 1)
+            tail = rest.split(end, 1)[1]
+            readme.write_text(f"{head}{begin}\n{md_path.read_text()}{end}{tail}")
+            print(f"updated {readme}")
+        else:
+            print(f"{readme} has no results markers; not updated", file=sys.stderr)
     if not args.no_plot:
         png_path = args.out / "latest.png"
         title = (f"ortagent benchmarks, {result['created']}: {info.get('cpu_model', '?')}, "
