@@ -95,7 +95,7 @@ def _names(value: Any, what: str) -> list[str]:
     return names
 
 
-def _devices(value: Any, count: int, what: str) -> list[OrtDevice]:
+def _devices(value: Any, count: int, what: str) -> list[OrtDevice | None]:
     if value is None:
         return [None] * count
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
@@ -177,6 +177,20 @@ class TrainingAgent:
                                        "fw_outputs_device_info")
         self._output_devices = _devices(named.get("bw_outputs_device_info"),
                                         len(self._output_positions), "bw_outputs_device_info")
+        for what, names, devices in (("fw_outputs_device_info", [module_outputs[p] for p in self._fetch_positions],
+                                      self._fetch_devices),
+                                     ("bw_outputs_device_info", output_names, self._output_devices)):
+            for name, device in zip(names, devices):
+                self._check_reachable(device, f"{what} entry for {name!r}")
+
+    def _check_reachable(self, device, what: str) -> None:
+        """Refuse an output device that no session provider can place values on: onnxruntime
+        would silently leave the value on the CPU instead."""
+        if device is not None and device.name != "cpu" and \
+                "CUDAExecutionProvider" not in self._engine.providers:
+            raise OrtInvalidArgument(
+                f"{what}: {device!r} needs the CUDAExecutionProvider, but this agent runs on "
+                f"{self._engine.providers}")
 
     def _module_output_position(self, name: str) -> int:
         if name not in self._split.module_output_names:
@@ -223,9 +237,12 @@ class TrainingAgent:
             if state is not None:
                 raise OrtInvalidType("run_forward(iobinding, run_options) takes no state")
             return self._run_forward_bound(feeds_or_iobinding, fetches_or_run_options)
-        if isinstance(feeds_or_iobinding, IOBinding):
+        if isinstance(feeds_or_iobinding, IOBinding) or (
+                state is None and hasattr(feeds_or_iobinding, "bind_output")):
+            # ortagent's or onnxruntime's session IOBinding: name it rather than ask for a state
             raise OrtInvalidType("use agent.io_binding() for the bindings of a TrainingAgent, not a "
-                                 "session's IOBinding")
+                                 f"session's IOBinding ({type(feeds_or_iobinding).__module__}."
+                                 f"{type(feeds_or_iobinding).__qualname__})")
         if not isinstance(state, PartialGraphExecutionState):
             raise OrtInvalidType("run_forward(feeds, fetches, state) needs an "
                                  f"ortagent.PartialGraphExecutionState, got {type(state).__name__}")
@@ -282,7 +299,7 @@ class TrainingAgent:
     def _engine_forward(self, state, graph_inputs, run_options):
         if run_options is not None and not isinstance(run_options, RunOptions):
             raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got {type(run_options).__name__}")
-        targets = [None] * len(self._split.module_output_names)
+        targets: list[OrtDevice | None] = [None] * len(self._split.module_output_names)
         for position, device in zip(self._fetch_positions, self._fetch_devices):
             targets[position] = device
         return self._engine.forward(state, graph_inputs, run_options, targets)
@@ -404,7 +421,9 @@ class TrainingIOBinding:
         if buffer_ptr is None:
             if element_type is not None or shape is not None:
                 raise OrtInvalidArgument(f"output {name!r}: element_type and shape need a buffer_ptr")
-            self._outputs[name] = as_device(device_type, device_id)
+            device = as_device(device_type, device_id)
+            self._agent._check_reachable(device, f"output {name!r}")
+            self._outputs[name] = device
         else:
             if element_type is None or shape is None:
                 raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
