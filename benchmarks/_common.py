@@ -31,11 +31,12 @@ class Settings:
     rounds: dict[str, int]
     workdir: Path
     seed: int = 0
+    clock: str = "cpu"      # for the single-threaded groups (calls, values, agent)
     extra: dict = field(default_factory=dict)
 
     @classmethod
     def make(cls, quick: bool, workdir: Path, rounds_scale: float = 1.0,
-             burst_ms: float | None = None) -> Settings:
+             burst_ms: float | None = None, clock: str = "cpu") -> Settings:
         if quick:
             rounds = {"calls": 7, "values": 7, "agent": 7, "threads": 7, "startup": 4}
             burst = 0.01
@@ -43,7 +44,8 @@ class Settings:
             rounds = {"calls": 41, "values": 31, "agent": 31, "threads": 31, "startup": 15}
             burst = 0.03
         rounds = {k: max(2, int(round(v * rounds_scale))) for k, v in rounds.items()}
-        return cls(quick, burst if burst_ms is None else burst_ms / 1e3, rounds, workdir)
+        return cls(quick, burst if burst_ms is None else burst_ms / 1e3, rounds, workdir,
+                   clock=clock)
 
 
 def load_module(name: str, path: Path):

@@ -29,6 +29,7 @@ class Row:
     note: str = ""
     ref_name: str | None = None             # how the ratio column names ref (default: its label)
     peer_name: str | None = None            # how the vs column names peer
+    other: list[float] | None = None        # the same bursts by the other clock
 
     @property
     def scale(self) -> float:
@@ -46,6 +47,8 @@ class Target:
     spread: tuple[float, float] | None = None  # q1, q3 of the per-round values
     detail: str = ""
     status: str = ""
+    key: str | None = None                  # the row and reference row of a ratio target
+    ref: str | None = None
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -69,7 +72,8 @@ class Target:
     def as_json(self) -> dict:
         return {"id": self.id, "text": self.text, "status": self.status, "value": self.value,
                 "limit": self.limit, "op": self.op, "unit": self.unit,
-                "spread": list(self.spread) if self.spread else None, "detail": self.detail}
+                "spread": list(self.spread) if self.spread else None, "detail": self.detail,
+                "row": self.key, "ref_row": self.ref}
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -92,6 +96,7 @@ class Group:
     burst_s: float = 0.0
     seconds: float = 0.0
     skipped: str = ""
+    clock: str = "wall"                     # which clock the samples are ("wall" or "cpu")
     load: tuple[float, float] | None = None    # 1-minute load average before and after
 
     def row(self, key: str) -> Row | None:
@@ -111,10 +116,11 @@ class Group:
                      speedup: bool = False, detail: str = "") -> Target:
         values = self.ratio(key, ref, speedup)
         if values is None:
-            target = Target(id, text, None, limit, op, "x", detail=detail or "not measured here")
+            target = Target(id, text, None, limit, op, "x", detail=detail or "not measured here",
+                            key=key, ref=ref)
         else:
             q1, med, q3 = quartiles(values)
-            target = Target(id, text, med, limit, op, "x", (q1, q3), detail)
+            target = Target(id, text, med, limit, op, "x", (q1, q3), detail, key=key, ref=ref)
         self.targets.append(target)
         return target
 
@@ -126,6 +132,11 @@ class Group:
                "note": row.note,
                **{f"{k}_{row.unit}": v / row.scale for k, v in stats.items() if k != "n"},
                f"samples_{row.unit}": [round(v / row.scale, 6) for v in row.samples]}
+        if row.other is not None and row.other != row.samples:
+            other = "wall" if self.clock == "cpu" else "cpu"
+            out[f"{other}_clock"] = {
+                f"median_{row.unit}": summary(row.other)["median"] / row.scale,
+                f"samples_{row.unit}": [round(v / row.scale, 6) for v in row.other]}
         for kind, other in (("ratio", row.ref), ("vs", row.peer)):
             if other is None:
                 continue
@@ -139,6 +150,7 @@ class Group:
 
     def as_json(self) -> dict:
         return {"name": self.name, "title": self.title, "rounds": self.rounds,
+                "clock": self.clock,
                 "burst_s": self.burst_s, "seconds": round(self.seconds, 1),
                 "skipped": self.skipped or None, "notes": self.notes,
                 "load_average": list(self.load) if self.load else None,
@@ -150,9 +162,11 @@ class Group:
         if self.skipped:
             lines.append(f"  skipped: {self.skipped}")
             return "\n".join(lines)
-        lines.append(f"   median of {self.rounds} rounds, bursts of ~{self.burst_s * 1e3:.0f} ms; "
-                     f"spread = q1-q3 over rounds; ratios paired per round"
-                     if self.burst_s else f"   median of {self.rounds} rounds; spread = q1-q3")
+        clock = "thread CPU time" if self.clock == "cpu" else "wall clock"
+        lines.append(f"   median of {self.rounds} rounds, bursts of ~{self.burst_s * 1e3:.0f} ms, "
+                     f"{clock}; spread = q1-q3 over rounds; ratios paired per round"
+                     if self.burst_s else
+                     f"   median of {self.rounds} rounds, {clock}; spread = q1-q3 over rounds")
         if self.load:
             lines.append(f"   load average (1 min) {self.load[0]:.2f} before, {self.load[1]:.2f} "
                          f"after; {self.seconds:.0f} s")
@@ -268,13 +282,25 @@ def plot(groups: list[Group], targets: list[Target], path, title: str) -> None:
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=7)
-        ax.set_xscale("log")
+        limits = [t.limit for t in targets if t.unit == "x" and any(t.key == r.key for r in rows)]
+        span = [v for v in values + limits if v > 0]
+        if span and max(span) / min(span) > 12:
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        else:
+            ax.set_xlim(0, max(span + [1.0]) * 1.25)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(group.title, fontsize=9, loc="left")
         ax.tick_params(axis="x", labelsize=7)
         for yy, v in zip(y, values):
             ax.text(v, yy, f" {v:.2f}x", va="center", fontsize=6)
+        # each target's limit as a red mark across its bar
+        for yy, row in zip(y, rows):
+            for t in targets:
+                if t.key == row.key and t.ref == row.ref and t.unit == "x":
+                    ax.plot([t.limit, t.limit], [yy - 0.45, yy + 0.45], color="red", linewidth=1.5)
+                    ax.text(t.limit, yy + 0.45, f"{t.status} ", fontsize=5, color="red",
+                            ha="right", va="bottom")
     fig.suptitle(title, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (sum(heights) + 0.6)))
     fig.savefig(path, dpi=110)

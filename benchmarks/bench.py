@@ -112,6 +112,10 @@ def main(argv=None) -> int:
                         help="multiply every group's number of rounds")
     parser.add_argument("--burst-ms", type=float, default=None,
                         help="length of one burst (default 30 ms, 10 ms with --quick)")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="what the single-threaded groups (calls, values, agent) report: "
+                             "the thread's CPU time (default; robust to other work on the "
+                             "machine) or the wall clock; both are stored in latest.json")
     parser.add_argument("--no-plot", action="store_true", help="skip latest.png")
     parser.add_argument("--update-readme", action="store_true",
                         help="also put the tables into benchmarks/README.md (between its "
@@ -130,7 +134,8 @@ def main(argv=None) -> int:
           f"ortagent over libonnxruntime {info.get('ortagent_library')}", flush=True)
     groups: list[Group] = []
     with tempfile.TemporaryDirectory(prefix="ortagent-bench-") as workdir:
-        settings = _common.Settings.make(args.quick, Path(workdir), args.rounds_scale, args.burst_ms)
+        settings = _common.Settings.make(args.quick, Path(workdir), args.rounds_scale, args.burst_ms,
+                                         args.clock)
         for name in names:
             group = _run_group(name, settings)
             groups.append(group)
@@ -156,6 +161,7 @@ def main(argv=None) -> int:
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": args.quick, "seconds": round(elapsed, 1), "machine": info,
         "settings": {"burst_s": settings.burst_s, "rounds": settings.rounds,
+                     "clock": settings.clock,
                      "session": _common.SESSION_SETTINGS},
         "groups": [g.as_json() for g in groups],
         "targets": [t.as_json() for t in targets],

@@ -250,13 +250,15 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
 def run(settings) -> Group:
     started = time.perf_counter()
     group = Group("agent", "3. agent: one training step, forward + backward (µs per step)",
-                  rounds=settings.rounds["agent"], burst_s=settings.burst_s)
+                  rounds=settings.rounds["agent"], burst_s=settings.burst_s,
+                  clock=settings.clock)
     servers: list[BurstServer] = []
     checks: dict = {}
     try:
         plans = [_contenders(*case, settings, servers, checks) for case in _cases(settings)]
         samples = run_rounds([[c for c, _, _ in plan] for plan in plans], settings.rounds["agent"],
-                             settings.burst_s, desc="3/5 agent", seed=settings.seed)
+                             settings.burst_s, desc="3/5 agent", seed=settings.seed,
+                             clock=settings.clock)
     finally:
         for server in servers:
             server.close()
@@ -268,7 +270,8 @@ def run(settings) -> Group:
                                   peer=peer if peer in keys else None,
                                   ref_name="ortagent single run",
                                   peer_name=("the 1.19.2 agent" if peer and peer.endswith("/ref")
-                                             else "onnxruntime")))
+                                             else "onnxruntime"),
+                                  other=samples.other[contender.key]))
     if servers:
         version = servers[0].ready.get("onnxruntime", "?")
         group.notes.append(f"the reference agent is onnxruntime-training {version} in its own "

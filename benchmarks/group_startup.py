@@ -22,11 +22,13 @@ from _report import Group, Row, Target
 
 _TEMPLATE = """\
 import sys, time
+cpu = time.thread_time()
 start = time.perf_counter()
 {statement}
 seconds = time.perf_counter() - start
+cpu = time.thread_time() - cpu
 import json
-print(json.dumps({{"seconds": seconds, "numpy": "numpy" in sys.modules,
+print(json.dumps({{"seconds": seconds, "cpu_seconds": cpu, "numpy": "numpy" in sys.modules,
                    "onnxruntime": "onnxruntime" in sys.modules,
                    "extensions": sorted(m for m in sys.modules if m.startswith("ortagent._"))}}))
 """
@@ -43,19 +45,19 @@ CONTENDERS = (
 def run(settings) -> Group:
     started = time.perf_counter()
     group = Group("startup", "5. start-up: imports in a fresh interpreter (ms)",
-                  rounds=settings.rounds["startup"])
+                  rounds=settings.rounds["startup"], clock=settings.clock)
     env = _common.child_env()
     contenders = [FreshProcess(key, label, side, _TEMPLATE.format(statement=statement), env=env,
                                cwd=str(settings.workdir))
                   for key, label, side, statement in CONTENDERS]
     samples = run_rounds([contenders], settings.rounds["startup"], 0.0, desc="5/5 start-up",
-                         seed=settings.seed)
+                         seed=settings.seed, clock=settings.clock)
     info = {c.key: c.info for c in contenders}
     for contender in contenders:
         peer = "onnxruntime" if contender.key in ("ortagent", "ortagent-load") else None
         group.rows.append(Row(contender.key, contender.label, contender.side,
                               samples[contender.key], ref=peer, unit="ms",
-                              ref_name="import onnxruntime"))
+                              ref_name="import onnxruntime", other=samples.other[contender.key]))
     med = statistics.median(samples["ortagent"]) / 1e6
     q = statistics.quantiles(samples["ortagent"], n=4, method="inclusive") \
         if len(samples["ortagent"]) > 1 else samples["ortagent"] * 3
@@ -70,7 +72,10 @@ def run(settings) -> Group:
                                        f"onnxruntime imported: "
                                        f"{'yes' if loaded.get('onnxruntime') else 'no'}; "
                                        f"extension modules: {loaded.get('extensions') or 'none'}"))
+    wall = statistics.median(samples.other["ortagent"] if samples.clock == "cpu"
+                             else samples["ortagent"]) / 1e6
     group.notes.append("each sample is one new process; the time is the import statement only "
-                       "(interpreter start-up excluded), measured inside the process")
+                       "(interpreter start-up excluded), measured inside the process; "
+                       f"import ortagent by the wall clock: {wall:.1f} ms")
     group.seconds = time.perf_counter() - started
     return group

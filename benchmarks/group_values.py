@@ -39,7 +39,8 @@ def run(settings) -> Group:
 
     started = time.perf_counter()
     group = Group("values", "2. values: NumPy and DLPack (µs per call)",
-                  rounds=settings.rounds["values"], burst_s=settings.burst_s)
+                  rounds=settings.rounds["values"], burst_s=settings.burst_s,
+                  clock=settings.clock)
     OA, ORT = ortagent.OrtValue, onnxruntime.OrtValue
     plan = []                                  # (contender, ref, peer)
     shares: dict[str, bool] = {}
@@ -75,12 +76,13 @@ def run(settings) -> Group:
             plan.append((PyCalls(f"{size}/ort-{op}", f"{size}: onnxruntime {title}", "onnxruntime",
                                  *ort_call), ref_ort, None))
     samples = run_rounds([[c for c, _, _ in plan]], settings.rounds["values"], settings.burst_s,
-                         desc="2/5 values", seed=settings.seed)
+                         desc="2/5 values", seed=settings.seed, clock=settings.clock)
     for contender, ref, peer in plan:
         copied = "" if shares[contender.key] else " [copies]"
         group.rows.append(Row(contender.key, contender.label + copied, contender.side,
                               samples[contender.key], ref=ref, peer=peer,
-                              ref_name="same call at 4 B", peer_name="onnxruntime"))
+                              ref_name="same call at 4 B", peer_name="onnxruntime",
+                              other=samples.other[contender.key]))
 
     small, large = SIZES[0][0], SIZES[1][0]
     values = [max(a, b) / 1e3 for a, b in zip(samples[f"{small}/oa-from-numpy"],

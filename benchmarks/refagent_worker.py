@@ -19,7 +19,8 @@ optimisations) and the CPU provider; the agent is built as ORTModule builds it (
     grads_out = OrtValueVector(); agent.run_backward(grads, grads_out, state)
 
 Protocol: one JSON line ``{"ready": true, ...}`` once set up, then for each stdin line
-``step N`` one JSON line ``{"ns": T}`` (T = elapsed ns of N steps), until ``quit`` or EOF.
+``step N`` one JSON line ``{"ns": T, "cpu_ns": C}`` (T = elapsed ns of N steps, C = CPU time
+of this thread in them), until ``quit`` or EOF.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def main(argv) -> int:
                  for i in range(len(outputs))]
     gc.collect()
     gc.freeze()
-    perf_ns = time.perf_counter_ns
+    perf_ns, cpu_ns = time.perf_counter_ns, time.thread_time_ns
     print(json.dumps({"ready": True, "onnxruntime": ort.__version__, "checksums": checksums}),
           flush=True)
     for line in sys.stdin:
@@ -103,11 +104,13 @@ def main(argv) -> int:
             print(json.dumps({"error": f"expected 'step N', got {line.strip()!r}"}), flush=True)
             continue
         n = int(words[1])
+        cpu = cpu_ns()
         start = perf_ns()
         for _ in repeat(None, n):
             step()
         elapsed = perf_ns() - start
-        print(json.dumps({"ns": elapsed}), flush=True)
+        cpu = cpu_ns() - cpu
+        print(json.dumps({"ns": elapsed, "cpu_ns": cpu}), flush=True)
     del keep
     return 0
 

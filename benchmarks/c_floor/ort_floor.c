@@ -31,8 +31,10 @@
  * --serve keeps the session for a driver that interleaves the floor with other contenders
  * (benchmarks/bench.py): after set-up it prints one line {"ready": true, ...} and then answers
  * commands read from stdin, one per line, until "quit" or end of input:
- *   MODE N    time N consecutive calls of MODE; answers {"mode": ..., "iterations": N, "ns": T}
- *             where T is the elapsed time of the N calls (the same loop as the sampled modes)
+ *   MODE N    time N consecutive calls of MODE; answers
+ *             {"mode": ..., "iterations": N, "ns": T, "cpu_ns": C} where T is the elapsed time
+ *             of the N calls (the same loop as the sampled modes) and C the CPU time this
+ *             thread spent in them
  * A malformed command is answered {"error": ...}; the process keeps serving.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -472,6 +474,14 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* CPU time of the calling thread: unlike the wall clock, it stops while another process has
+ * the CPU (--serve reports both). */
+static uint64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 __attribute__((noinline)) static uint64_t time_calls(step_fn step, bench* b, long n) {
     uint64_t start = now_ns();
     for (long i = 0; i < n; ++i) step(b);
@@ -569,9 +579,11 @@ static void serve(bench* b, const options* o) {
             fflush(stdout);
             continue;
         }
+        uint64_t cpu_start = thread_cpu_ns();
         uint64_t elapsed = time_calls(MODES[m].step, b, n);
-        printf("{\"mode\": \"%s\", \"iterations\": %ld, \"ns\": %llu}\n", MODES[m].name, n,
-               (unsigned long long)elapsed);
+        uint64_t cpu = thread_cpu_ns() - cpu_start;
+        printf("{\"mode\": \"%s\", \"iterations\": %ld, \"ns\": %llu, \"cpu_ns\": %llu}\n",
+               MODES[m].name, n, (unsigned long long)elapsed, (unsigned long long)cpu);
         fflush(stdout);
     }
 }
