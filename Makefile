@@ -15,7 +15,7 @@ REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
 
-.PHONY: all test build venv refagent demo bench bench-quick fuzz asan clean
+.PHONY: all test build venv refagent demo bench bench-quick fuzz asan dist-check clean
 
 all: test
 
@@ -63,6 +63,11 @@ demo: build
 		echo "installing the demo's packages: $(DEMO_PACKAGES)"; \
 		$(PY) -m pip install -q --disable-pip-version-check $(DEMO_PACKAGES); }
 	$(PY) demo/train_digits.py --out build/demo/digits_loss.png $(DEMO_ARGS)
+
+# Build the sdist and wheel, check their contents, install the sdist into a fresh venv and run it.
+dist-check: build
+	$(PY) -m pip install -q --disable-pip-version-check build
+	$(PY) tools/check_dist.py
 
 clean:
 	rm -rf build ortagent/*.so ortagent/_*.c ortagent/*.html .pytest_cache

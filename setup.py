@@ -41,6 +41,7 @@ setup(
         compiler_directives={
             "language_level": "3",
             "embedsignature": True,
+            "autotestdict": False,
             "binding": False,
             "boundscheck": False,
             "wraparound": False,

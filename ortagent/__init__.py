@@ -62,26 +62,24 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from ortagent._runtime import (  # noqa: F401
-        api_version,
-        get_available_providers,
-        get_build_info,
-        get_default_logger_severity,
-        get_version_string,
-        library_path,
-        live_handles,
-        set_default_logger_severity,
-    )
-    from ortagent._session import (  # noqa: F401
-        ExecutionMode,
-        GraphOptimizationLevel,
-        InferenceSession,
-        IOBinding,
-        ModelMetadata,
-        NodeArg,
-        RunOptions,
-        SessionOptions,
-    )
-    from ortagent._dlpack import from_dlpack  # noqa: F401
-    from ortagent._values import OrtDevice, OrtValue  # noqa: F401
-    from ortagent.agent import PartialGraphExecutionState, TrainingAgent  # noqa: F401
+    from ortagent._runtime import api_version as api_version
+    from ortagent._runtime import get_available_providers as get_available_providers
+    from ortagent._runtime import get_build_info as get_build_info
+    from ortagent._runtime import get_default_logger_severity as get_default_logger_severity
+    from ortagent._runtime import get_version_string as get_version_string
+    from ortagent._runtime import library_path as library_path
+    from ortagent._runtime import live_handles as live_handles
+    from ortagent._runtime import set_default_logger_severity as set_default_logger_severity
+    from ortagent._session import ExecutionMode as ExecutionMode
+    from ortagent._session import GraphOptimizationLevel as GraphOptimizationLevel
+    from ortagent._session import InferenceSession as InferenceSession
+    from ortagent._session import IOBinding as IOBinding
+    from ortagent._session import ModelMetadata as ModelMetadata
+    from ortagent._session import NodeArg as NodeArg
+    from ortagent._session import RunOptions as RunOptions
+    from ortagent._session import SessionOptions as SessionOptions
+    from ortagent._values import OrtDevice as OrtDevice
+    from ortagent._values import OrtValue as OrtValue
+    from ortagent._values import from_dlpack as from_dlpack
+    from ortagent.agent import PartialGraphExecutionState as PartialGraphExecutionState
+    from ortagent.agent import TrainingAgent as TrainingAgent

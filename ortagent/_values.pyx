@@ -63,9 +63,15 @@ cdef str tensor_type_name(int elem_type):
 
 
 cdef int[24] _ELEM_SIZE
-for _k, _v in _ELEMENT_TYPES.items():
-    _ELEM_SIZE[_k] = _v[2]
-_ELEM_SIZE[0] = 0
+
+
+def _fill_element_sizes():
+    for number, entry in _ELEMENT_TYPES.items():
+        _ELEM_SIZE[number] = entry[2]
+    _ELEM_SIZE[0] = 0
+
+
+_fill_element_sizes()
 
 # ---- NumPy bridge ------------------------------------------------------------------------------
 

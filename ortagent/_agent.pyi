@@ -1,0 +1,33 @@
+from typing import final
+from typing import Any
+
+@final
+class PartialGraphExecutionState:
+    run_id: Any
+    binding: Any
+    def __init__(self) -> None: ...
+    def release(self) -> None: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def stash_size(self) -> int: ...
+    @property
+    def stash_devices(self) -> list[str]: ...
+
+@final
+class _AgentEngine:
+    split: Any
+    forward_session: Any
+    backward_session: Any
+    graph_output_index: dict[str, int]
+    cpu_only: bool
+    forward_output_devices: list[Any]
+    graph_output_devices: list[Any]
+    providers: list[str]
+    def __init__(self, split: Any, sess_options: Any = None, providers: Any = None,
+                 provider_options: Any = None) -> None: ...
+    def close(self) -> None: ...
+    def forward(self, state: PartialGraphExecutionState, graph_inputs: list[Any], run_options: Any,
+                module_output_targets: list[Any] | None) -> list[Any]: ...
+    def backward(self, state: PartialGraphExecutionState, gradients: list[Any], output_positions: list[int],
+                 output_targets: list[Any], run_options: Any) -> list[Any]: ...
