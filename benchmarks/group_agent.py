@@ -244,7 +244,25 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
                                    err_msg=f"{tag}: the 1.19.2 agent's gradients differ")
         plan.append((Served(f"{tag}/ref", f"{title}: onnxruntime-training 1.19.2 TrainingAgent step",
                             "ort-training 1.19.2", server, "step"), single_key, None))
+
+    # the C floor of the split: Run of the forward half + Run of the backward half, each in its
+    # own ort_floor --serve process (float32 inputs of the right shapes; values do not matter)
+    floor = _common.c_floor()
+    library = floor.default_library()
+    if library is not None:
+        program = floor.build()
+        for half, half_model in (("fw", split.forward_model), ("bw", split.backward_model)):
+            path = settings.workdir / f"{tag}-{half}.onnx"
+            path.write_bytes(half_model.SerializeToString())
+            server = BurstServer([str(program), str(path), "--serve", "--lib", str(library)],
+                                 what=f"ort_floor {tag} {half}")
+            servers.append(server)
+            plan.append((Served(f"{tag}/c-{half}", f"{title}: C Run of the {half} half", "C",
+                                server, "run"), None, HIDDEN))
     return plan
+
+
+HIDDEN = "(hidden)"     # a contender whose samples only feed a derived row
 
 
 def run(settings) -> Group:
@@ -265,6 +283,8 @@ def run(settings) -> Group:
     keys = set(samples)
     for plan in plans:
         for contender, ref, peer in plan:
+            if peer == HIDDEN:
+                continue
             group.rows.append(Row(contender.key, contender.label, contender.side,
                                   samples[contender.key], ref=ref,
                                   peer=peer if peer in keys else None,
@@ -272,16 +292,30 @@ def run(settings) -> Group:
                                   peer_name=("the 1.19.2 agent" if peer and peer.endswith("/ref")
                                              else "onnxruntime"),
                                   other=samples.other[contender.key]))
-    if servers:
-        version = servers[0].ready.get("onnxruntime", "?")
+        tag = plan[0][0].key.split("/")[0]
+        if f"{tag}/c-fw" in samples:
+            title = plan[0][0].label.split(": ")[0]
+            both = [[f + b for f, b in zip(data[f"{tag}/c-fw"], data[f"{tag}/c-bw"])]
+                    for data in (samples, samples.other)]
+            group.rows.append(Row(f"{tag}/c-halves", f"{title}: C floor, Run of each half (sum)",
+                                  "C", both[0], ref=f"{tag}/oa-single",
+                                  ref_name="ortagent single run", other=both[1]))
+    if any("1.19.2" in s.what for s in servers):
+        version = next(s for s in servers if "1.19.2" in s.what).ready.get("onnxruntime", "?")
         group.notes.append(f"the reference agent is onnxruntime-training {version} in its own "
                            "environment; its kernels are that release's, not 1.31's")
     else:
         group.notes.append("onnxruntime-training 1.19.2 is not installed here (make refagent): "
                            "the reference agent's rows and target are missing")
+    floor_note = ""
+    if "tiny/c-fw" in samples:
+        floor_note = ("C floor of the two halves: "
+                      f"{statistics.median(group.samples('tiny/c-halves')) / 1e3:.2f} µs, "
+                      f"1.19.2 agent: {statistics.median(samples['tiny/ref']) / 1e3:.2f} µs"
+                      if "tiny/ref" in samples else "")
     group.ratio_target("tiny_vs_ref_agent",
                        "ortagent tiny step (state API) <= the 1.19.2 agent's step",
-                       "tiny/oa-state", "tiny/ref", 1.0)
+                       "tiny/oa-state", "tiny/ref", 1.0, detail=floor_note)
     med = statistics.median
     single = med(samples["mlp/oa-single"]) / 1e3
     group.ratio_target("mlp_vs_single_run",
