@@ -89,6 +89,11 @@ cdef class PartialGraphExecutionState:
         """Number of stashed values this run holds."""
         return 0 if self.stash is None else len(self.stash)
 
+    @property
+    def stash_devices(self):
+        """Where each stashed value lives ('cpu', 'cuda', 'cuda_pinned'), in stash order."""
+        return [] if self.stash is None else [(<OrtValue>value).device_name() for value in self.stash]
+
     def __reduce__(self):
         raise OrtInvalidType("PartialGraphExecutionState cannot be pickled")
 

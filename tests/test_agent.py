@@ -346,12 +346,14 @@ def test_stash_is_released_after_backward_and_on_release_or_drop(form, no_leaks)
 
     run = driver.forward(feeds[0])
     assert run.handle.stash_size == 2 and run.handle.status == "waiting for its backward"
+    assert run.handle.stash_devices == ["cpu", "cpu"]
     assert _live("value") - values == 2 + 2            # two module outputs, two stashed values
     assert _live("run_state") - states == 1
     del run.outputs                                    # the state still holds the module outputs
     assert _live("value") - values == 4
     results = driver.backward_values(run, gradients[0])
     assert run.handle.stash_size == 0 and run.handle.status.startswith("finished")
+    assert run.handle.stash_devices == []
     assert _live("value") - values == len(results)     # only the gradients remain
     del results
     assert _live("value") == values
