@@ -25,6 +25,14 @@ cdef int ensure_loaded() except -1
 cdef int raise_status(ort.OrtStatus* status) except -1
 
 
+# Ctrl-C while the main thread runs a model (see _runtime.pyx). interruptible_begin returns the
+# RunOptions to run with (`given`, or a process-wide one when `given` is NULL) and says whether
+# the run was registered; interruptible_end must follow, with the GIL, right after the run
+# returns and before its status is checked: it raises KeyboardInterrupt when SIGINT stopped it.
+cdef ort.OrtRunOptions* interruptible_begin(ort.OrtRunOptions* given, bint* registered) except? NULL
+cdef int interruptible_end(ort.OrtRunOptions* used, bint registered) except -1
+
+
 cdef inline int check(ort.OrtStatus* status) except -1 nogil:
     """Return 0 for success (NULL); otherwise take the GIL and raise the status as OrtError."""
     if status == NULL:

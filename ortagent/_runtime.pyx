@@ -6,8 +6,11 @@ Nothing is loaded at import: the runtime is loaded by the first call that needs 
 ``import ortagent`` works without onnxruntime installed and the error says what to install.
 """
 
+import signal
 import threading
 
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport uint32_t
 from libc.string cimport strlen
 from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
@@ -127,6 +130,98 @@ cdef int ensure_loaded() except -1:
                 "cannot find a usable onnxruntime library; tried:\n  " + tried + "\n"
                 + _library.INSTALL_HINT)
         _create_env()
+    return 0
+
+
+# ---- Ctrl-C during a run --------------------------------------------------------------------
+#
+# Python runs its SIGINT handler only when the main thread is back in the interpreter, which a
+# thread inside a long OrtApi::Run (GIL released) is not. So while the main thread runs a model,
+# a C-level SIGINT handler of ortagent's sets the terminate flag of that run's RunOptions, then
+# hands the signal on to Python's handler. onnxruntime stops at the next node boundary, and
+# ortagent raises the KeyboardInterrupt that Python's handler recorded.
+
+cdef extern from *:
+    """
+    #include <signal.h>
+    #include <string.h>
+    static struct sigaction ortagent_previous_sigint;
+    /* The RunOptions of the main thread's run in flight, NULL between runs. */
+    static OrtRunOptions* volatile ortagent_interruptible_run;
+    static volatile sig_atomic_t ortagent_interrupted;
+
+    static void ortagent_on_sigint(int signo, siginfo_t* info, void* context) {
+        OrtRunOptions* options = ortagent_interruptible_run;
+        if (options != NULL) {
+            ortagent_interrupted = 1;
+            (void)ORTAGENT_CALL(RunOptionsSetTerminate)(options);
+        }
+        if (ortagent_previous_sigint.sa_flags & SA_SIGINFO) {
+            if (ortagent_previous_sigint.sa_sigaction != NULL)
+                ortagent_previous_sigint.sa_sigaction(signo, info, context);
+        } else if (ortagent_previous_sigint.sa_handler != SIG_IGN &&
+                   ortagent_previous_sigint.sa_handler != SIG_DFL) {
+            ortagent_previous_sigint.sa_handler(signo);
+        }
+    }
+
+    static int ortagent_install_sigint_handler(void) {
+        struct sigaction action;
+        memset(&action, 0, sizeof action);
+        action.sa_sigaction = ortagent_on_sigint;
+        action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&action.sa_mask);
+        return sigaction(SIGINT, &action, &ortagent_previous_sigint);
+    }
+    """
+    ort.OrtRunOptions* ortagent_interruptible_run
+    int ortagent_interrupted
+    int ortagent_install_sigint_handler() nogil
+
+cdef unsigned long _main_thread = threading.main_thread().ident
+cdef int _sigint_state = 0          # 0: not tried, 1: installed, -1: left alone
+cdef ort.OrtRunOptions* _main_run_options = NULL
+
+
+cdef int _install_sigint() except -1:
+    """Chain ortagent's handler in front of Python's, once, when Python handles SIGINT."""
+    global _sigint_state
+    _sigint_state = -1
+    if not callable(signal.getsignal(signal.SIGINT)):
+        return 0        # SIGINT ignored or left to the OS: not ours to change
+    if ortagent_install_sigint_handler() == 0:
+        _sigint_state = 1
+    return 0
+
+
+cdef ort.OrtRunOptions* interruptible_begin(ort.OrtRunOptions* given, bint* registered) except? NULL:
+    global _main_run_options, ortagent_interrupted, ortagent_interruptible_run
+    registered[0] = False
+    if PyThread_get_thread_ident() != _main_thread:
+        return given
+    if _sigint_state == 0:
+        _install_sigint()
+    if _sigint_state != 1:
+        return given
+    if given == NULL:
+        if _main_run_options == NULL:
+            check(ort.CreateRunOptions(&_main_run_options))
+        given = _main_run_options
+    ortagent_interrupted = 0
+    ortagent_interruptible_run = given
+    registered[0] = True
+    return given
+
+
+cdef int interruptible_end(ort.OrtRunOptions* used, bint registered) except -1:
+    global ortagent_interrupted, ortagent_interruptible_run
+    if not registered:
+        return 0
+    ortagent_interruptible_run = NULL
+    if ortagent_interrupted:
+        ortagent_interrupted = 0
+        check(ort.RunOptionsUnsetTerminate(used))
+        PyErr_CheckSignals()        # raises the KeyboardInterrupt Python's handler recorded
     return 0
 
 

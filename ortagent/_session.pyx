@@ -22,7 +22,7 @@ from libc.string cimport strlen, strcpy
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts,
+    check, ensure_loaded, shared_runtime, live_handle_counts, interruptible_begin, interruptible_end,
     HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
 )
 from ortagent._values cimport (
@@ -978,6 +978,7 @@ cdef class InferenceSession:
         cdef Py_ssize_t* in_created = in_created_stack
         cdef PyObject** in_refs = in_refs_stack
         cdef bint from_cache = False
+        cdef bint registered = False
         cdef const char** out_names = out_names_stack
         cdef ort.OrtValue** out_values = out_values_stack
         cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
@@ -1045,6 +1046,7 @@ cdef class InferenceSession:
             for i in range(n_out):
                 out_values[i] = NULL
             session = self.handle
+            run_options_c = interruptible_begin(run_options_c, &registered)
             with nogil:
                 status = ort.Run(session, run_options_c, in_names, <const ort.OrtValue* const*>in_values,
                                  <size_t>n_ready, out_names, <size_t>n_out, out_values)
@@ -1054,6 +1056,12 @@ cdef class InferenceSession:
                 if out_values[i] != NULL:
                     results[i] = wrap_value(out_values[i], self)
                     out_values[i] = NULL
+            try:
+                interruptible_end(run_options_c, registered)
+            except BaseException:
+                if status != NULL:
+                    ort.ReleaseStatus(status)
+                raise
             check(status)
             if as_numpy:
                 for i in range(n_out):
@@ -1099,11 +1107,19 @@ cdef class InferenceSession:
         cdef ort.OrtIoBinding* binding = iobinding.handle
         cdef ort.OrtSession* session
         cdef ort.OrtStatus* status
+        cdef bint registered = False
         self.begin_run()
         try:
             session = self.handle
+            run_options_c = interruptible_begin(run_options_c, &registered)
             with nogil:
                 status = ort.RunWithBinding(session, run_options_c, binding)
+            try:
+                interruptible_end(run_options_c, registered)
+            except BaseException:
+                if status != NULL:
+                    ort.ReleaseStatus(status)
+                raise
             check(status)
         finally:
             self.end_run()

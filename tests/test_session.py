@@ -343,3 +343,44 @@ def test_feed_keys_in_changing_order_and_equal_but_distinct_strings():
         np.testing.assert_array_equal(session.run(None, feed)[0], [11, 22])
     with pytest.raises(ortagent.OrtInvalidArgument, match="unknown input name 'c'"):
         session.run(None, {"a": a, "c": b})
+
+
+@pytest.mark.parametrize("api", ["run", "iobinding"])
+def test_ctrl_c_during_a_long_run_raises_keyboard_interrupt_promptly(tmp_path, api):
+    """SIGINT while the main thread is inside a run that would take many minutes: the run stops
+    at the next node boundary and KeyboardInterrupt surfaces; the session stays usable. (Without
+    ortagent's handler Python would only see the signal after the run, and the subprocess would
+    hit its timeout.)"""
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import REPO_ROOT
+
+    script = tmp_path / "interrupt.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, threading
+        sys.path.insert(0, {os.path.join(REPO_ROOT, 'tests')!r})
+        import numpy as np, ortagent, onnx_models as models
+        session = ortagent.InferenceSession(models.slow_loop(iterations=1_000_000))
+        x = np.eye(256, dtype=np.float32)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            if {api!r} == "run":
+                session.run(None, {{"x": x}})
+            else:
+                binding = session.io_binding()
+                binding.bind_cpu_input("x", x)
+                binding.bind_output("y")
+                session.run_with_iobinding(binding)
+            print("completed")
+        except KeyboardInterrupt:
+            print("interrupted")
+        quick = ortagent.InferenceSession(models.slow_loop(iterations=2))
+        print(quick.run(None, {{"x": x}})[0].shape)
+    """))
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["interrupted", "(256,", "256)"]
