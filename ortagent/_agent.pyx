@@ -531,6 +531,20 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
         session.end_run()
 
 
+cdef OrtValue _copy_to(OrtValue value, object target):
+    """`value` on the device `target` (an OrtDevice: a copy unless it is there already), or
+    copied into `target` (an OrtValue)."""
+    from ortagent._device import copy
+    if isinstance(target, OrtDevice):
+        if value.device() == target:
+            return value
+        destination = OrtValue.ortvalue_from_shape_and_type(value.shape(), value.element_type(), target)
+    else:
+        destination = target
+    copy(value, destination)
+    return destination
+
+
 cdef list _run_bound(InferenceSession session, char** input_names, list feeds, int* input_types,
                      char** output_names, list targets, object run_options):
     """OrtApi::RunWithBinding with a binding made for this call: inputs bound as given, output i
@@ -566,13 +580,15 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             (<OrtValue>feed).require_handle()
             check(ort.BindInput(binding, input_names[i], (<OrtValue>feed).handle))
             bound.append(feed)
-        order = []          # distinct output names, in binding order
+        # A name listed twice (a module output the backward also reads) is bound once, to the
+        # target of its last listing -- the stash's, where onnxruntime produces it, so the stash
+        # never leaves the device -- and copied for an earlier listing that wants it elsewhere.
+        bound_targets = {}
         for i in range(len(targets)):
-            name = output_names[i]
-            if name in order:
-                continue
-            order.append(name)
-            target = targets[i]
+            bound_targets[output_names[i]] = targets[i]
+        order = list(bound_targets)     # distinct output names, in binding order
+        for name in order:
+            target = bound_targets[name]
             if isinstance(target, OrtDevice):
                 check(ort.BindOutputToDevice(binding, name, (<OrtDevice>target).memory_info()))
             else:
@@ -602,9 +618,18 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                 raise MemoryError()
         for i in range(len(bound)):
             in_values[i] = (<OrtValue>bound[i]).handle
+        for name in order:
+            if type(bound_targets[name]) is OrtValue:
+                by_name[name] = bound_targets[name]     # written in place: the caller's value
         results = list(by_name.values())
-        _hold_aliased_inputs(results, in_values, bound, session, None)
-        return [by_name[output_names[i]] for i in range(len(targets))]
+        _hold_aliased_inputs(results, in_values, bound, session, list(bound_targets.values()))
+        results = []
+        for i in range(len(targets)):
+            value = by_name[output_names[i]]
+            if targets[i] is not bound_targets[output_names[i]]:
+                value = _copy_to(value, targets[i])
+            results.append(value)
+        return results
     finally:
         if in_values != in_stack:
             free(in_values)

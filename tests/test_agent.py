@@ -604,3 +604,31 @@ def test_run_options_terminate_and_tag_pass_through(slow_graph, capfd, no_leaks)
     np.testing.assert_allclose(outputs[0].numpy(), y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(binding.get_outputs()[0].numpy(), x_grad, rtol=1e-5, atol=1e-5)
     assert agent.runs_in_flight == 0
+
+
+def test_engine_device_path_binds_a_stashed_module_output_once_and_copies_for_the_caller():
+    """The per-call IoBinding path (what every CUDA run takes), driven on the CPU through the
+    engine: a module output the backward also reads is listed twice (module output, stash).
+    It is bound once, where the stash wants it, and copied into what the caller asked for
+    (here a caller's buffer), so the stash never moves for the caller's sake."""
+    case = tg.multi_output_case()                      # module outputs a, s; stash: a
+    agent = make_agent(case.model, "run_id")
+    engine = agent._engine
+    rng = np.random.default_rng(24)
+    feeds = case.make_feeds(rng)
+    buffer = np.full(3, np.nan)
+    # a cuda_pinned target for s sends the forward down the IoBinding path; on a CPU-only
+    # session onnxruntime leaves the value on the CPU
+    targets = [ortagent.OrtValue.ortvalue_from_numpy(buffer), ortagent.OrtDevice.parse("cuda_pinned")]
+    state = ortagent.PartialGraphExecutionState()
+    outputs = engine.forward(state, [feeds[n] for n in case.input_names], None, targets)
+    a, s = case.reference(feeds)
+    assert outputs[0] is targets[0]                    # the caller's value, written in place
+    np.testing.assert_allclose(buffer, a, **F64)
+    np.testing.assert_allclose(outputs[1].numpy(), s, **F64)
+    assert state.stash_size == 1 and state.stash_devices == ["cpu"]
+    buffer[:] = 0                                      # the caller's buffer is not the stash
+    gradients = [rng.standard_normal(3), np.asarray(rng.standard_normal())]
+    results = engine.backward(state, gradients, [0, 1], [None, None], None)
+    for got, want in zip(results, case.reference_gradients(feeds, gradients)):
+        np.testing.assert_allclose(got.numpy(), want, **F64)
