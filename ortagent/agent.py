@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine
 from ortagent._session import IOBinding, RunOptions, SessionOptions
@@ -136,7 +136,7 @@ class TrainingAgent:
     :class:`~ortagent.RunStateError`.
     """
 
-    def __init__(self, path_or_bytes, *args, **kwargs):
+    def __init__(self, path_or_bytes: Any, *args: Any, **kwargs: Any) -> None:
         named = _parse_arguments(args, kwargs)
         self._split: TrainingGraphSplit = split_training_graph(path_or_bytes)
         split = self._split
@@ -228,7 +228,17 @@ class TrainingAgent:
 
     # -- dispatch between the two generations -------------------------------------------------------
 
-    def run_forward(self, feeds_or_iobinding, fetches_or_run_options=None, state=None, cache=None):
+    @overload
+    def run_forward(self, feeds_or_iobinding: TrainingIOBinding, fetches_or_run_options: RunOptions | None = None,
+                    state: None = None, cache: Any = None) -> tuple[list[OrtValue], int]: ...
+
+    @overload
+    def run_forward(self, feeds_or_iobinding: Sequence[Any], fetches_or_run_options: list[Any],
+                    state: PartialGraphExecutionState, cache: Any = None) -> None: ...
+
+    def run_forward(self, feeds_or_iobinding: Any, fetches_or_run_options: Any = None,
+                    state: PartialGraphExecutionState | None = None,
+                    cache: Any = None) -> tuple[list[OrtValue], int] | None:
         """State API: ``run_forward(feeds, fetches, state)`` fills `fetches` in place with the
         forward outputs. Run-id API: ``run_forward(iobinding, run_options)`` returns
         ``(outputs, run_id)``."""
@@ -251,14 +261,17 @@ class TrainingAgent:
             raise OrtInvalidType(f"fetches must be a list (filled in place), got {type(fetches).__name__}")
         outputs = self._engine_forward(state, self._graph_inputs_from_feeds(feeds_or_iobinding), None)
         fetches[:] = [outputs[p] for p in self._fetch_positions]
+        return None
 
-    def run_backward(self, feeds_or_grads, fetches_or_run_id, state=None):
+    def run_backward(self, feeds_or_grads: Sequence[Any], fetches_or_run_id: Any,
+                     state: PartialGraphExecutionState | None = None) -> None:
         """State API: ``run_backward(feeds, fetches, state)`` fills `fetches` with the graph
         outputs. Run-id API: ``run_backward(backward_output_grads, run_id)``: the gradients land
         in the outputs bound to the run's io binding (``iobinding.get_outputs()``)."""
         self._require_open()
         if state is None and not isinstance(fetches_or_run_id, list):
-            return self._run_backward_by_id(feeds_or_grads, fetches_or_run_id)
+            self._run_backward_by_id(feeds_or_grads, fetches_or_run_id)
+            return
         if not isinstance(state, PartialGraphExecutionState):
             raise OrtInvalidType("run_backward(feeds, fetches, state) needs an "
                                  f"ortagent.PartialGraphExecutionState, got {type(state).__name__}")
