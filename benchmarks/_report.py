@@ -233,7 +233,7 @@ def markdown_table(group: Group) -> str:
     return "\n".join(out) + "\n"
 
 
-def markdown(groups: list[Group], targets: list[Target], info: dict, header: str) -> str:
+def markdown(groups: list[Group], targets: list[Target], header: str) -> str:
     """All tables and targets as Markdown."""
     out = [header, ""]
     for group in groups:

@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     print(f"wrote {json_path}")
     md_path = args.out / "latest.md"
     md_path.write_text(markdown(
-        groups, targets, info,
+        groups, targets,
         f"Run {result['created']}{' (--quick)' if args.quick else ''} on {info.get('cpu_model', '?')} "
         f"({info.get('cpus_usable')} usable CPUs, {info.get('cores_per_socket', '?')} cores per "
         f"socket x {info.get('sockets', '?')}), Python {info['python']}, onnxruntime "
