@@ -131,12 +131,12 @@ class Group:
         out = {"key": row.key, "label": row.label, "side": row.side, "unit": row.unit,
                "note": row.note,
                **{f"{k}_{row.unit}": v / row.scale for k, v in stats.items() if k != "n"},
-               f"samples_{row.unit}": [round(v / row.scale, 6) for v in row.samples]}
+               f"samples_{row.unit}": [round(v / row.scale, 4) for v in row.samples]}
         if row.other is not None and row.other != row.samples:
             other = "wall" if self.clock == "cpu" else "cpu"
             out[f"{other}_clock"] = {
                 f"median_{row.unit}": summary(row.other)["median"] / row.scale,
-                f"samples_{row.unit}": [round(v / row.scale, 6) for v in row.other]}
+                f"samples_{row.unit}": [round(v / row.scale, 4) for v in row.other]}
         for kind, other in (("ratio", row.ref), ("vs", row.peer)):
             if other is None:
                 continue
@@ -303,5 +303,5 @@ def plot(groups: list[Group], targets: list[Target], path, title: str) -> None:
                             ha="right", va="bottom")
     fig.suptitle(title, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / (sum(heights) + 0.6)))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
