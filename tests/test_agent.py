@@ -558,7 +558,6 @@ def test_gil_is_released_in_forward_and_backward(form, slow_graph):
     y_grad = np.random.default_rng(22).standard_normal((SLOW_SIZE, SLOW_SIZE)).astype(np.float32)
     runs = []
     ticks, elapsed = _ticks_while(lambda: runs.append(driver.forward({"x": x, "w": w, "trips": trips})))
-    print(f"{int(trips)} trips: forward {elapsed:.3f}s, {ticks} ticks")
     assert elapsed > 0.05, f"the forward ran too fast ({elapsed:.3f}s) to tell"
     assert ticks > 10000, f"the other thread advanced only {ticks} times during a {elapsed:.2f}s forward"
     results = []
@@ -583,14 +582,19 @@ def test_run_options_terminate_and_tag_pass_through(slow_graph, capfd, no_leaks)
     options = ortagent.RunOptions()
     options.logid = "agent-terminate-probe"
     timer = threading.Timer(0.3, lambda: setattr(options, "terminate", True))
-    timer.start()
-    start = time.perf_counter()
-    with pytest.raises(ortagent.OrtError, match="terminate") as info:
-        agent.run_forward(binding, options)
-    elapsed = time.perf_counter() - start
-    timer.join()
+    severity = ortagent.get_default_logger_severity()
+    ortagent.set_default_logger_severity(2)                          # errors reach stderr
+    try:
+        timer.start()
+        start = time.perf_counter()
+        with pytest.raises(ortagent.OrtError, match="terminate") as info:
+            agent.run_forward(binding, options)
+        elapsed = time.perf_counter() - start
+        timer.join()
+    finally:
+        ortagent.set_default_logger_severity(severity)
     assert isinstance(info.value, RuntimeError)
-    assert 0.25 < elapsed < 30, elapsed
+    assert 0.1 < elapsed < 30, elapsed
     assert agent.runs_in_flight == 0
     assert "onnxruntime:agent-terminate-probe," in capfd.readouterr().err
     with pytest.raises(ortagent.OrtError, match="terminate"):          # still set: refused at once
