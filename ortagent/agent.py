@@ -334,8 +334,12 @@ class TrainingAgent:
         state.run_id = run_id
         state.binding = binding
         with self._lock:
-            self._runs[run_id] = state
-        return list(outputs), run_id
+            if not self._closed:
+                self._runs[run_id] = state
+                return list(outputs), run_id
+        # close() ran while this forward did: it could not release a run not yet registered
+        state.release()
+        raise ObjectClosedError("this TrainingAgent was closed while the forward ran; the run is released")
 
     def _take_run(self, run_id) -> PartialGraphExecutionState:
         with self._lock:

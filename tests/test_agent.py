@@ -636,3 +636,37 @@ def test_engine_device_path_binds_a_stashed_module_output_once_and_copies_for_th
     results = engine.backward(state, gradients, [0, 1], [None, None], None)
     for got, want in zip(results, case.reference_gradients(feeds, gradients)):
         np.testing.assert_allclose(got.numpy(), want, **F64)
+
+
+def test_close_while_a_forward_runs_releases_that_run(slow_graph, no_leaks):
+    """close() from another thread while a run-id forward runs: the forward's run cannot be
+    resumed any more, so it is released (ObjectClosedError) instead of staying registered in
+    the closed agent with its stash."""
+    model, _ = slow_graph
+    agent = ortagent.TrainingAgent(model.SerializeToString())
+    binding = agent.io_binding()
+    binding.bind_cpu_input("x", orthogonal(SLOW_SIZE, 25))
+    binding.bind_cpu_input("w", orthogonal(SLOW_SIZE, 26))
+    start = time.perf_counter()
+    binding.bind_cpu_input("trips", np.array(40, np.int64))
+    agent.run_forward(binding, None)
+    per_trip = (time.perf_counter() - start) / 40
+    agent.release_run(1)
+    binding.bind_cpu_input("trips", np.array(int(np.clip(0.6 / per_trip, 40, 20000)), np.int64))
+    outcome: list = []
+
+    def forward():
+        try:
+            outcome.append(agent.run_forward(binding, None))
+        except ortagent.ObjectClosedError as exc:
+            outcome.append(str(exc))
+
+    thread = threading.Thread(target=forward)
+    thread.start()
+    time.sleep(0.15)
+    agent.close()
+    thread.join()
+    assert agent.runs_in_flight == 0
+    assert outcome == ["this TrainingAgent was closed while the forward ran; the run is released"], \
+        "the forward ended before close(): make it longer"
+    del outcome                                  # no_leaks then checks every handle kind
