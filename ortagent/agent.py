@@ -177,6 +177,13 @@ class TrainingAgent:
                                        "fw_outputs_device_info")
         self._output_devices = _devices(named.get("bw_outputs_device_info"),
                                         len(self._output_positions), "bw_outputs_device_info")
+        # graph inputs only the backward reads: onnxruntime sees them only then, when the run can
+        # no longer be given another value, so they are checked when the forward takes them
+        forward_reads = set(split.forward_input_names)
+        self._backward_only = [(split.graph_input_names.index(name), name, info)
+                               for name, info in zip(split.graph_input_names, split.graph_input_types)
+                               if name in split.backward_graph_input_names and name not in forward_reads
+                               and info is not None]
         for what, names, devices in (("fw_outputs_device_info", [module_outputs[p] for p in self._fetch_positions],
                                       self._fetch_devices),
                                      ("bw_outputs_device_info", output_names, self._output_devices)):
@@ -309,9 +316,31 @@ class TrainingAgent:
             ordered[position] = grads[given]
         return ordered
 
+    def _check_backward_only_inputs(self, graph_inputs) -> None:
+        for position, name, info in self._backward_only:
+            value = graph_inputs[position]
+            if isinstance(value, OrtValue):
+                elem_type, shape = value.element_type(), value.shape()
+                matches = elem_type == info.elem_type
+                got = value.data_type()
+            elif hasattr(value, "dtype") and hasattr(value, "shape"):
+                shape = list(value.shape)
+                matches = info.numpy_dtype is None or value.dtype == info.numpy_dtype
+                got = f"a NumPy array of {value.dtype}"
+            else:
+                continue        # the engine reports what it cannot feed
+            if not matches:
+                raise OrtInvalidArgument(f"input {name!r} (read by the backward only) expects "
+                                         f"tensor({info.type_name.lower()}), got {got}")
+            if not info.accepts_shape(shape):
+                raise OrtInvalidArgument(f"input {name!r} (read by the backward only) has shape {list(shape)}; "
+                                         f"the graph declares {list(info.shape or ())}")
+
     def _engine_forward(self, state, graph_inputs, run_options):
         if run_options is not None and not isinstance(run_options, RunOptions):
             raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got {type(run_options).__name__}")
+        if self._backward_only:
+            self._check_backward_only_inputs(graph_inputs)
         targets: list[OrtDevice | None] = [None] * len(self._split.module_output_names)
         for position, device in zip(self._fetch_positions, self._fetch_devices):
             targets[position] = device

@@ -443,3 +443,24 @@ def test_closed_agent(driver):
     assert isinstance(ortagent.ObjectClosedError("x"), RuntimeError)
     driver.agent.close()
     assert_works(Driver.for_model(CASE.model, driver.form))
+
+
+@pytest.mark.parametrize("as_values", [False, True], ids=["numpy", "values"])
+@pytest.mark.parametrize("form", FORMS)
+def test_input_read_only_by_the_backward_is_checked_at_forward(form, as_values, no_leaks):
+    """onnxruntime sees such an input only in the backward, when the run can no longer take
+    another value: a wrong dtype or shape used to pass the forward and make every backward
+    of that run fail. It is refused by the forward, naming the input."""
+    case = tg.backward_only_input_case()            # s: read by the backward only
+    driver = Driver.for_model(case.model, form, as_values=as_values)
+    feeds = case.make_feeds(np.random.default_rng(2))
+    for bad, message in ((feeds["s"].astype(np.float32), r"input 's'.*expects.*(tensor\(double\)|element type 11)"),
+                         (np.ones((3, 2)), r"input 's' \(read by the backward only\) has shape \[3, 2\]; "
+                                           r"the graph declares \[2, 3\]")):
+        with pytest.raises(ortagent.OrtInvalidArgument, match=message):
+            driver.forward({**feeds, "s": bad})
+        if form == "run_id":
+            assert driver.agent.runs_in_flight == 0
+    gradient = np.random.default_rng(3).standard_normal((2, 3))
+    outputs, results = driver.run(feeds, [gradient])
+    np.testing.assert_allclose(results[0], case.reference_gradients(feeds, [gradient])[0], **F64)
