@@ -6,7 +6,7 @@ cdef class PartialGraphExecutionState:
     cdef object __weakref__
     cdef int phase                     # RunPhase
     cdef _AgentEngine engine           # the agent whose forward filled this state
-    cdef list module_outputs           # OrtValues returned by the forward (shapes check gradients)
+    cdef list gradient_shapes          # shape of the module output of each gradient (checks them)
     cdef list stash                    # OrtValues the backward reads, where ORT produced them
     cdef list backward_inputs          # the caller's graph inputs the backward reads again
     cdef public object run_id          # set by the run-id API

@@ -70,7 +70,7 @@ cdef class PartialGraphExecutionState:
     cdef void drop(self) noexcept:
         self.stash = None
         self.backward_inputs = None
-        self.module_outputs = None
+        self.gradient_shapes = None
         self.phase = PHASE_FINISHED
 
     def release(self):
@@ -283,12 +283,15 @@ cdef class _AgentEngine:
         except BaseException:
             state.drop()
             raise
+        module_outputs = outputs[:self.n_module_outputs]
         state.engine = self
-        state.module_outputs = outputs[:self.n_module_outputs]
+        # only the shapes (to check the gradients): the module outputs themselves belong to the
+        # caller and are freed when the caller drops them, not held until the backward
+        state.gradient_shapes = [(<OrtValue>module_outputs[i]).shape() for i in self.split.gradient_output_indices]
         state.stash = outputs[self.n_module_outputs:]
         state.backward_inputs = [graph_inputs[p] for p in self.backward_input_positions]
         state.phase = PHASE_WAITING
-        return state.module_outputs
+        return module_outputs
 
     # -- backward ----------------------------------------------------------------------------------
 
@@ -304,8 +307,7 @@ cdef class _AgentEngine:
             gradient = gradients[g]
             output_index = self.split.gradient_output_indices[g]
             output_name = self.split.module_output_names[output_index]
-            output_value = <OrtValue>state.module_outputs[output_index]
-            output_shape = output_value.shape()
+            output_shape = state.gradient_shapes[g]
             if type(gradient) is OrtValue:
                 value = gradient
                 value.describe()
