@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, boundscheck=True
 """OrtValue and OrtDevice: tensors owned by onnxruntime or viewed over caller memory.
 
 NumPy arrays go in and come out without copies on the CPU: a C-contiguous, aligned, native-order
@@ -13,6 +13,8 @@ from libc.stdint cimport int64_t, uint8_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, strlen
 
+from operator import index as _index
+
 from ortagent cimport _capi as ort
 from ortagent cimport _numpy as npc
 from ortagent._runtime cimport (
@@ -20,7 +22,7 @@ from ortagent._runtime cimport (
 )
 
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError,
+    OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -169,6 +171,10 @@ cdef object numpy_dtype_for(int elem_type):
 
 def _element_type_from(element_type):
     """An ONNX element type (int) from an int, a 'tensor(float)' string or a NumPy dtype-like."""
+    if element_type is None:
+        # numpy.dtype(None) is float64: never what a caller who forgot the type meant.
+        raise OrtInvalidType("element_type is required: a NumPy dtype, an ONNX type number or "
+                             "'tensor(...)', got None")
     if isinstance(element_type, int) and not isinstance(element_type, bool):
         if element_type in _ELEMENT_TYPES:
             return element_type
@@ -181,7 +187,7 @@ def _element_type_from(element_type):
     ensure_numpy()
     try:
         dtype = _np.dtype(element_type)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise OrtInvalidType(f"element_type must be a NumPy dtype, an ONNX type number or "
                              f"'tensor(...)', got {element_type!r}") from exc
     probe = _np.empty(0, dtype=dtype)
@@ -202,6 +208,27 @@ cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL:
         check(ort.CreateCpuMemoryInfo(ort.OrtArenaAllocator, ort.OrtMemTypeDefault,
                                       &_cpu_memory_info))
     return _cpu_memory_info
+
+
+# Device ids and types are C ints in onnxruntime's memory descriptions.
+_INT_MAX = 2**31 - 1
+
+
+def _int_argument(value, what):
+    """`value` as a Python int (anything with __index__, not bool), else OrtInvalidType."""
+    if isinstance(value, bool):
+        raise OrtInvalidType(f"{what} must be an int, got bool")
+    try:
+        return _index(value)
+    except TypeError:
+        raise OrtInvalidType(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+def _device_id_argument(value):
+    device_id = _int_argument(value, "device_id")
+    if not 0 <= device_id <= _INT_MAX:
+        raise OrtInvalidArgument(f"device_id must be in [0, {_INT_MAX}], got {device_id}")
+    return device_id
 
 
 _DEVICE_NAMES = {MEMORY_CPU: "cpu", MEMORY_CUDA: "cuda", MEMORY_CUDA_PINNED: "cuda_pinned"}
@@ -232,9 +259,10 @@ cdef class OrtDevice:
     with device type 0 = CPU, 1 = GPU and memory type 0 = default, 1 = CUDA pinned.
     """
 
-    def __init__(self, int device_type=0, int memory_type=0, int device_id=0):
-        if device_id < 0:
-            raise OrtInvalidArgument(f"device_id must be >= 0, got {device_id}")
+    def __init__(self, device_type=0, memory_type=0, device_id=0):
+        device_type = _int_argument(device_type, "device_type")
+        memory_type = _int_argument(memory_type, "memory_type")
+        device_id = _device_id_argument(device_id)
         if device_type == _ORT_DEVICE_CPU and memory_type == _ORT_MEM_DEFAULT:
             self.kind = MEMORY_CPU
         elif device_type == _ORT_DEVICE_GPU and memory_type == _ORT_MEM_DEFAULT:
@@ -329,6 +357,8 @@ _CPU_DEVICE = OrtDevice()
 
 def as_device(device, device_id=None):
     """Normalise the many spellings of a device into an OrtDevice."""
+    if device_id is not None:
+        device_id = _device_id_argument(device_id)
     if isinstance(device, OrtDevice):
         if device_id is not None and device_id != (<OrtDevice>device).index:
             raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
@@ -340,13 +370,13 @@ def as_device(device, device_id=None):
         index = 0
         if ":" in text:
             text, _, index_text = text.partition(":")
-            if not index_text.isdigit():
+            if not (index_text.isascii() and index_text.isdigit()):
                 raise OrtInvalidArgument(f"invalid device {device!r}: the index must be a number")
-            index = int(index_text)
+            index = _device_id_argument(int(index_text))
             if device_id is not None and device_id != index:
                 raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
         elif device_id is not None:
-            index = int(device_id)
+            index = device_id
         if text == "cpu":
             return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_DEFAULT, index) if index == 0 else _bad_cpu_index(device)
         if text in ("cuda", "gpu"):
@@ -357,12 +387,27 @@ def as_device(device, device_id=None):
             f"unknown device {device!r}; expected 'cpu', 'cuda', 'cuda:<id>' or 'cuda_pinned'")
     if hasattr(device, "device_type") and hasattr(device, "device_id"):
         # onnxruntime's OrtDevice (or a look-alike): methods device_type(), device_id(), mem_type()
-        mem_type = device.mem_type() if hasattr(device, "mem_type") else _ORT_MEM_DEFAULT
-        return OrtDevice(int(device.device_type()), int(mem_type), int(device.device_id()))
+        try:
+            mem_type = device.mem_type() if hasattr(device, "mem_type") else _ORT_MEM_DEFAULT
+            device_type, device_index = device.device_type(), device.device_id()
+        except Exception as exc:
+            raise OrtInvalidType(f"cannot interpret {device!r} as a device: its device_type(), "
+                                 f"device_id() or mem_type() failed: {exc}") from exc
+        for part, what in ((device_type, "device_type()"), (mem_type, "mem_type()"),
+                           (device_index, "device_id()")):
+            if isinstance(part, bool) or not hasattr(part, "__index__"):
+                raise OrtInvalidType(f"cannot interpret {device!r} as a device: its {what} "
+                                     f"returned {part!r}, not an int")
+        device = OrtDevice(device_type, mem_type, device_index)
+        if device_id is not None and device_id != (<OrtDevice>device).index:
+            raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
+        return device
     if hasattr(device, "type") and hasattr(device, "index"):
         # torch.device
-        return as_device(device.type if device.index is None else f"{device.type}:{device.index}",
-                         device_id)
+        kind, index = device.type, device.index
+        if not isinstance(kind, str):
+            raise OrtInvalidType(f"cannot interpret {device!r} as a device")
+        return as_device(kind if index is None else f"{kind}:{index}", device_id)
     raise OrtInvalidType(f"cannot interpret {device!r} as a device")
 
 
@@ -482,7 +527,7 @@ cdef class OrtValue:
     # -- construction ----------------------------------------------------------------------------
 
     @staticmethod
-    def ortvalue_from_numpy(numpy_obj, device_type="cpu", int device_id=0):
+    def ortvalue_from_numpy(numpy_obj, device_type="cpu", device_id=0):
         """A tensor over `numpy_obj`'s memory (no copy) when it is C-contiguous, aligned and in
         native byte order; over a contiguous copy otherwise. The value keeps the array alive.
         Strings are always copied. On a device other than the CPU the data is copied there."""
@@ -498,13 +543,13 @@ cdef class OrtValue:
         return value
 
     @staticmethod
-    def ortvalue_from_shape_and_type(shape, element_type, device_type="cpu", int device_id=0):
+    def ortvalue_from_shape_and_type(shape, element_type, device_type="cpu", device_id=0):
         """A new tensor of `shape` and `element_type` (NumPy dtype, ONNX type number or
         'tensor(...)'), allocated by onnxruntime on the given device; contents uninitialised
         (strings: empty)."""
         device = as_device(device_type, device_id)
         cdef int onnx_type = _element_type_from(element_type)
-        dims = _checked_shape(shape)
+        dims = _checked_shape(shape, _ELEM_SIZE[onnx_type])
         if (<OrtDevice>device).kind != MEMORY_CPU:
             return _allocate_device_value(dims, onnx_type, device)
         ensure_loaded()
@@ -588,6 +633,15 @@ cdef class OrtValue:
         if source.shape != target.shape:
             raise OrtInvalidArgument(f"update_inplace: shape {source.shape} does not match the "
                                      f"value's shape {target.shape}")
+        if self.elem_type == 8:
+            # numpy() of a string tensor is a copy: refill the tensor itself.
+            if self.readonly:
+                raise OrtInvalidArgument("update_inplace: this value is read-only")
+            if source.dtype.kind not in "OUS":
+                raise OrtInvalidArgument(f"update_inplace: dtype {source.dtype} does not match the "
+                                         f"value's {self.data_type()}")
+            _fill_strings(self.handle, _encoded_strings(source))
+            return
         if source.dtype != target.dtype:
             raise OrtInvalidArgument(f"update_inplace: dtype {source.dtype} does not match the "
                                      f"value's {self.data_type()}")
@@ -632,12 +686,15 @@ cdef class OrtValue:
         return _dlpack_module().from_dlpack(obj, stream=stream)
 
     @staticmethod
-    def _from_pointer(size_t data_ptr, shape, element_type, device_type="cpu", int device_id=0,
+    def _from_pointer(data_ptr, shape, element_type, device_type="cpu", device_id=0,
                       owner=None):
         """A tensor over raw memory at `data_ptr` (never dereferenced here); `owner` is kept
         alive. The caller guarantees the memory outlives the value."""
+        address = _int_argument(data_ptr, "buffer_ptr")
+        if not 0 <= address <= _SIZE_MAX:
+            raise OrtInvalidArgument(f"buffer_ptr must be an address in [0, 2**64), got {address}")
         device = as_device(device_type, device_id)
-        return value_over_memory(<void*>data_ptr, shape, _element_type_from(element_type),
+        return value_over_memory(<void*><size_t>address, shape, _element_type_from(element_type),
                                  <OrtDevice>device, owner, False)
 
 
@@ -657,14 +714,27 @@ cdef OrtValue wrap_value(ort.OrtValue* handle, object owner):
     return value
 
 
-def _checked_shape(shape):
+_INT64_MAX = 2**63 - 1
+_SIZE_MAX = 2**64 - 1
+
+
+def _checked_shape(shape, item_size=0):
+    """`shape` as a list of ints: each >= 0, and the tensor (of `item_size`-byte elements, when
+    known) small enough for onnxruntime to address."""
+    if isinstance(shape, (str, bytes)):
+        raise OrtInvalidType(f"shape must be a sequence of ints, got {shape!r}")
     try:
-        dims = [int(d) for d in shape]
+        dims = [_index(d) for d in shape]
     except TypeError as exc:
         raise OrtInvalidType(f"shape must be a sequence of ints, got {shape!r}") from exc
+    count = 1
     for d in dims:
         if d < 0:
             raise OrtInvalidArgument(f"shape {dims} has a negative dimension")
+        count *= d
+    if count * max(item_size, 1) > _INT64_MAX or any(d > _INT64_MAX for d in dims):
+        raise OrtInvalidArgument(f"shape {dims} is too large: a tensor holds at most 2**63 - 1 "
+                                 "elements and bytes")
     return dims
 
 
@@ -677,15 +747,23 @@ cdef OrtValue _allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_ty
         shape_ptr = <int64_t*>malloc(n * sizeof(int64_t))
         if shape_ptr == NULL:
             raise MemoryError()
+    cdef ort.OrtStatus* status
     try:
         for i in range(n):
             shape_ptr[i] = dims[i]
         with nogil:
-            check(ort.CreateTensorAsOrtValue(allocator, shape_ptr, <size_t>n,
-                                             <ort.ONNXTensorElementDataType>onnx_type, &handle))
+            status = ort.CreateTensorAsOrtValue(allocator, shape_ptr, <size_t>n,
+                                                <ort.ONNXTensorElementDataType>onnx_type, &handle)
     finally:
         if shape_ptr != stack_dims:
             free(shape_ptr)
+    if status != NULL:
+        try:
+            check(status)
+        except OrtError as exc:
+            # onnxruntime's own words (bad_alloc, an overflow) do not say which tensor.
+            raise type(exc)(f"cannot allocate a {tensor_type_name(onnx_type)} tensor of shape "
+                            f"{dims}: {exc}", exc.code) from exc
     return wrap_value(handle, owner)
 
 
@@ -800,7 +878,10 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
     """A tensor over caller memory at `data` on `device` (never dereferenced here)."""
     if elem_type == 8 or elem_type not in _ELEMENT_TYPES or _ELEM_SIZE[elem_type] == 0:
         raise OrtInvalidArgument(f"cannot view memory as {tensor_type_name(elem_type)}")
-    dims = _checked_shape(dims)
+    dims = _checked_shape(dims, _ELEM_SIZE[elem_type])
+    if data == NULL and 0 not in dims:
+        raise OrtInvalidArgument(f"cannot create a {tensor_type_name(elem_type)} tensor of shape "
+                                 f"{dims} over a NULL data pointer")
     cdef Py_ssize_t n = len(dims), i
     cdef int64_t stack_dims[MAX_INLINE_DIMS]
     cdef int64_t* shape_ptr = stack_dims
@@ -826,30 +907,49 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
     return value
 
 
-cdef ort.OrtValue* _string_tensor(object arr) except NULL:
-    """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects)."""
-    flat = arr.ravel(order="C")
-    cdef Py_ssize_t n = flat.shape[0], i
+cdef list _encoded_strings(object arr):
+    """UTF-8 bytes of every item of `arr` (str or bytes), in C order."""
     encoded = []
-    for item in flat.tolist():
+    for item in arr.ravel(order="C").tolist():
         if isinstance(item, bytes):
-            encoded.append(item)
+            data = item
         elif isinstance(item, str):
-            encoded.append(item.encode("utf-8"))
+            try:
+                data = item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise OrtInvalidArgument(f"string {item!r} cannot be encoded as UTF-8: {exc}") from None
         else:
             raise OrtInvalidType(f"string tensors hold str or bytes, got {type(item).__name__}")
-    cdef ort.OrtAllocator* allocator = NULL
-    check(ort.GetAllocatorWithDefaultOptions(&allocator))
-    cdef OrtValue value = _allocate_with(allocator, list(arr.shape), 8, None)
+        if b"\0" in data:
+            # The C API takes NUL-terminated strings: the rest would be dropped silently.
+            raise OrtInvalidArgument(f"string {item!r} contains a NUL character, which onnxruntime's "
+                                     "C API cannot store")
+        encoded.append(data)
+    return encoded
+
+
+cdef int _fill_strings(ort.OrtValue* handle, list encoded) except -1:
+    cdef Py_ssize_t n = len(encoded), i
     cdef const char** pointers = <const char**>malloc(max(n, 1) * sizeof(char*))
     if pointers == NULL:
         raise MemoryError()
     try:
         for i in range(n):
             pointers[i] = <const char*>(<bytes>encoded[i])
-        check(ort.FillStringTensor(value.handle, pointers, <size_t>n))
+        check(ort.FillStringTensor(handle, pointers, <size_t>n))
     finally:
         free(pointers)
+    return 0
+
+
+cdef ort.OrtValue* _string_tensor(object arr) except NULL:
+    """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects)."""
+    ensure_loaded()      # this can be a process's first call into onnxruntime
+    encoded = _encoded_strings(arr)
+    cdef ort.OrtAllocator* allocator = NULL
+    check(ort.GetAllocatorWithDefaultOptions(&allocator))
+    cdef OrtValue value = _allocate_with(allocator, list(arr.shape), 8, None)
+    _fill_strings(value.handle, encoded)
     # Hand the handle over to the caller.
     cdef ort.OrtValue* handle = value.handle
     value.handle = NULL
@@ -991,7 +1091,11 @@ cdef int copy_tensors(list sources, list destinations) except -1:
 def _copy_tensors_with_ort(sources, destinations):
     """OrtApi::CopyTensors on lists of OrtValues (needs onnxruntime >= 1.23 and a data transfer
     registered for the devices involved)."""
-    copy_tensors(list(sources), list(destinations))
+    sources, destinations = list(sources), list(destinations)
+    for item in sources + destinations:
+        if not isinstance(item, OrtValue):
+            raise OrtInvalidType(f"copy_tensors copies OrtValues, got {type(item).__name__}")
+    copy_tensors(sources, destinations)
 
 
 # ---- device values (CUDA): through ortagent._device ---------------------------------------------
