@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, boundscheck=True
 """DLPack exchange for OrtValue: ``__dlpack__``, ``__dlpack_device__`` and ``from_dlpack``.
 
 Both directions are zero-copy and O(1): a capsule describes the value's own memory, and an
@@ -572,15 +572,14 @@ cdef object _capsule_from(object obj, object stream):
         raise OrtInvalidType(f"{type(obj).__name__} does not support DLPack (no __dlpack__ "
                              "method), and is not a DLPack capsule") from None
     call_stream = None
+    cdef int device_type
     if stream is not None:
         # Only CUDA producers take a stream; host producers must get None.
         device_of = getattr(obj, "__dlpack_device__", None)
         if device_of is None:
             call_stream = stream
         else:
-            device = device_of()
-            device_type = int(device[0])
-            _device_for(device_type, int(device[1]))      # refuse unsupported devices early
+            device_type = _producer_device(obj, device_of)
             if device_type == ORTAGENT_DL_CUDA:
                 call_stream = stream
     try:
@@ -589,10 +588,36 @@ cdef object _capsule_from(object obj, object stream):
         except TypeError:
             # A producer that predates DLPack 1.0 keywords.
             return export(stream=call_stream)
-    except OrtError:
+    except (OrtError, MemoryError):
         raise
-    except (BufferError, TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
-        raise DLPackError(f"{type(obj).__name__}.__dlpack__ failed: {exc}") from exc
+    except Exception as exc:
+        # Whatever the producer raised, the exchange failed: one exception type for callers.
+        raise DLPackError(f"{type(obj).__name__}.__dlpack__ failed: {type(exc).__name__}: {exc}") from exc
+
+
+cdef int _producer_device(object obj, object device_of) except -1:
+    """The DLPack device type a producer's ``__dlpack_device__()`` reports, checked to be one
+    ortagent imports (DLPackError otherwise, also for a malformed answer)."""
+    try:
+        device = device_of()
+    except (OrtError, MemoryError):
+        raise
+    except Exception as exc:
+        raise DLPackError(f"{type(obj).__name__}.__dlpack_device__ failed: {type(exc).__name__}: "
+                          f"{exc}") from exc
+    try:
+        if isinstance(device, (str, bytes)) or len(device) != 2:
+            raise TypeError
+        device_type = _index(device[0])
+        device_id = _index(device[1])
+    except (TypeError, IndexError, KeyError) as exc:
+        raise DLPackError(f"{type(obj).__name__}.__dlpack_device__() must return a (device type, "
+                          f"device id) pair of ints, got {device!r}") from exc
+    if not (-2**31 <= device_type < 2**31 and -2**31 <= device_id < 2**31):
+        raise DLPackError(f"{type(obj).__name__}.__dlpack_device__() returned an out-of-range "
+                          f"device {device!r}")
+    _device_for(device_type, device_id)      # refuse unsupported devices early
+    return device_type
 
 
 cdef OrtValue _import_capsule(object capsule):
