@@ -1,4 +1,4 @@
-# cython: language_level=3
+# cython: language_level=3, boundscheck=True
 """The loaded onnxruntime: finding and dlopen-ing the library, API version negotiation, the one
 process-wide OrtEnv, the status checker and the live-handle counters.
 
@@ -6,6 +6,7 @@ Nothing is loaded at import: the runtime is loaded by the first call that needs 
 ``import ortagent`` works without onnxruntime installed and the error says what to install.
 """
 
+import os
 import signal
 import threading
 
@@ -13,11 +14,11 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.stdint cimport uint32_t
 from libc.string cimport strlen
-from posix.dlfcn cimport dlopen, dlsym, dlerror, RTLD_NOW, RTLD_LOCAL
+from posix.dlfcn cimport dlopen, dlsym, dlerror, dlclose, RTLD_NOW, RTLD_LOCAL
 
 from ortagent cimport _capi as ort
 from ortagent import _library
-from ortagent.errors import OrtLoadError, error_class_for_code, OrtInvalidArgument
+from ortagent.errors import OrtLoadError, error_class_for_code, OrtInvalidArgument, OrtInvalidType
 
 cdef ort.ortagent_runtime _runtime
 cdef Py_ssize_t _live_counts[<int>HANDLE_KIND_COUNT]
@@ -65,34 +66,40 @@ def _parse_minor(version):
 cdef int _open_library(str path, list failures) except -1:
     """dlopen `path` and negotiate the API; 1 on success, 0 (with a reason appended) otherwise."""
     global _library_handle, _library_path
-    cdef bytes encoded = path.encode()
+    cdef bytes encoded = os.fsencode(path)       # file names need not be UTF-8
+    # Messages show undecodable bytes as U+FFFD: a lone surrogate would make printing them fail.
+    shown = encoded.decode("utf-8", "replace")
+    if b"\0" in encoded:
+        failures.append(f"{shown!r}: a path cannot contain NUL characters")
+        return 0
     cdef void* handle = dlopen(encoded, RTLD_NOW | RTLD_LOCAL)
     cdef const char* err
     if handle == NULL:
         err = dlerror()
-        failures.append(f"{path}: {err.decode('utf-8', 'replace') if err != NULL else 'dlopen failed'}")
+        failures.append(f"{shown}: {err.decode('utf-8', 'replace') if err != NULL else 'dlopen failed'}")
         return 0
     cdef ort.ortagent_get_api_base_fn get_api_base = <ort.ortagent_get_api_base_fn>dlsym(
         handle, ort.ORTAGENT_GET_API_BASE_SYMBOL)
     if get_api_base == NULL:
-        failures.append(f"{path}: no symbol OrtGetApiBase (not an onnxruntime library)")
+        failures.append(f"{shown}: no symbol OrtGetApiBase (not an onnxruntime library)")
+        dlclose(handle)     # nothing of it was used
         return 0
     cdef const ort.ortagent_api_base* base = get_api_base()
     cdef const char* version_text = base.get_version_string()
-    version = version_text.decode() if version_text != NULL else "?"
+    version = version_text.decode("utf-8", "replace") if version_text != NULL else "?"
     minor = _parse_minor(version)
     if minor is None:
-        failures.append(f"{path}: unrecognised onnxruntime version string {version!r}")
+        failures.append(f"{shown}: unrecognised onnxruntime version string {version!r}")
         return 0
     if minor < ort.ORTAGENT_API_FLOOR:
         failures.append(
-            f"{path}: onnxruntime {version} is too old; ortagent needs onnxruntime >= "
+            f"{shown}: onnxruntime {version} is too old; ortagent needs onnxruntime >= "
             f"1.{ort.ORTAGENT_API_FLOOR} (OrtApi version {ort.ORTAGENT_API_FLOOR})")
         return 0
     cdef uint32_t wanted = <uint32_t>min(minor, ort.ORTAGENT_API_NEWEST)
     cdef const void* table = base.get_api(wanted)
     if table == NULL:
-        failures.append(f"{path}: onnxruntime {version} refused OrtApi version {wanted}")
+        failures.append(f"{shown}: onnxruntime {version} refused OrtApi version {wanted}")
         return 0
     _runtime.api = <const ort.ortagent_any_fn*>table
     _runtime.api_version = wanted
@@ -270,8 +277,11 @@ def get_available_providers():
         check(ort.ReleaseAvailableProviders(names, count))
 
 
-def set_default_logger_severity(int severity):
+def set_default_logger_severity(severity):
     """Set the log severity of the process-wide environment: 0 verbose ... 4 fatal."""
+    if isinstance(severity, bool) or not isinstance(severity, int):
+        raise OrtInvalidType(f"log severity must be an int 0..4 ({', '.join(_SEVERITY_NAMES)}), "
+                             f"got {type(severity).__name__}")
     if not 0 <= severity <= 4:
         raise OrtInvalidArgument(
             f"log severity must be 0..4 ({', '.join(_SEVERITY_NAMES)}), got {severity}")
