@@ -70,6 +70,22 @@ cdef bytes _encode(object text, str what):
     return text.encode("utf-8")
 
 
+cdef int _require_value(object value, str what) except -1:
+    if not isinstance(value, OrtValue):
+        raise OrtInvalidType(f"{what} must be an ortagent.OrtValue, got {type(value).__name__}")
+    return 0
+
+
+cdef object _dimension(object value, object name):
+    """A dimension override as an int (anything with __index__ but bool), in int64 range."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise OrtInvalidType(f"dimension override for {name!r} must be an int, got {type(value).__name__}")
+    value = value.__index__()
+    if value >= 1 << 63:
+        raise OrtInvalidArgument(f"dimension override for {name!r} is too large: {value}")
+    return value
+
+
 cdef int _check_int_range(object value, str what, long low, long high) except -1:
     if isinstance(value, bool) or not isinstance(value, int):
         raise OrtInvalidType(f"{what} must be an int, got {type(value).__name__}")
@@ -248,7 +264,11 @@ cdef class SessionOptions:
 
     @optimized_model_filepath.setter
     def optimized_model_filepath(self, value):
-        path = os.fspath(value)
+        try:
+            path = os.fspath(value)
+        except TypeError:
+            raise OrtInvalidType(f"optimized_model_filepath must be a path (str or os.PathLike), got "
+                                 f"{type(value).__name__}") from None
         check(ort.SetOptimizedModelFilePath(self.handle, _encode(path, "optimized_model_filepath")))
         self._optimized_model_filepath = path
 
@@ -276,23 +296,27 @@ cdef class SessionOptions:
         finally:
             free(buffer)
 
-    def add_initializer(self, name, OrtValue value not None):
+    def add_initializer(self, name, value):
         """Use `value` (a CPU OrtValue) for the initializer `name` of sessions created with these
         options. The value is kept alive by these options."""
-        value.require_handle()
+        _require_value(value, f"initializer {name!r}")
+        cdef OrtValue v = value
+        v.require_handle()
         if value.device_name() != "cpu":
             raise OrtInvalidArgument(f"initializer {name!r} must be a CPU value, got {value.device_name()}")
-        check(ort.AddInitializer(self.handle, _encode(name, "initializer name"), value.handle))
+        check(ort.AddInitializer(self.handle, _encode(name, "initializer name"), v.handle))
         self._initializers.append((name, value))
 
-    def add_free_dimension_override_by_name(self, dim_name, int dim_value):
+    def add_free_dimension_override_by_name(self, dim_name, dim_value):
         """Fix the symbolic dimension `dim_name` to `dim_value` in sessions using these options."""
+        dim_value = _dimension(dim_value, dim_name)
         if dim_value < 0:
             raise OrtInvalidArgument(f"dimension override for {dim_name!r} must be >= 0, got {dim_value}")
         check(ort.AddFreeDimensionOverrideByName(self.handle, _encode(dim_name, "dim_name"), dim_value))
         self._dimension_overrides[dim_name] = dim_value
 
-    def add_free_dimension_override_by_denotation(self, dim_denotation, int dim_value):
+    def add_free_dimension_override_by_denotation(self, dim_denotation, dim_value):
+        dim_value = _dimension(dim_value, dim_denotation)
         if dim_value < 0:
             raise OrtInvalidArgument(f"dimension override must be >= 0, got {dim_value}")
         check(ort.AddFreeDimensionOverride(self.handle, _encode(dim_denotation, "dim_denotation"), dim_value))
@@ -513,9 +537,14 @@ def _normalise_providers(providers, provider_options):
         return [(_CPU, {})]
     if isinstance(providers, (str, bytes)):
         raise OrtInvalidType("providers must be a list of names or (name, options) tuples, not a string")
-    providers = list(providers)
+    try:
+        providers = list(providers)
+        if provider_options is not None:
+            provider_options = list(provider_options)
+    except TypeError:
+        raise OrtInvalidType(f"providers and provider_options must be lists, got "
+                             f"{type(providers).__name__} and {type(provider_options).__name__}") from None
     if provider_options is not None:
-        provider_options = list(provider_options)
         if len(provider_options) != len(providers):
             raise OrtInvalidArgument(f"{len(providers)} providers but {len(provider_options)} "
                                      "provider_options entries")
@@ -966,6 +995,15 @@ cdef class InferenceSession:
                                      f"{type(run_options).__name__}")
             run_options_c = (<RunOptions>run_options).handle
         cdef Py_ssize_t n_in = len(input_feed)
+        if output_names is not None and type(output_names) is not list and type(output_names) is not tuple:
+            if isinstance(output_names, (str, bytes)):
+                raise OrtInvalidType(f"output_names must be a list of names or None, not a string "
+                                     f"({output_names!r})")
+            try:
+                output_names = list(output_names)
+            except TypeError:
+                raise OrtInvalidType(f"output_names must be a list of names or None, got "
+                                     f"{type(output_names).__name__}") from None
         cdef Py_ssize_t n_out_capacity = self.n_outputs if output_names is None else len(output_names)
         cdef const char* in_names_stack[STACK_NAMES]
         cdef ort.OrtValue* in_values_stack[STACK_NAMES]
@@ -1092,9 +1130,13 @@ cdef class InferenceSession:
         """A new IOBinding for this session (see IOBinding)."""
         return IOBinding(self, reuse_output_buffers)
 
-    def run_with_iobinding(self, IOBinding iobinding not None, run_options=None):
+    def run_with_iobinding(self, iobinding, run_options=None):
         """Run with the inputs and outputs bound in `iobinding` (GIL released)."""
-        if iobinding.session is not self:
+        if not isinstance(iobinding, IOBinding):
+            raise OrtInvalidType(f"iobinding must be an ortagent.IOBinding (session.io_binding()), got "
+                                 f"{type(iobinding).__name__}")
+        cdef IOBinding bound = iobinding
+        if bound.session is not self:
             raise OrtInvalidArgument("this IOBinding belongs to another session")
         cdef ort.OrtRunOptions* run_options_c = NULL
         if run_options is not None:
@@ -1102,9 +1144,15 @@ cdef class InferenceSession:
                 raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got "
                                      f"{type(run_options).__name__}")
             run_options_c = (<RunOptions>run_options).handle
-        iobinding.require_open()
-        iobinding.rebind_handed_out_outputs()
-        cdef ort.OrtIoBinding* binding = iobinding.handle
+        bound.require_open()
+        if not bound.bound_outputs:
+            raise OrtInvalidArgument("this IOBinding has no outputs bound: bind_output() or "
+                                     "bind_ortvalue_output() first")
+        unbound = [arg.name for arg in self._inputs_meta if arg.name not in bound.bound_inputs]
+        if unbound:
+            raise OrtInvalidArgument(f"required inputs {unbound} are not bound to this IOBinding")
+        bound.rebind_handed_out_outputs()
+        cdef ort.OrtIoBinding* binding = bound.handle
         cdef ort.OrtSession* session
         cdef ort.OrtStatus* status
         cdef bint registered = False
@@ -1123,7 +1171,7 @@ cdef class InferenceSession:
             check(status)
         finally:
             self.end_run()
-        iobinding.outputs_unsynchronized = _disables_sync(run_options)
+        bound.outputs_unsynchronized = _disables_sync(run_options)
 
     def _raise_missing_inputs(self, input_feed):
         missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
@@ -1167,9 +1215,11 @@ cdef class IOBinding:
         self.bound_inputs = {}
         self.bound_outputs = []
 
-    def __init__(self, InferenceSession session not None, bint reuse_output_buffers=False):
-        session.require_open()
-        check(ort.CreateIoBinding(session.handle, &self.handle))
+    def __init__(self, session, bint reuse_output_buffers=False):
+        if not isinstance(session, InferenceSession):
+            raise OrtInvalidType(f"IOBinding needs an ortagent.InferenceSession, got {type(session).__name__}")
+        (<InferenceSession>session).require_open()
+        check(ort.CreateIoBinding((<InferenceSession>session).handle, &self.handle))
         _live[<int>HANDLE_IO_BINDING] += 1
         self.session = session
         self.reuse_output_buffers = reuse_output_buffers
@@ -1209,17 +1259,19 @@ cdef class IOBinding:
 
     # -- inputs ------------------------------------------------------------------------------------
 
-    def bind_ortvalue_input(self, name, OrtValue value not None):
+    def bind_ortvalue_input(self, name, value):
         """Bind an OrtValue as input `name` (kept alive by this binding)."""
         self.require_open()
-        value.require_handle()
+        _require_value(value, f"input {name!r}")
+        cdef OrtValue v = value
+        v.require_handle()
         encoded = self._input_name(name)
         expected = self.session.input_elem_types[<Py_ssize_t>self.session.input_index[name]]
-        value.describe()
-        if expected >= 0 and value.elem_type != expected:
+        v.describe()
+        if expected >= 0 and v.elem_type != expected:
             raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got a value of "
-                                     f"{tensor_type_name(value.elem_type)}")
-        check(ort.BindInput(self.handle, encoded, value.handle))
+                                     f"{tensor_type_name(v.elem_type)}")
+        check(ort.BindInput(self.handle, encoded, v.handle))
         self.bound_inputs[name] = value
 
     def bind_cpu_input(self, name, arr_on_cpu):
@@ -1227,7 +1279,7 @@ cdef class IOBinding:
         self.require_open()
         self.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(arr_on_cpu))
 
-    def bind_input(self, name, device_type, int device_id, element_type, shape, size_t buffer_ptr):
+    def bind_input(self, name, device_type, device_id, element_type, shape, buffer_ptr):
         """Bind memory at `buffer_ptr` on a device (e.g. a torch or cupy tensor's data pointer) as
         input `name`. The caller keeps the memory alive while the binding uses it."""
         self.require_open()
@@ -1243,7 +1295,7 @@ cdef class IOBinding:
 
     # -- outputs -----------------------------------------------------------------------------------
 
-    def bind_output(self, name, device_type="cpu", int device_id=0, element_type=None, shape=None,
+    def bind_output(self, name, device_type="cpu", device_id=0, element_type=None, shape=None,
                     buffer_ptr=None):
         """Bind output `name` to a device (onnxruntime allocates it there) or, with
         `element_type`, `shape` and `buffer_ptr`, to caller memory that each run writes into."""
@@ -1260,21 +1312,23 @@ cdef class IOBinding:
         else:
             if element_type is None or shape is None:
                 raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
-            if int(buffer_ptr) == 0:
+            if buffer_ptr == 0:
                 raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
-            value = OrtValue._from_pointer(int(buffer_ptr), shape, element_type, device_type, device_id)
+            value = OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
             check(ort.BindOutput(self.handle, encoded, (<OrtValue>value).handle))
             bound.value = value
         self._remember_output(bound)
 
-    def bind_ortvalue_output(self, name, OrtValue value not None):
+    def bind_ortvalue_output(self, name, value):
         """Bind an OrtValue as output `name`: each run writes into its buffer."""
         self.require_open()
-        value.require_handle()
+        _require_value(value, f"output {name!r}")
+        cdef OrtValue v = value
+        v.require_handle()
         encoded = self._output_name(name)
-        if value.readonly:
+        if v.readonly:
             raise OrtInvalidArgument(f"output {name!r}: the value views read-only memory")
-        check(ort.BindOutput(self.handle, encoded, value.handle))
+        check(ort.BindOutput(self.handle, encoded, v.handle))
         cdef _BoundOutput bound = _BoundOutput.__new__(_BoundOutput)
         bound.name = encoded
         bound.value = value
