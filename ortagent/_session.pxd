@@ -82,6 +82,7 @@ cdef class IOBinding:
     cdef bytes _input_name(self, object name)
     cdef bytes _output_name(self, object name)
     cdef _remember_output(self, _BoundOutput bound)
+    cdef int _check_output_type(self, object name, OrtValue value) except -1
     cdef int rebind_handed_out_outputs(self) except -1
     cdef list output_values(self)
 

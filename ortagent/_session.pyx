@@ -27,7 +27,8 @@ from ortagent._runtime cimport (
 )
 from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, FeedView, wrap_value, tensor_for_feed, value_to_numpy,
-    tensor_type_name, feed_view, release_feed_view, clear_feed_view,
+    tensor_type_name, feed_view, release_feed_view, clear_feed_view, tensor_data,
+    keep_aliased_feeds_alive,
 )
 from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
@@ -1015,6 +1016,10 @@ cdef class InferenceSession:
         cdef ort.OrtValue** in_values = in_values_stack
         cdef Py_ssize_t* in_created = in_created_stack
         cdef PyObject** in_refs = in_refs_stack
+        cdef void* in_data_stack[STACK_NAMES]
+        cdef void** in_data = in_data_stack
+        cdef list holders = []
+        cdef Py_ssize_t kept
         cdef bint from_cache = False
         cdef bint registered = False
         cdef const char** out_names = out_names_stack
@@ -1036,7 +1041,9 @@ cdef class InferenceSession:
                 in_values = <ort.OrtValue**>malloc(n_in * sizeof(ort.OrtValue*))
                 in_created = <Py_ssize_t*>malloc(n_in * sizeof(Py_ssize_t))
                 in_refs = <PyObject**>malloc(n_in * sizeof(PyObject*))
-                if in_names == NULL or in_values == NULL or in_created == NULL or in_refs == NULL:
+                in_data = <void**>malloc(n_in * sizeof(void*))
+                if (in_names == NULL or in_values == NULL or in_created == NULL or in_refs == NULL
+                        or in_data == NULL):
                     raise MemoryError()
             if n_out_capacity > STACK_NAMES:
                 out_names = <const char**>malloc(n_out_capacity * sizeof(char*))
@@ -1071,12 +1078,16 @@ cdef class InferenceSession:
                     (<OrtValue>item).require_handle()
                     in_values[n_ready] = (<OrtValue>item).handle
                     in_created[n_ready] = FEED_BORROWED
+                    holders.append(<object>item)
                 else:
                     if keep is None:
                         keep = []
+                    kept = len(keep)
                     in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
                                                    self.input_elem_types[i], keep, &from_cache)
                     in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
+                    # what owns the memory the tensor describes: the array, or its copy
+                    holders.append(keep[len(keep) - 1] if len(keep) > kept else <object>item)
                 n_ready += 1
             if n_required < self.n_inputs:
                 self._raise_missing_inputs(input_feed)
@@ -1094,13 +1105,23 @@ cdef class InferenceSession:
                 if out_values[i] != NULL:
                     results[i] = wrap_value(out_values[i], self)
                     out_values[i] = NULL
+            if status == NULL:
+                for i in range(n_ready):
+                    in_data[i] = tensor_data(in_values[i])
+                keep_aliased_feeds_alive(results, in_data, n_ready, holders, self, None)
             try:
                 interruptible_end(run_options_c, registered)
             except BaseException:
                 if status != NULL:
                     ort.ReleaseStatus(status)
                 raise
-            check(status)
+            if status != NULL:
+                try:
+                    check(status)
+                except OrtInvalidArgument as exc:
+                    # onnxruntime does not say which input has the wrong type: find it.
+                    self._raise_for_ortvalue_feed_types(input_feed, exc)
+                    raise
             if as_numpy:
                 for i in range(n_out):
                     value = results[i]
@@ -1121,6 +1142,7 @@ cdef class InferenceSession:
                 free(in_values)
                 free(in_created)
                 free(in_refs)
+                free(in_data)
             if out_names != out_names_stack:
                 free(out_names)
                 free(out_values)
@@ -1172,6 +1194,19 @@ cdef class InferenceSession:
         finally:
             self.end_run()
         bound.outputs_unsynchronized = _disables_sync(run_options)
+
+    def _raise_for_ortvalue_feed_types(self, input_feed, cause):
+        cdef OrtValue value
+        for name, item in input_feed.items():
+            position = self.input_index.get(name)
+            if type(item) is not OrtValue or position is None:
+                continue
+            value = item
+            value.describe()
+            expected = self.input_elem_types[<Py_ssize_t>position]
+            if expected >= 0 and value.is_tensor_value and value.elem_type != expected:
+                raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got an "
+                                         f"OrtValue of {tensor_type_name(value.elem_type)}") from cause
 
     def _raise_missing_inputs(self, input_feed):
         missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
@@ -1315,6 +1350,7 @@ cdef class IOBinding:
             if buffer_ptr == 0:
                 raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
             value = OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
+            self._check_output_type(name, value)
             check(ort.BindOutput(self.handle, encoded, (<OrtValue>value).handle))
             bound.value = value
         self._remember_output(bound)
@@ -1328,11 +1364,22 @@ cdef class IOBinding:
         encoded = self._output_name(name)
         if v.readonly:
             raise OrtInvalidArgument(f"output {name!r}: the value views read-only memory")
+        self._check_output_type(name, v)
         check(ort.BindOutput(self.handle, encoded, v.handle))
         cdef _BoundOutput bound = _BoundOutput.__new__(_BoundOutput)
         bound.name = encoded
         bound.value = value
         self._remember_output(bound)
+
+    cdef int _check_output_type(self, object name, OrtValue value) except -1:
+        """A caller's buffer must have the output's element type (onnxruntime's own error does not
+        name the output)."""
+        declared = self.session._outputs_meta[<Py_ssize_t>self.session.output_index[name]].type
+        value.describe()
+        given = tensor_type_name(value.elem_type)
+        if declared.startswith("tensor(") and given != declared:
+            raise OrtInvalidArgument(f"output {name!r} is {declared}, got a value of {given}")
+        return 0
 
     cdef _remember_output(self, _BoundOutput bound):
         for i, existing in enumerate(self.bound_outputs):
@@ -1384,6 +1431,18 @@ cdef class IOBinding:
                     ort.ReleaseValue(values[i])
             if values != NULL:
                 check(ort.AllocatorFree(allocator, values))
+        # An output may be a bound input itself (or an alias of one): keep that input's memory.
+        inputs = list(self.bound_inputs.values())
+        cdef Py_ssize_t n_inputs = len(inputs), j
+        cdef void** input_data = <void**>malloc((n_inputs + 1) * sizeof(void*))
+        if input_data == NULL:
+            raise MemoryError()
+        try:
+            for j in range(n_inputs):
+                input_data[j] = tensor_data((<OrtValue>inputs[j]).handle)
+            keep_aliased_feeds_alive(result, input_data, n_inputs, inputs, self.session, None)
+        finally:
+            free(input_data)
         return result
 
     def get_outputs(self):
