@@ -23,6 +23,7 @@ from ortagent._runtime cimport (
     check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE,
 )
 from ortagent._values cimport (
+    tensor_data, keep_aliased_feeds_alive,
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, tensor_for_feed,
     tensor_type_name, memory_kind_of,
 )
@@ -402,57 +403,24 @@ cdef bint _broadcasts_to(object shape, object target):
     return True
 
 
-cdef void* _tensor_data(ort.OrtValue* handle) noexcept:
-    """The data address of a tensor value; NULL for non-tensors, empty tensors or on error."""
-    cdef int is_tensor = 0
-    cdef void* data = NULL
-    cdef ort.OrtStatus* status = ort.IsTensor(handle, &is_tensor)
-    if status != NULL:
-        ort.ReleaseStatus(status)
-        return NULL
-    if not is_tensor:
-        return NULL
-    status = ort.GetTensorMutableData(handle, &data)
-    if status != NULL:
-        ort.ReleaseStatus(status)
-        return NULL
-    return data
-
-
 cdef int _hold_aliased_inputs(list outputs, ort.OrtValue** in_values, list holders, object session,
                               object preallocated) except -1:
-    """onnxruntime returns a feed itself (a graph input that is also a graph output) or an alias
-    of it (Identity, Reshape, ...) as an output sharing the feed's buffer. That buffer may be the
-    caller's memory (a NumPy array, a value over caller memory), which only the feed kept alive:
-    such an output keeps the feed's owner alive too (and is read-only where the feed was)."""
-    cdef Py_ssize_t n_in = len(holders), i, j
-    cdef void* data
+    """Outputs sharing a feed's buffer keep the feed's owner alive (see keep_aliased_feeds_alive);
+    outputs written into the caller's own values are left alone."""
+    cdef Py_ssize_t n_in = len(holders), j
     cdef void* stack[STACK_SLOTS]
     cdef void** in_data = stack
-    cdef OrtValue value
     if n_in > STACK_SLOTS:
         in_data = <void**>malloc(n_in * sizeof(void*))
         if in_data == NULL:
             raise MemoryError()
     try:
         for j in range(n_in):
-            in_data[j] = _tensor_data(in_values[j])
-        for i in range(len(outputs)):
-            if outputs[i] is None or (preallocated is not None and type(preallocated[i]) is OrtValue):
-                continue
-            value = outputs[i]
-            data = _tensor_data(value.handle)
-            if data == NULL:
-                continue
-            for j in range(n_in):
-                if in_data[j] == data:
-                    holder = holders[j]
-                    value.owner = (session, holder)
-                    if type(holder) is OrtValue:
-                        value.readonly = value.readonly or (<OrtValue>holder).readonly
-                    elif not getattr(getattr(holder, "flags", None), "writeable", True):
-                        value.readonly = True
-                    break
+            in_data[j] = tensor_data(in_values[j])
+        skip = None
+        if preallocated is not None:
+            skip = [type(target) is OrtValue for target in preallocated]
+        keep_aliased_feeds_alive(outputs, in_data, n_in, holders, session, skip)
         return 0
     finally:
         if in_data != stack:

@@ -74,6 +74,12 @@ cdef struct FeedView:
 cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expected_type,
                              list keep, bint* from_cache) except NULL
 cdef void release_feed_view(FeedView* cache) noexcept
+
+# The data address of a tensor value (NULL for non-tensors, empty tensors, errors).
+cdef void* tensor_data(ort.OrtValue* handle) noexcept
+# Outputs sharing a feed's buffer keep that feed's memory owner alive (see _values.pyx).
+cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
+                                  object session, object skip) except -1
 cdef void clear_feed_view(FeedView* cache) noexcept
 
 # A NumPy view (CPU) or copy (strings, device memory) of a value. `tracked` views keep the

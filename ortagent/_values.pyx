@@ -863,6 +863,46 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
     return handle
 
 
+cdef void* tensor_data(ort.OrtValue* handle) noexcept:
+    """The data address of a tensor value; NULL for non-tensors, empty tensors or on error."""
+    cdef void* data = NULL
+    cdef ort.OrtStatus* status = ort.GetTensorMutableData(handle, &data)
+    if status != NULL:
+        ort.ReleaseStatus(status)
+        return NULL
+    return data
+
+
+cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
+                                  object session, object skip) except -1:
+    """onnxruntime may return a feed itself (a graph input that is also a graph output) or an
+    alias of it (Identity, Reshape, ...) as an output sharing the feed's buffer. That buffer may
+    be caller memory (a NumPy array, a value over caller memory) that only the feed kept alive:
+    such an output keeps the feed's owner (`holders[j]`) alive too, and is read-only where the
+    feed was. Outputs that are None or marked in `skip` are left alone."""
+    cdef Py_ssize_t i, j
+    cdef void* data
+    cdef OrtValue value
+    for i in range(len(outputs)):
+        if outputs[i] is None or (skip is not None and skip[i]):
+            continue
+        value = outputs[i]
+        data = tensor_data(value.handle)
+        if data == NULL:
+            continue
+        for j in range(n_feeds):
+            if feed_data[j] == data:
+                holder = holders[j]
+                value.owner = (session, holder)
+                if type(holder) is OrtValue:
+                    value.readonly = value.readonly or (<OrtValue>holder).readonly
+                elif _numpy_ready and npc.PyArray_Check(holder) and (
+                        npc.PyArray_FLAGS(<npc.PyArrayObject*>holder) & npc.NPY_ARRAY_WRITEABLE) == 0:
+                    value.readonly = True
+                break
+    return 0
+
+
 cdef void release_feed_view(FeedView* cache) noexcept:
     cache.users -= 1
 
