@@ -696,6 +696,9 @@ cdef OrtValue _import_capsule(object capsule):
         if tensor.shape[i] and count > (<size_t>-1) // item // <size_t>tensor.shape[i]:
             raise DLPackError("DLPack tensor is too large to address")
         count *= <size_t>tensor.shape[i]
+    if count and tensor.data == NULL:
+        raise DLPackError(f"DLPack tensor of shape {[tensor.shape[j] for j in range(ndim)]} has a NULL "
+                          "data pointer")
     cdef char* data = <char*>tensor.data + tensor.byte_offset
     if count and (<uintptr_t>data) % item != 0:
         raise DLPackError(f"DLPack tensor data at {<uintptr_t>data:#x} is not aligned to its "
