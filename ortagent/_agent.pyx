@@ -20,7 +20,8 @@ from libc.string cimport strcpy
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE,
+    check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE, interruptible_begin,
+    interruptible_end,
 )
 from ortagent._values cimport (
     tensor_data, keep_aliased_feeds_alive,
@@ -427,6 +428,17 @@ cdef int _hold_aliased_inputs(list outputs, ort.OrtValue** in_values, list holde
             free(in_data)
 
 
+cdef int _end_interruptible(ort.OrtRunOptions* used, bint registered, ort.OrtStatus* status) except -1:
+    """interruptible_end; the run's status is released when a KeyboardInterrupt replaces it."""
+    try:
+        interruptible_end(used, registered)
+    except BaseException:
+        if status != NULL:
+            ort.ReleaseStatus(status)
+        raise
+    return 0
+
+
 cdef list _run(InferenceSession session, char** input_names, list feeds, int* input_types,
                char** output_names, Py_ssize_t n_out, object preallocated, object run_options):
     """OrtApi::Run over prepared names: outputs come back as OrtValues on the CPU (or written
@@ -439,6 +451,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
     cdef char* created = created_stack
     cdef ort.OrtValue** out_values = out_stack
     cdef ort.OrtRunOptions* run_options_c = NULL
+    cdef bint registered = False
     cdef ort.OrtStatus* status
     cdef ort.OrtSession* handle
     cdef list keep = []
@@ -476,6 +489,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
                 (<OrtValue>preallocated[i]).require_handle()
                 out_values[i] = (<OrtValue>preallocated[i]).handle
         handle = session.handle
+        run_options_c = interruptible_begin(run_options_c, &registered)
         with nogil:
             status = ort.Run(handle, run_options_c, <const char* const*>input_names,
                              <const ort.OrtValue* const*>in_values, <size_t>n_in,
@@ -486,6 +500,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
                 results[i] = preallocated[i]
             elif out_values[i] != NULL:
                 results[i] = wrap_value(out_values[i], session)
+        _end_interruptible(run_options_c, registered, status)
         check(status)
         _hold_aliased_inputs(results, in_values, holders, session, preallocated)
         return results
@@ -526,6 +541,7 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     cdef size_t count = 0, j
     cdef Py_ssize_t i
     cdef ort.OrtRunOptions* run_options_c = NULL
+    cdef bint registered = False
     cdef ort.OrtStatus* status
     cdef ort.OrtSession* handle
     cdef list created = []
@@ -565,10 +581,12 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                 (<OrtValue>target).require_handle()
                 check(ort.BindOutput(binding, name, (<OrtValue>target).handle))
         handle = session.handle
+        run_options_c = interruptible_begin(run_options_c, &registered)
         with nogil:
             status = ort.RunWithBinding(handle, run_options_c, binding)
             if status == NULL:
                 status = ort.SynchronizeBoundOutputs(binding)
+        _end_interruptible(run_options_c, registered, status)
         check(status)
         check(ort.GetBoundOutputValues(binding, allocator, &values, &count))
         by_name = {}

@@ -10,6 +10,8 @@ test_agent_reference.py, the CUDA EP in test_agent_cuda.py.
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import threading
 import time
 
@@ -687,3 +689,51 @@ def test_backward_does_not_need_the_callers_forward_outputs(form):
     del run.outputs
     results = driver.backward(run, gradients)
     assert_matches_reference(case, feeds, gradients, case.reference(feeds), results)
+
+
+@pytest.mark.parametrize("api", ["state", "run_id"])
+def test_ctrl_c_during_a_long_agent_run_raises_keyboard_interrupt(tmp_path, api):
+    """SIGINT while the main thread is in a forward that would take many minutes: the run stops
+    at the next node boundary, KeyboardInterrupt surfaces, and the agent keeps working. (Without
+    ortagent's handler the subprocess would hit its timeout.) Backward runs through the same
+    call path as forward."""
+    import subprocess
+    import textwrap
+
+    from conftest import REPO_ROOT
+
+    script = tmp_path / "interrupt_agent.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, threading
+        sys.path.insert(0, {os.path.join(REPO_ROOT, 'tests')!r})
+        import numpy as np, ortagent
+        from agent_driver import slow_training_graph
+        model, _ = slow_training_graph(size=128)
+        agent = ortagent.TrainingAgent(model.SerializeToString())
+        x = np.eye(128, dtype=np.float32)
+        w = np.eye(128, dtype=np.float32)
+        def feeds(trips):
+            return [ortagent.OrtValue.ortvalue_from_numpy(a) for a in (x, np.array(trips, np.int64), w)]
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            if {api!r} == "state":
+                agent.run_forward(feeds(10_000_000), [], ortagent.PartialGraphExecutionState())
+            else:
+                binding = agent.io_binding()
+                for name, value in zip(("x", "trips", "w"), feeds(10_000_000)):
+                    binding.bind_ortvalue_input(name, value)
+                agent.run_forward(binding, None)
+            print("completed")
+        except KeyboardInterrupt:
+            print("interrupted")
+        state = ortagent.PartialGraphExecutionState()
+        outputs, gradients = [], []
+        agent.run_forward(feeds(2), outputs, state)
+        agent.run_backward([ortagent.OrtValue.ortvalue_from_numpy(np.ones((128, 128), np.float32))], gradients, state)
+        print(gradients[0].shape(), agent.runs_in_flight)
+    """))
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["interrupted", "[128,", "128]", "0"]
