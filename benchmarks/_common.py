@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class Settings:
     workdir: Path
     seed: int = 0
     clock: str = "cpu"      # for the single-threaded groups (calls, values, agent)
+    wait_quiet_s: float = 0.0   # how long the threads group waits for a quiet machine
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -46,6 +48,35 @@ class Settings:
         rounds = {k: max(2, int(round(v * rounds_scale))) for k, v in rounds.items()}
         return cls(quick, burst if burst_ms is None else burst_ms / 1e3, rounds, workdir,
                    clock=clock)
+
+
+def background_busy(seconds: float = 1.0) -> float | None:
+    """CPUs kept busy by other processes: /proc/stat over `seconds` while this one sleeps."""
+    def read():
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields[:8]), idle
+    try:
+        total0, idle0 = read()
+        time.sleep(seconds)
+        total1, idle1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total1 - total0
+    if total <= 0:
+        return None
+    return round((1 - (idle1 - idle0) / total) * (os.cpu_count() or 1), 2)
+
+
+def wait_quiet(limit_s: float, busy_limit: float = 0.3) -> float | None:
+    """Wait (up to limit_s) until other processes keep fewer than busy_limit CPUs busy;
+    returns the last measurement."""
+    deadline = time.monotonic() + limit_s
+    busy = background_busy()
+    while busy is not None and busy >= busy_limit and time.monotonic() < deadline:
+        busy = background_busy(2.0)
+    return busy
 
 
 def load_module(name: str, path: Path):

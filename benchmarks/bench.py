@@ -29,7 +29,8 @@ from pathlib import Path
 import _common  # noqa: F401  (sets up sys.path)
 from _report import Group, markdown, plot
 
-GROUPS = ("calls", "values", "agent", "threads", "startup")
+# threads first: it is the one group that needs the wall clock, and so a quiet machine
+GROUPS = ("threads", "calls", "values", "agent", "startup")
 
 
 def machine() -> dict:
@@ -69,25 +70,6 @@ def machine() -> dict:
     return info
 
 
-def background_busy(seconds: float = 1.0) -> float | None:
-    """CPUs kept busy by other processes: /proc/stat over `seconds` while this one sleeps."""
-    def read():
-        with open("/proc/stat") as handle:
-            fields = [int(x) for x in handle.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-        return sum(fields[:8]), idle
-    try:
-        total0, idle0 = read()
-        time.sleep(seconds)
-        total1, idle1 = read()
-    except (OSError, ValueError, IndexError):
-        return None
-    total = total1 - total0
-    if total <= 0:
-        return None
-    return round((1 - (idle1 - idle0) / total) * (os.cpu_count() or 1), 2)
-
-
 def _run_group(name: str, settings) -> Group:
     module = __import__(f"group_{name}")
     load_before = os.getloadavg()[0]
@@ -116,6 +98,9 @@ def main(argv=None) -> int:
                         help="what the single-threaded groups (calls, values, agent) report: "
                              "the thread's CPU time (default; robust to other work on the "
                              "machine) or the wall clock; both are stored in latest.json")
+    parser.add_argument("--wait-quiet", type=float, default=None, metavar="S",
+                        help="before the threads group, wait up to S seconds for other processes "
+                             "to leave both CPUs free (default 180, 0 with --quick)")
     parser.add_argument("--no-plot", action="store_true", help="skip latest.png")
     parser.add_argument("--update-readme", action="store_true",
                         help="also put the tables into benchmarks/README.md (between its "
@@ -128,7 +113,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     info = machine()
-    info["busy_cpus_before"] = background_busy()
+    info["busy_cpus_before"] = _common.background_busy()
     print(f"machine: {info.get('cpu_model', '?')}, {info.get('cpus_usable')} usable CPUs; "
           f"Python {info['python']}; onnxruntime (Python) {info.get('onnxruntime_python')}; "
           f"ortagent over libonnxruntime {info.get('ortagent_library')}", flush=True)
@@ -136,12 +121,15 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ortagent-bench-") as workdir:
         settings = _common.Settings.make(args.quick, Path(workdir), args.rounds_scale, args.burst_ms,
                                          args.clock)
+        settings.wait_quiet_s = (args.wait_quiet if args.wait_quiet is not None
+                                 else 0.0 if args.quick else 180.0)
         for name in names:
             group = _run_group(name, settings)
             groups.append(group)
             print(group.table(), flush=True)
             print(flush=True)
-    info["busy_cpus_after"] = background_busy()
+    groups.sort(key=lambda g: g.title)      # "1. ..." to "5. ...", whatever ran first
+    info["busy_cpus_after"] = _common.background_busy()
     elapsed = time.perf_counter() - started
 
     targets = [t for g in groups for t in g.targets]

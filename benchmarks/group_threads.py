@@ -32,6 +32,9 @@ MODELS = (("identity", "Identity f32[1]"), ("add", "Add f32[16]"), ("mlp", "MLP 
 def run(settings) -> Group:
     import ortagent
 
+    waited = time.perf_counter()
+    busy = _common.wait_quiet(settings.wait_quiet_s) if settings.wait_quiet_s > 0 else None
+    waited = time.perf_counter() - waited
     started = time.perf_counter()
     group = Group("threads", "4. threads: 1 vs 2 Python threads (µs per call, all threads)",
                   rounds=settings.rounds["threads"], burst_s=settings.burst_s, clock="wall")
@@ -85,6 +88,9 @@ def run(settings) -> Group:
                            f"{name}/oa-2-separate", f"{name}/oa-1", 1.8, op=">=", speedup=True,
                            detail=f"onnxruntime's: {ort_speedup:.2f}x; the machine's headroom "
                                   f"(2 threads of GIL-free hashing): {headroom:.2f}x")
+    if busy is not None:
+        group.notes.append(f"other processes kept {busy:.2f} CPUs busy when the group started "
+                           f"(after waiting {waited:.0f} s for a quiet machine)")
     usable = len(os.sched_getaffinity(0))
     group.notes.append(f"{usable} CPUs usable by this process; throughput needs the wall clock, "
                        "so other work on the machine shows here directly; vs onnxruntime = time "
