@@ -262,7 +262,7 @@ def plot(groups: list[Group], targets: list[Target], path, title: str) -> None:
     if not panels:
         return
     heights = [max(1.5, 0.28 * sum(1 for r in g.rows if r.ref) + 0.9) for g in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights) + 0.6),
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, sum(heights) + 0.6),
                              gridspec_kw={"height_ratios": heights}, squeeze=False)
     colours = {"C": "#7f7f7f", "ortagent": "#1f77b4", "onnxruntime": "#ff7f0e",
                "ort-training 1.19.2": "#2ca02c", "harness": "#bcbd22"}

@@ -56,6 +56,17 @@ def machine() -> dict:
         except OSError:
             pass
     try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=_common.REPO_ROOT, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "ortagent", "include",
+                                "setup.py", "benchmarks/c_floor"], capture_output=True, text=True,
+                               cwd=_common.REPO_ROOT, timeout=30)
+        if head.returncode == 0:
+            info["commit"] = head.stdout.strip()
+            info["uncommitted"] = [line[3:] for line in dirty.stdout.splitlines()]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
         import numpy
         import onnxruntime
 
@@ -165,7 +176,9 @@ def main(argv=None) -> int:
         f"({info.get('cpus_usable')} usable CPUs, {info.get('cores_per_socket', '?')} cores per "
         f"socket x {info.get('sockets', '?')}), Python {info['python']}, onnxruntime "
         f"{info.get('onnxruntime_python')} (Python) / {info.get('ortagent_library')} (ortagent's "
-        f"library); {elapsed:.0f} s."))
+        f"library); {elapsed:.0f} s; commit {info.get('commit', '?')}"
+        + (f" with uncommitted changes in {', '.join(info['uncommitted'])}"
+           if info.get("uncommitted") else "") + "."))
     print(f"wrote {md_path}")
     if args.update_readme:
         readme = _common.BENCH_DIR / "README.md"
