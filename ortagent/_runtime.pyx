@@ -76,7 +76,10 @@ cdef int _open_library(str path, list failures) except -1:
     cdef const char* err
     if handle == NULL:
         err = dlerror()
-        failures.append(f"{shown}: {err.decode('utf-8', 'replace') if err != NULL else 'dlopen failed'}")
+        reason = err.decode("utf-8", "replace") if err != NULL else "dlopen failed"
+        if reason.startswith(shown + ": "):
+            reason = reason[len(shown) + 2:]        # dlerror repeats the path
+        failures.append(f"{shown}: {reason}")
         return 0
     cdef ort.ortagent_get_api_base_fn get_api_base = <ort.ortagent_get_api_base_fn>dlsym(
         handle, ort.ORTAGENT_GET_API_BASE_SYMBOL)
