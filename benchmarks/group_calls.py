@@ -65,6 +65,14 @@ def _contenders(name: str, settings, program, library, servers: list):
     for o in outputs:
         oa_binding.bind_output(o, "cpu")
     oa.run_with_iobinding(oa_binding)
+    # the same binding without ortagent's fresh output buffers before each run (the C floor's
+    # RunWithBinding keeps the buffers ORT allocated in the first run)
+    oa_reuse = oa.io_binding(reuse_output_buffers=True)
+    for k, v in oa_values.items():
+        oa_reuse.bind_ortvalue_input(k, v)
+    for o in outputs:
+        oa_reuse.bind_output(o, "cpu")
+    oa.run_with_iobinding(oa_reuse)
 
     ort = _common.onnxruntime_session(model_bytes)
     ort_values = {k: onnxruntime.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
@@ -95,6 +103,11 @@ def _contenders(name: str, settings, program, library, servers: list):
         rows.append((PyCalls(f"{name}/{tag}-iobinding", f"{t}: {side} run_with_iobinding", side,
                              sess.run_with_iobinding, binding),
                      c_binding, other and f"{name}/{other}-iobinding"))
+        if tag == "oa":
+            rows.append((PyCalls(f"{name}/oa-iobinding-reuse",
+                                 f"{t}: ortagent run_with_iobinding, reuse_output_buffers=True",
+                                 side, sess.run_with_iobinding, oa_reuse),
+                         c_binding, f"{name}/ort-iobinding"))
     if name == "identity":
         # what the Python timing loop itself costs per call (a builtin taking two arguments)
         rows.append((PyCalls("harness/loop", "harness: Python loop + builtin call", "harness",
@@ -133,6 +146,8 @@ def run(settings) -> Group:
             ("oa-run", "ortagent run", "ortagent", "pair/c-run", "pair/ort-run"),
             ("oa-iobinding", "ortagent run_with_iobinding", "ortagent", "pair/c-binding",
              "pair/ort-iobinding"),
+            ("oa-iobinding-reuse", "ortagent run_with_iobinding, reuse_output_buffers=True",
+             "ortagent", "pair/c-binding", "pair/ort-iobinding"),
             ("ort-run", "onnxruntime run", "onnxruntime", "pair/c-run", None),
             ("ort-iobinding", "onnxruntime run_with_iobinding", "onnxruntime", "pair/c-binding",
              None)):
@@ -153,7 +168,9 @@ def run(settings) -> Group:
                    "ortagent run_with_iobinding <= 1.15x C RunWithBinding (Identity)",
                    "identity/oa-iobinding", "identity/c-binding", 1.15,
                    detail="onnxruntime's own: "
-                          f"{med(g.ratio('identity/ort-iobinding', 'identity/c-binding')):.2f}x")
+                          f"{med(g.ratio('identity/ort-iobinding', 'identity/c-binding')):.2f}x; "
+                          "ortagent with reuse_output_buffers=True: "
+                          f"{med(g.ratio('identity/oa-iobinding-reuse', 'identity/c-binding')):.2f}x")
     g.ratio_target("per_pair_vs_c", "ortagent run per extra input+output pair <= 1.5x C Run's",
                    "pair/oa-run", "pair/c-run", 1.5,
                    detail=f"per pair: ortagent {med(g.samples('pair/oa-run')) / 1e3:.3f} µs, "
