@@ -76,14 +76,16 @@ cdef class IOBinding:
     cdef dict bound_inputs                      # name -> OrtValue, kept alive while bound
     cdef list bound_outputs                     # [_BoundOutput] in binding order
     cdef readonly bint reuse_output_buffers
-    cdef bint has_run                           # outputs were produced at least once
+    cdef bint outputs_stale                     # re-bind device outputs before the next run
+    cdef bint inputs_verified                   # every required input is bound
     cdef bint outputs_unsynchronized            # last run disabled the end-of-run device sync
     cdef int require_open(self) except -1
     cdef bytes _input_name(self, object name)
     cdef bytes _output_name(self, object name)
     cdef _remember_output(self, _BoundOutput bound)
     cdef int _check_output_type(self, object name, OrtValue value) except -1
-    cdef int rebind_handed_out_outputs(self) except -1
+    cdef bint has_device_outputs(self)
+    cdef bint rebind_device_outputs(self, bint always) except -1
     cdef list output_values(self)
 
 

@@ -13,6 +13,7 @@ import os
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next, PyDict_GetItem
+from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsSsize_t
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
@@ -28,7 +29,7 @@ from ortagent._runtime cimport (
 from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, FeedView, wrap_value, tensor_for_feed, value_to_numpy,
     tensor_type_name, feed_view, release_feed_view, clear_feed_view, tensor_data,
-    keep_aliased_feeds_alive,
+    keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
 )
 from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
@@ -1018,7 +1019,9 @@ cdef class InferenceSession:
         cdef PyObject** in_refs = in_refs_stack
         cdef void* in_data_stack[STACK_NAMES]
         cdef void** in_data = in_data_stack
-        cdef list holders = []
+        cdef PyObject* in_holders_stack[STACK_NAMES]
+        cdef PyObject** in_holders = in_holders_stack
+        cdef object item_object
         cdef Py_ssize_t kept
         cdef bint from_cache = False
         cdef bint registered = False
@@ -1042,8 +1045,9 @@ cdef class InferenceSession:
                 in_created = <Py_ssize_t*>malloc(n_in * sizeof(Py_ssize_t))
                 in_refs = <PyObject**>malloc(n_in * sizeof(PyObject*))
                 in_data = <void**>malloc(n_in * sizeof(void*))
+                in_holders = <PyObject**>malloc(n_in * sizeof(PyObject*))
                 if (in_names == NULL or in_values == NULL or in_created == NULL or in_refs == NULL
-                        or in_data == NULL):
+                        or in_data == NULL or in_holders == NULL):
                     raise MemoryError()
             if n_out_capacity > STACK_NAMES:
                 out_names = <const char**>malloc(n_out_capacity * sizeof(char*))
@@ -1078,7 +1082,7 @@ cdef class InferenceSession:
                     (<OrtValue>item).require_handle()
                     in_values[n_ready] = (<OrtValue>item).handle
                     in_created[n_ready] = FEED_BORROWED
-                    holders.append(<object>item)
+                    in_holders[n_ready] = item
                 else:
                     if keep is None:
                         keep = []
@@ -1086,8 +1090,9 @@ cdef class InferenceSession:
                     in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
                                                    self.input_elem_types[i], keep, &from_cache)
                     in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
-                    # what owns the memory the tensor describes: the array, or its copy
-                    holders.append(keep[len(keep) - 1] if len(keep) > kept else <object>item)
+                    # what owns the memory the tensor describes: the array, or its copy (kept
+                    # alive by `keep` until this call returns)
+                    in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
                 n_ready += 1
             if n_required < self.n_inputs:
                 self._raise_missing_inputs(input_feed)
@@ -1100,15 +1105,20 @@ cdef class InferenceSession:
                 status = ort.Run(session, run_options_c, in_names, <const ort.OrtValue* const*>in_values,
                                  <size_t>n_ready, out_names, <size_t>n_out, out_values)
             # Own every output before anything can raise, so none leaks.
-            results = [None] * n_out
+            results = PyList_New(n_out)
             for i in range(n_out):
-                if out_values[i] != NULL:
-                    results[i] = wrap_value(out_values[i], self)
-                    out_values[i] = NULL
+                item_object = wrap_value(out_values[i], self) if out_values[i] != NULL else None
+                Py_INCREF(item_object)
+                PyList_SET_ITEM(results, i, item_object)
+                out_values[i] = NULL
             if status == NULL:
+                if self.cpu_only:
+                    for i in range(n_out):
+                        if results[i] is not None:
+                            (<OrtValue>results[i]).describe_as(MEMORY_CPU)
                 for i in range(n_ready):
                     in_data[i] = tensor_data(in_values[i])
-                keep_aliased_feeds_alive(results, in_data, n_ready, holders, self, None)
+                keep_aliased_feeds_alive_c(results, in_data, in_holders, n_ready, self, None)
             try:
                 interruptible_end(run_options_c, registered)
             except BaseException:
@@ -1125,8 +1135,6 @@ cdef class InferenceSession:
             if as_numpy:
                 for i in range(n_out):
                     value = results[i]
-                    if self.cpu_only:
-                        value.describe_as(MEMORY_CPU)
                     results[i] = value_to_numpy(value, False)
             return results
         finally:
@@ -1143,6 +1151,7 @@ cdef class InferenceSession:
                 free(in_created)
                 free(in_refs)
                 free(in_data)
+                free(in_holders)
             if out_names != out_names_stack:
                 free(out_names)
                 free(out_values)
@@ -1170,10 +1179,12 @@ cdef class InferenceSession:
         if not bound.bound_outputs:
             raise OrtInvalidArgument("this IOBinding has no outputs bound: bind_output() or "
                                      "bind_ortvalue_output() first")
-        unbound = [arg.name for arg in self._inputs_meta if arg.name not in bound.bound_inputs]
-        if unbound:
-            raise OrtInvalidArgument(f"required inputs {unbound} are not bound to this IOBinding")
-        bound.rebind_handed_out_outputs()
+        if not bound.inputs_verified:
+            unbound = [arg.name for arg in self._inputs_meta if arg.name not in bound.bound_inputs]
+            if unbound:
+                raise OrtInvalidArgument(f"required inputs {unbound} are not bound to this IOBinding")
+            bound.inputs_verified = True
+        cdef bint rebound = bound.rebind_device_outputs(False)
         cdef ort.OrtIoBinding* binding = bound.handle
         cdef ort.OrtSession* session
         cdef ort.OrtStatus* status
@@ -1181,15 +1192,24 @@ cdef class InferenceSession:
         self.begin_run()
         try:
             session = self.handle
-            run_options_c = interruptible_begin(run_options_c, &registered)
-            with nogil:
-                status = ort.RunWithBinding(session, run_options_c, binding)
-            try:
-                interruptible_end(run_options_c, registered)
-            except BaseException:
-                if status != NULL:
+            while True:
+                run_options_c = interruptible_begin(run_options_c, &registered)
+                with nogil:
+                    status = ort.RunWithBinding(session, run_options_c, binding)
+                try:
+                    interruptible_end(run_options_c, registered)
+                except BaseException:
+                    if status != NULL:
+                        ort.ReleaseStatus(status)
+                    raise
+                if (status != NULL and not rebound and bound.has_device_outputs()
+                        and ort.GetErrorCode(status) == ort.ORT_INVALID_ARGUMENT):
+                    # An output kept from the last run may no longer fit (a data-dependent
+                    # output shape): give the device outputs fresh buffers and run again.
                     ort.ReleaseStatus(status)
-                raise
+                    rebound = bound.rebind_device_outputs(True)
+                    continue
+                break
             check(status)
         finally:
             self.end_run()
@@ -1308,6 +1328,8 @@ cdef class IOBinding:
                                      f"{tensor_type_name(v.elem_type)}")
         check(ort.BindInput(self.handle, encoded, v.handle))
         self.bound_inputs[name] = value
+        self.inputs_verified = False
+        self.outputs_stale = True
 
     def bind_cpu_input(self, name, arr_on_cpu):
         """Bind a NumPy array as input `name` without copying it (a contiguous copy when needed)."""
@@ -1327,6 +1349,8 @@ cdef class IOBinding:
         self.require_open()
         ort.ClearBoundInputs(self.handle)
         self.bound_inputs = {}
+        self.inputs_verified = False
+        self.outputs_stale = True
 
     # -- outputs -----------------------------------------------------------------------------------
 
@@ -1393,20 +1417,27 @@ cdef class IOBinding:
         ort.ClearBoundOutputs(self.handle)
         self.bound_outputs = []
 
-    cdef int rebind_handed_out_outputs(self) except -1:
-        """Give every device-allocated output a fresh buffer before a run, so that values already
-        handed out keep their contents (the IoBinding overwrite trap) and an output whose shape
-        changes from run to run gets a buffer of the new shape."""
+    cdef bint has_device_outputs(self):
+        for item in self.bound_outputs:
+            if (<_BoundOutput>item).device is not None:
+                return True
+        return False
+
+    cdef bint rebind_device_outputs(self, bint always) except -1:
+        """Before a run: give the outputs bound to a device fresh buffers when values were
+        handed out since the last run (so a run never changes them: the IoBinding overwrite trap)
+        or inputs were bound again (their shapes may differ); `always` forces it. Returns whether
+        it re-bound."""
         cdef _BoundOutput bound
-        if self.reuse_output_buffers or not self.has_run:
-            self.has_run = True
-            return 0
+        if self.reuse_output_buffers or not (always or self.outputs_stale):
+            return False
         for item in self.bound_outputs:
             bound = <_BoundOutput>item
             if bound.device is not None:
                 check(ort.BindOutputToDevice(self.handle, bound.name,
                                              (<OrtDevice>bound.device).memory_info()))
-        return 0
+        self.outputs_stale = False
+        return True
 
     # -- results -----------------------------------------------------------------------------------
 
@@ -1415,6 +1446,7 @@ cdef class IOBinding:
         self.require_open()
         if self.outputs_unsynchronized:
             self.synchronize_outputs()
+        self.outputs_stale = True      # handed out: the next run must not write into them
         cdef ort.OrtAllocator* allocator = NULL
         cdef ort.OrtValue** values = NULL
         cdef size_t count = 0, i

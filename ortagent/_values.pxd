@@ -1,4 +1,5 @@
 # cython: language_level=3
+from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
 from ortagent cimport _capi as ort
 
@@ -77,7 +78,10 @@ cdef void release_feed_view(FeedView* cache) noexcept
 
 # The data address of a tensor value (NULL for non-tensors, empty tensors, errors).
 cdef void* tensor_data(ort.OrtValue* handle) noexcept
-# Outputs sharing a feed's buffer keep that feed's memory owner alive (see _values.pyx).
+# Outputs sharing a feed's buffer keep that feed's memory owner alive (see _values.pyx); the
+# owners come as a C array of borrowed references (NULL: nothing to keep), or as a list.
+cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** holders,
+                                    Py_ssize_t n_feeds, object session, object skip) except -1
 cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
                                   object session, object skip) except -1
 cdef void clear_feed_view(FeedView* cache) noexcept

@@ -873,8 +873,8 @@ cdef void* tensor_data(ort.OrtValue* handle) noexcept:
     return data
 
 
-cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
-                                  object session, object skip) except -1:
+cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** holders,
+                                    Py_ssize_t n_feeds, object session, object skip) except -1:
     """onnxruntime may return a feed itself (a graph input that is also a graph output) or an
     alias of it (Identity, Reshape, ...) as an output sharing the feed's buffer. That buffer may
     be caller memory (a NumPy array, a value over caller memory) that only the feed kept alive:
@@ -883,16 +883,17 @@ cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_f
     cdef Py_ssize_t i, j
     cdef void* data
     cdef OrtValue value
+    cdef object holder
     for i in range(len(outputs)):
         if outputs[i] is None or (skip is not None and skip[i]):
             continue
         value = outputs[i]
-        data = tensor_data(value.handle)
+        data = value.data if value.elem_type > 0 else tensor_data(value.handle)
         if data == NULL:
             continue
         for j in range(n_feeds):
-            if feed_data[j] == data:
-                holder = holders[j]
+            if feed_data[j] == data and holders[j] != NULL:
+                holder = <object>holders[j]
                 value.owner = (session, holder)
                 if type(holder) is OrtValue:
                     value.readonly = value.readonly or (<OrtValue>holder).readonly
@@ -901,6 +902,21 @@ cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_f
                     value.readonly = True
                 break
     return 0
+
+
+cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
+                                  object session, object skip) except -1:
+    """keep_aliased_feeds_alive_c with the feeds' owners in a list."""
+    cdef Py_ssize_t j
+    cdef PyObject** array = <PyObject**>malloc((n_feeds + 1) * sizeof(PyObject*))
+    if array == NULL:
+        raise MemoryError()
+    try:
+        for j in range(n_feeds):
+            array[j] = <PyObject*>holders[j] if holders[j] is not None else NULL
+        return keep_aliased_feeds_alive_c(outputs, feed_data, array, n_feeds, session, skip)
+    finally:
+        free(array)
 
 
 cdef void release_feed_view(FeedView* cache) noexcept:

@@ -229,3 +229,46 @@ def test_binding_of_another_session_and_closed_objects():
     second.close()
     with pytest.raises(ortagent.ObjectClosedError):
         other.bind_output("c")
+
+
+def test_data_dependent_output_shape_without_rebinding(ort_ref):
+    """NonZero's output shape depends on the input's values: with the input bound once (its
+    array changed in place) and outputs never read in between, onnxruntime's own binding fails
+    on the kept buffer; ortagent's gives the output a fresh buffer and runs again."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("NonZero", ["x"], ["idx"])], "nonzero",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                              [helper.make_tensor_value_info("idx", TensorProto.INT64, [1, None])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+    ours, ref = pair(ort_ref, model)
+    x = np.array([1, 0, 2, 0, 0, 3], np.float32)
+    ob, rb = ours.io_binding(), ref.io_binding()
+    ob.bind_cpu_input("x", x)
+    rb.bind_cpu_input("x", x)
+    ob.bind_output("idx")
+    rb.bind_output("idx")
+    ours.run_with_iobinding(ob)
+    ref.run_with_iobinding(rb)
+    x[:] = [1, 1, 1, 1, 0, 0]                 # same buffer, now 4 non-zeros instead of 3
+    with pytest.raises(RuntimeError):
+        ref.run_with_iobinding(rb)
+    ours.run_with_iobinding(ob)
+    np.testing.assert_array_equal(ob.get_outputs()[0].numpy(), [[0, 1, 2, 3]])
+
+
+def test_outputs_not_handed_out_keep_their_buffer_between_runs():
+    session = ortagent.InferenceSession(models.mlp())
+    binding = session.io_binding()
+    binding.bind_cpu_input("x", np.ones((3, 16), np.float32))
+    binding.bind_output("y")
+    session.run_with_iobinding(binding)
+    first = binding.get_outputs()[0]
+    first_ptr = first.data_ptr()
+    session.run_with_iobinding(binding)          # handed out: a fresh buffer
+    second_ptr = binding.get_outputs()[0].data_ptr()
+    assert second_ptr != first_ptr
+    session.run_with_iobinding(binding)          # handed out again: fresh again
+    session.run_with_iobinding(binding)          # not handed out since: the same buffer is reused
+    third = binding.get_outputs()[0]
+    np.testing.assert_array_equal(third.numpy(), first.numpy())
