@@ -1464,7 +1464,13 @@ cdef class IOBinding:
             if values != NULL:
                 check(ort.AllocatorFree(allocator, values))
         # An output may be a bound input itself (or an alias of one): keep that input's memory.
+        # An output written into a caller's buffer (bind_ortvalue_output, bind_output with a
+        # buffer_ptr) keeps that buffer's owner: binding the output again, or closing the
+        # binding, must not free memory a value handed out still reads.
         inputs = list(self.bound_inputs.values())
+        for bound in self.bound_outputs:
+            if (<_BoundOutput>bound).value is not None:
+                inputs.append((<_BoundOutput>bound).value)
         cdef Py_ssize_t n_inputs = len(inputs), j
         cdef void** input_data = <void**>malloc((n_inputs + 1) * sizeof(void*))
         if input_data == NULL:
