@@ -53,6 +53,8 @@ def _contenders(name: str, settings, program, library, servers: list):
     rows = []                                   # (contender, ref key, peer key)
     c_run, c_binding = f"{name}/c-run", f"{name}/c-binding"
     rows.append((Served(c_run, f"{t}: C Run", "C", server, "run"), None, None))
+    rows.append((Served(f"{name}/c-run-read", f"{t}: C Run + read outputs' type/shape/data", "C",
+                        server, "run-read"), c_run, None))
     rows.append((Served(f"{name}/c-run-prealloc", f"{t}: C Run, preallocated outputs", "C",
                         server, "run-prealloc"), c_run, None))
     rows.append((Served(c_binding, f"{t}: C RunWithBinding", "C", server, "binding"), c_run, None))
@@ -161,7 +163,9 @@ def run(settings) -> Group:
 
     g = group
     med = statistics.median
-    ort_note = f"onnxruntime's own run: {med(g.ratio('identity/ort-run', 'identity/c-run')):.2f}x"
+    ort_note = (f"onnxruntime's own run: {med(g.ratio('identity/ort-run', 'identity/c-run')):.2f}x; "
+                f"ortagent run vs C Run + reading the outputs' type/shape/data (what returning "
+                f"them needs): {med(g.ratio('identity/oa-run', 'identity/c-run-read')):.2f}x")
     g.ratio_target("run_vs_c_run", "ortagent run <= 1.3x C Run (Identity)", "identity/oa-run",
                    "identity/c-run", 1.3, detail=ort_note)
     g.ratio_target("iobinding_vs_c_binding",

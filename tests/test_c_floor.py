@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-MODES = ["run", "run-prealloc", "binding", "binding-prealloc", "is-tensor", "noop"]
+MODES = ["run", "run-read", "run-prealloc", "binding", "binding-prealloc", "is-tensor", "noop"]
 
 
 def _load(name: str, path: Path):
