@@ -47,6 +47,13 @@ refagent: $(REF_VENV)/.ready
 test: build refagent
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
+# Long fuzzing: tests/test_fuzz.py with the ortagent-fuzz hypothesis profile, drawing batches of
+# examples until FUZZ_SECONDS have passed (each of its two fuzz tests gets that budget).
+FUZZ_SECONDS ?= 600
+
+fuzz: build
+	HYPOTHESIS_PROFILE=ortagent-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -s -ra tests/test_fuzz.py $(PYTEST_ARGS)
+
 # benchmarks/bench.py; BENCH_ARGS passes options (e.g. BENCH_ARGS="--groups calls,values").
 bench bench-quick: build refagent
 	@$(PY) -c "import tqdm, matplotlib" 2>/dev/null || \
