@@ -36,6 +36,8 @@ cdef class _AgentEngine:
     cdef list forward_input_positions  # graph-input index of each forward input
     cdef list backward_input_positions # graph-input index of each graph input the backward reads
     cdef list gradient_types
+    cdef list gradient_output_positions  # module output index of each gradient
+    cdef list gradient_output_names      # ... and its name (for messages)
     cdef list gradient_full_shape
     cdef readonly dict graph_output_index
     cdef readonly bint cpu_only

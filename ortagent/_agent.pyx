@@ -15,6 +15,7 @@ Two ways to call onnxruntime, chosen per call:
 """
 
 cimport cython
+from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport strcpy
 
@@ -209,6 +210,8 @@ cdef class _AgentEngine:
         self.forward_input_positions = list(split.forward_input_indices)
         self.backward_input_positions = list(split.backward_graph_input_indices)
         self.gradient_types = [info.elem_type for info in split.gradient_types]
+        self.gradient_output_positions = list(split.gradient_output_indices)
+        self.gradient_output_names = [split.module_output_names[i] for i in split.gradient_output_indices]
         self.gradient_full_shape = [split.gradient_output_indices[g] in split.full_shape_outputs
                                     for g in range(self.n_gradients)]
         self.graph_output_index = {name: i for i, name in enumerate(split.graph_output_names)}
@@ -289,7 +292,8 @@ cdef class _AgentEngine:
         state.engine = self
         # only the shapes (to check the gradients): the module outputs themselves belong to the
         # caller and are freed when the caller drops them, not held until the backward
-        state.gradient_shapes = [(<OrtValue>module_outputs[i]).shape() for i in self.split.gradient_output_indices]
+        state.gradient_shapes = [_shape_of(<OrtValue>module_outputs[i], self.cpu_only)
+                                 for i in self.gradient_output_positions]
         state.stash = outputs[self.n_module_outputs:]
         state.backward_inputs = [graph_inputs[p] for p in self.backward_input_positions]
         state.phase = PHASE_WAITING
@@ -307,9 +311,12 @@ cdef class _AgentEngine:
                 f"{list(self.split.gradient_names)}), got {len(gradients)}")
         for g in range(self.n_gradients):
             gradient = gradients[g]
-            output_index = self.split.gradient_output_indices[g]
-            output_name = self.split.module_output_names[output_index]
             output_shape = state.gradient_shapes[g]
+            if type(gradient) is OrtValue and _gradient_fits(<OrtValue>gradient, self.gradient_types[g],
+                                                             self.gradient_full_shape[g], output_shape):
+                continue        # the common case, checked in C
+            output_name = self.gradient_output_names[g]
+            output_shape = list(output_shape)
             if type(gradient) is OrtValue:
                 value = gradient
                 value.describe()
@@ -393,6 +400,37 @@ cdef class _AgentEngine:
             free(feed_types)
         state.drop()
         return outputs
+
+
+cdef tuple _shape_of(OrtValue value, bint on_cpu):
+    """A tensor's shape as a tuple of ints, without a Python method call."""
+    value.describe_as(MEMORY_CPU if on_cpu else -1)
+    return tuple([value.dims[i] for i in range(value.ndim)])
+
+
+cdef bint _gradient_fits(OrtValue gradient, int elem_type, bint full_shape, tuple shape) except -1:
+    """Whether a gradient has the element type and the shape (the full one, or one that
+    broadcasts to it) its module output asks for; False sends the caller to the explaining path."""
+    gradient.describe()
+    if gradient.elem_type != elem_type:
+        return False
+    cdef Py_ssize_t rank = len(shape), i
+    cdef int64_t have, want
+    if full_shape:
+        if gradient.ndim != rank:
+            return False
+        for i in range(rank):
+            if gradient.dims[i] != <int64_t>shape[i]:
+                return False
+        return True
+    if gradient.ndim > rank:
+        return False
+    for i in range(1, gradient.ndim + 1):
+        have = gradient.dims[gradient.ndim - i]
+        want = <int64_t>shape[rank - i]
+        if have != 1 and have != want:
+            return False
+    return True
 
 
 cdef bint _broadcasts_to(object shape, object target):

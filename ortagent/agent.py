@@ -189,6 +189,14 @@ class TrainingAgent:
                                      ("bw_outputs_device_info", output_names, self._output_devices)):
             for name, device in zip(names, devices):
                 self._check_reachable(device, f"{what} entry for {name!r}")
+        # Per-call work prepared once: where each module output goes, and whether feeds, fetches
+        # and gradients come in graph order already (no reordering per call then).
+        self._forward_targets: list[OrtDevice | None] = [None] * len(module_outputs)
+        for position, device in zip(self._fetch_positions, self._fetch_devices):
+            self._forward_targets[position] = device
+        self._feeds_in_order = self._feed_positions == list(range(len(graph_inputs)))
+        self._fetches_in_order = self._fetch_positions == list(range(len(module_outputs)))
+        self._grads_in_order = self._grad_order == list(range(len(split.gradient_names)))
 
     def _check_reachable(self, device, what: str) -> None:
         """Refuse an output device that no session provider can place values on: onnxruntime
@@ -249,7 +257,22 @@ class TrainingAgent:
         """State API: ``run_forward(feeds, fetches, state)`` fills `fetches` in place with the
         forward outputs. Run-id API: ``run_forward(iobinding, run_options)`` returns
         ``(outputs, run_id)``."""
-        self._require_open()
+        if self._closed:
+            self._require_open()
+        feeds_type = type(feeds_or_iobinding)
+        if (feeds_type is list or feeds_type is tuple) and type(state) is PartialGraphExecutionState \
+                and type(fetches_or_run_options) is list:
+            # the state API's hot path: plain lists, names in graph order
+            if self._feeds_in_order and len(feeds_or_iobinding) == len(self._feed_positions):
+                graph_inputs = feeds_or_iobinding if feeds_type is list else list(feeds_or_iobinding)
+            else:
+                graph_inputs = self._graph_inputs_from_feeds(feeds_or_iobinding)
+            if self._backward_only:
+                self._check_backward_only_inputs(graph_inputs)
+            outputs = self._engine.forward(state, graph_inputs, None, self._forward_targets)
+            fetches_or_run_options[:] = outputs if self._fetches_in_order else \
+                [outputs[p] for p in self._fetch_positions]
+            return None
         if isinstance(feeds_or_iobinding, TrainingIOBinding):
             if state is not None:
                 raise OrtInvalidType("run_forward(iobinding, run_options) takes no state")
@@ -275,7 +298,14 @@ class TrainingAgent:
         """State API: ``run_backward(feeds, fetches, state)`` fills `fetches` with the graph
         outputs. Run-id API: ``run_backward(backward_output_grads, run_id)``: the gradients land
         in the outputs bound to the run's io binding (``iobinding.get_outputs()``)."""
-        self._require_open()
+        if self._closed:
+            self._require_open()
+        if type(state) is PartialGraphExecutionState and type(fetches_or_run_id) is list \
+                and type(feeds_or_grads) is list and self._grads_in_order:
+            # the state API's hot path
+            fetches_or_run_id[:] = self._engine.backward(state, feeds_or_grads, self._output_positions,
+                                                         self._output_devices, None)
+            return
         if state is None and not isinstance(fetches_or_run_id, list):
             self._run_backward_by_id(feeds_or_grads, fetches_or_run_id)
             return
@@ -286,8 +316,7 @@ class TrainingAgent:
         if not isinstance(fetches, list):
             raise OrtInvalidType(f"fetches must be a list (filled in place), got {type(fetches).__name__}")
         gradients = self._ordered_gradients(feeds_or_grads)
-        targets = list(self._output_devices)
-        fetches[:] = self._engine.backward(state, gradients, self._output_positions, targets, None)
+        fetches[:] = self._engine.backward(state, gradients, self._output_positions, self._output_devices, None)
 
     # -- state API helpers ---------------------------------------------------------------------------
 
@@ -341,10 +370,7 @@ class TrainingAgent:
             raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got {type(run_options).__name__}")
         if self._backward_only:
             self._check_backward_only_inputs(graph_inputs)
-        targets: list[OrtDevice | None] = [None] * len(self._split.module_output_names)
-        for position, device in zip(self._fetch_positions, self._fetch_devices):
-            targets[position] = device
-        return self._engine.forward(state, graph_inputs, run_options, targets)
+        return self._engine.forward(state, graph_inputs, run_options, self._forward_targets)
 
     # -- run-id API ----------------------------------------------------------------------------------
 
