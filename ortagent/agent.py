@@ -409,7 +409,9 @@ class TrainingAgent:
         binding: TrainingIOBinding = state.binding
         try:
             positions, targets = binding._output_plan()
-            outputs = self._engine.backward(state, self._ordered_gradients(grads), positions, targets, None)
+            if type(grads) is not list or not self._grads_in_order:
+                grads = self._ordered_gradients(grads)
+            outputs = self._engine.backward(state, grads, positions, targets, None)
         except BaseException:
             if state.status == "waiting for its backward":
                 with self._lock:
@@ -452,6 +454,9 @@ class TrainingIOBinding:
         self._inputs: dict[str, OrtValue] = {}
         self._outputs: dict[str, object] = {}       # name -> OrtDevice or OrtValue, in order
         self._results: list[OrtValue] = []
+        # what runs need, rebuilt only when a binding changes
+        self._input_plan: list | None = None
+        self._output_plan_cache: tuple[list[int], list] | None = None
 
     def _graph_input_type(self, name: str) -> int | None:
         split = self._agent._split
@@ -475,6 +480,7 @@ class TrainingIOBinding:
             raise OrtInvalidArgument(f"input {name!r} expects element type {expected}, got "
                                      f"{value.data_type()}")
         self._inputs[name] = value
+        self._input_plan = None
 
     def bind_cpu_input(self, name: str, arr_on_cpu) -> None:
         self._graph_input_type(name)
@@ -496,9 +502,11 @@ class TrainingIOBinding:
             device = as_device(device_type, device_id)
             self._agent._check_reachable(device, f"output {name!r}")
             self._outputs[name] = device
+            self._output_plan_cache = None
         else:
             if element_type is None or shape is None:
                 raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
+            self._output_plan_cache = None
             self._outputs[name] = OrtValue._from_pointer(int(buffer_ptr), shape, element_type,
                                                          device_type, device_id)
 
@@ -507,12 +515,15 @@ class TrainingIOBinding:
         if not isinstance(value, OrtValue):
             raise OrtInvalidType(f"output {name!r} must be an OrtValue, got {type(value).__name__}")
         self._outputs[name] = value
+        self._output_plan_cache = None
 
     def clear_binding_inputs(self) -> None:
         self._inputs = {}
+        self._input_plan = None
 
     def clear_binding_outputs(self) -> None:
         self._outputs = {}
+        self._output_plan_cache = None
         self._results = []
 
     def synchronize_inputs(self) -> None:
@@ -535,19 +546,25 @@ class TrainingIOBinding:
     # -- for the agent -------------------------------------------------------------------------------
 
     def _graph_inputs(self) -> list:
-        split = self._agent._split
-        needed = set(split.forward_input_names) | set(split.backward_graph_input_names)
-        missing = [name for name in split.graph_input_names if name in needed and name not in self._inputs]
-        if missing:
-            raise OrtInvalidArgument(f"inputs {missing} of the training graph are not bound")
-        return [self._inputs.get(name) for name in split.graph_input_names]
+        """The bound values in graph-input order (the list is the engine's to read, not change)."""
+        if self._input_plan is None:
+            split = self._agent._split
+            needed = set(split.forward_input_names) | set(split.backward_graph_input_names)
+            missing = [name for name in split.graph_input_names if name in needed and name not in self._inputs]
+            if missing:
+                raise OrtInvalidArgument(f"inputs {missing} of the training graph are not bound")
+            self._input_plan = [self._inputs.get(name) for name in split.graph_input_names]
+        return self._input_plan
 
     def _output_plan(self) -> tuple[list[int], list]:
-        index = self._agent._split.graph_output_names.index
-        if not self._outputs:
-            count = len(self._agent._split.graph_output_names)
-            return list(range(count)), [None] * count
-        return [index(name) for name in self._outputs], list(self._outputs.values())
+        if self._output_plan_cache is None:
+            index = self._agent._split.graph_output_names.index
+            if not self._outputs:
+                count = len(self._agent._split.graph_output_names)
+                self._output_plan_cache = (list(range(count)), [None] * count)
+            else:
+                self._output_plan_cache = ([index(name) for name in self._outputs], list(self._outputs.values()))
+        return self._output_plan_cache
 
     def _set_results(self, outputs: list) -> None:
         self._results = outputs
