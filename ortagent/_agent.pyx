@@ -25,7 +25,7 @@ from ortagent._runtime cimport (
     interruptible_end,
 )
 from ortagent._values cimport (
-    tensor_data, keep_aliased_feeds_alive,
+    tensor_data, keep_aliased_feeds_alive, bound_output_values,
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, tensor_for_feed,
     tensor_type_name, memory_kind_of,
 )
@@ -574,9 +574,6 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     bound to targets[i] (an OrtDevice: onnxruntime allocates there; an OrtValue: written into).
     A name listed twice is bound once and its value returned for each listing."""
     cdef ort.OrtIoBinding* binding = NULL
-    cdef ort.OrtAllocator* allocator = NULL
-    cdef ort.OrtValue** values = NULL
-    cdef size_t count = 0, j
     cdef Py_ssize_t i
     cdef ort.OrtRunOptions* run_options_c = NULL
     cdef bint registered = False
@@ -588,7 +585,6 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     cdef ort.OrtValue** in_values = in_stack
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
-    check(ort.GetAllocatorWithDefaultOptions(&allocator))
     session.begin_run()
     try:
         check(ort.CreateIoBinding(session.handle, &binding))
@@ -626,18 +622,7 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                 status = ort.SynchronizeBoundOutputs(binding)
         _end_interruptible(run_options_c, registered, status)
         check(status)
-        check(ort.GetBoundOutputValues(binding, allocator, &values, &count))
-        by_name = {}
-        try:
-            for j in range(count):
-                by_name[order[j]] = wrap_value(values[j], session)
-                values[j] = NULL
-        finally:
-            for j in range(count):
-                if values[j] != NULL:
-                    ort.ReleaseValue(values[j])
-            if values != NULL:
-                check(ort.AllocatorFree(allocator, values))
+        by_name = dict(zip(order, bound_output_values(binding, session)))
         if len(bound) > STACK_SLOTS:
             in_values = <ort.OrtValue**>malloc(len(bound) * sizeof(void*))
             if in_values == NULL:

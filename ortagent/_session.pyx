@@ -29,7 +29,7 @@ from ortagent._runtime cimport (
 from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, FeedView, wrap_value, tensor_for_feed, value_to_numpy,
     tensor_type_name, feed_view, release_feed_view, clear_feed_view, tensor_data,
-    keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
+    keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
 )
 from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
@@ -1447,22 +1447,7 @@ cdef class IOBinding:
         if self.outputs_unsynchronized:
             self.synchronize_outputs()
         self.outputs_stale = True      # handed out: the next run must not write into them
-        cdef ort.OrtAllocator* allocator = NULL
-        cdef ort.OrtValue** values = NULL
-        cdef size_t count = 0, i
-        check(ort.GetAllocatorWithDefaultOptions(&allocator))
-        check(ort.GetBoundOutputValues(self.handle, allocator, &values, &count))
-        result = []
-        try:
-            for i in range(count):
-                result.append(wrap_value(values[i], self.session))
-                values[i] = NULL
-        finally:
-            for i in range(count):
-                if values[i] != NULL:
-                    ort.ReleaseValue(values[i])
-            if values != NULL:
-                check(ort.AllocatorFree(allocator, values))
+        result = bound_output_values(self.handle, self.session)
         # An output may be a bound input itself (or an alias of one): keep that input's memory.
         # An output written into a caller's buffer (bind_ortvalue_output, bind_output with a
         # buffer_ptr) keeps that buffer's owner: binding the output again, or closing the

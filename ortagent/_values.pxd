@@ -76,6 +76,9 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
                              list keep, bint* from_cache) except NULL
 cdef void release_feed_view(FeedView* cache) noexcept
 
+# The output values an IoBinding holds, as new OrtValues kept by `owner`, in binding order.
+cdef list bound_output_values(ort.OrtIoBinding* binding, object owner)
+
 # The data address of a tensor value (NULL for non-tensors, empty tensors, errors).
 cdef void* tensor_data(ort.OrtValue* handle) noexcept
 # Outputs sharing a feed's buffer keep that feed's memory owner alive (see _values.pyx); the

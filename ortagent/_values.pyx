@@ -863,6 +863,28 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
     return handle
 
 
+cdef list bound_output_values(ort.OrtIoBinding* binding, object owner):
+    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) kept by
+    `owner`, in binding order."""
+    cdef ort.OrtAllocator* allocator = NULL
+    cdef ort.OrtValue** values = NULL
+    cdef size_t count = 0, i
+    check(ort.GetAllocatorWithDefaultOptions(&allocator))
+    check(ort.GetBoundOutputValues(binding, allocator, &values, &count))
+    cdef list result = []
+    try:
+        for i in range(count):
+            result.append(wrap_value(values[i], owner))
+            values[i] = NULL
+    finally:
+        for i in range(count):
+            if values[i] != NULL:
+                ort.ReleaseValue(values[i])
+        if values != NULL:
+            check(ort.AllocatorFree(allocator, values))
+    return result
+
+
 cdef void* tensor_data(ort.OrtValue* handle) noexcept:
     """The data address of a tensor value; NULL for non-tensors, empty tensors or on error."""
     cdef void* data = NULL

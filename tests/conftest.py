@@ -16,6 +16,19 @@ if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
 
+def load_file_module(name: str, path):
+    """Import a Python file that lives outside any package (tests/abi_check, benchmarks/), once."""
+    import importlib.util
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def ort_ref():
     """onnxruntime's own Python module (the reference the binding is compared against)."""

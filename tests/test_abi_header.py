@@ -16,27 +16,18 @@ What is checked (tests/abi_check/check_ort_abi.c does the C part):
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_file_module
 
 
 HERE = Path(__file__).resolve().parent
-ctools = _load("ortagent_tests_ctools", HERE / "abi_check" / "ctools.py")
-debian = _load("ortagent_tests_debian_headers", HERE / "abi_check" / "debian_headers.py")
+ctools = load_file_module("ortagent_tests_ctools", HERE / "abi_check" / "ctools.py")
+debian = load_file_module("ortagent_tests_debian_headers", HERE / "abi_check" / "debian_headers.py")
 CHECK_C = HERE / "abi_check" / "check_ort_abi.c"
 ORT_ABI_H = ctools.INCLUDE / "ortagent" / "ort_abi.h"
 

@@ -7,7 +7,6 @@ Skips with the reason when gcc or an onnxruntime library is missing.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shutil
@@ -17,22 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_file_module
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ["run", "run-read", "run-prealloc", "binding", "binding-prealloc", "is-tensor", "noop"]
 
 
-def _load(name: str, path: Path):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-floor = _load("ortagent_bench_c_floor", REPO_ROOT / "benchmarks" / "c_floor" / "build.py")
-models = _load("ortagent_bench_models", REPO_ROOT / "benchmarks" / "models.py")
+floor = load_file_module("ortagent_bench_c_floor", REPO_ROOT / "benchmarks" / "c_floor" / "build.py")
+models = load_file_module("ortagent_bench_models", REPO_ROOT / "benchmarks" / "models.py")
 
 
 @pytest.fixture(scope="module")
