@@ -44,7 +44,6 @@ from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,
     OrtInvalidType,
-    RunStateError,
     UnknownRunError,
 )
 from ortagent.graph_split import TrainingGraphSplit, split_training_graph

@@ -17,7 +17,6 @@ What is checked (tests/abi_check/check_ort_abi.c does the C part):
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -69,7 +68,7 @@ def _declared_lists(include: Path) -> dict[str, list[tuple[str, str, int]]]:
 
 def _genuine_enum(header: Path, typedef: str) -> dict[str, int]:
     """Enumerators of the genuine `typedef enum {...} <typedef>;` (C view of the header)."""
-    text = ctools.preprocess(f'#include "dlpack/dlpack.h"\n', [_include_root(header)])
+    text = ctools.preprocess('#include "dlpack/dlpack.h"\n', [_include_root(header)])
     m = re.search(r"typedef\s+enum\s*(?:\w+\s*)?\{([^}]*)\}\s*" + typedef + r"\s*;", text)
     assert m, f"no enum {typedef} in {header}"
     values, next_value = {}, 0

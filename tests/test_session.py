@@ -9,7 +9,7 @@ import time
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 import onnx_models as models
 import ortagent
