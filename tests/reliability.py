@@ -22,6 +22,10 @@ import onnx_models as models
 import ortagent
 import training_graphs as tg
 
+# AddressSanitizer in this process (make asan preloads it): its allocator aborts on allocations
+# it cannot serve instead of failing them, so checks that ask for petabytes skip under it.
+UNDER_ASAN = hasattr(ctypes.CDLL(None), "__asan_init")
+
 # ---- live handles -----------------------------------------------------------------------------
 
 
