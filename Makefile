@@ -54,6 +54,29 @@ FUZZ_SECONDS ?= 600
 fuzz: build
 	HYPOTHESIS_PROFILE=ortagent-fuzz FUZZ_SECONDS=$(FUZZ_SECONDS) $(PY) -m pytest -q -s -ra tests/test_fuzz.py $(PYTEST_ARGS)
 
+# AddressSanitizer: the extension built with -fsanitize=address in a copy of the tree (ASAN_DIR;
+# the in-place build is left alone), ASAN_TESTS run there with gcc's libasan preloaded -- and
+# libstdc++, so that ASan can intercept the C++ exceptions onnxruntime throws -- and Python's
+# allocator switched to malloc so that ASan sees Python objects too; then a LeakSanitizer check of
+# ortagent workloads (tests/lsan_check.py). Leak detection stays off for the suite: a Python
+# process ends with memory LeakSanitizer cannot tell from leaks. test_typing (static checks) is
+# left out.
+ASAN_DIR ?= build/asan
+ASAN_TESTS ?= tests
+ASAN_PRELOAD = $(shell gcc -print-file-name=libasan.so) $(shell gcc -print-file-name=libstdc++.so)
+ASAN_RUN_OPTIONS ?= detect_leaks=0:allocator_may_return_null=1:halt_on_error=1:print_summary=1
+
+asan: venv refagent
+	rm -rf $(ASAN_DIR) && mkdir -p $(ASAN_DIR) .cache
+	git ls-files --cached --others --exclude-standard -z | xargs -0 tar cf - | tar xf - -C $(ASAN_DIR)
+	ln -sfn $(CURDIR)/.cache $(ASAN_DIR)/.cache
+	ln -sfn $(CURDIR)/$(REF_VENV) $(ASAN_DIR)/$(REF_VENV)
+	cd $(ASAN_DIR) && ORTAGENT_CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g" \
+		ORTAGENT_LDFLAGS="-fsanitize=address" $(abspath $(PY)) setup.py -q build_ext --inplace
+	cd $(ASAN_DIR) && LD_PRELOAD="$(ASAN_PRELOAD)" ASAN_OPTIONS=$(ASAN_RUN_OPTIONS) PYTHONMALLOC=malloc \
+		$(abspath $(PY)) -m pytest -q -ra -p no:cacheprovider $(ASAN_TESTS) --ignore=tests/test_typing.py $(PYTEST_ARGS)
+	cd $(ASAN_DIR) && PYTHONPATH=$(abspath $(ASAN_DIR)) $(abspath $(PY)) tests/lsan_check.py
+
 # benchmarks/bench.py; BENCH_ARGS passes options (e.g. BENCH_ARGS="--groups calls,values").
 bench bench-quick: build refagent
 	@$(PY) -c "import tqdm, matplotlib" 2>/dev/null || \
