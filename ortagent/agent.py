@@ -39,7 +39,7 @@ from typing import Any, overload
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine
 from ortagent._session import IOBinding, RunOptions, SessionOptions
-from ortagent._values import OrtDevice, OrtValue, as_device
+from ortagent._values import _ELEMENT_TYPES, OrtDevice, OrtValue, as_device
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,
@@ -465,6 +465,15 @@ class TrainingIOBinding:
         info = split.graph_input_types[split.graph_input_names.index(name)]
         return None if info is None else info.elem_type
 
+    def _check_output_type(self, name: str, value: OrtValue) -> None:
+        """A caller's buffer must have the output's element type (onnxruntime's own error, at the
+        backward, does not name the output)."""
+        split = self._agent._split
+        info = split.graph_output_types[split.graph_output_names.index(name)]
+        if info is not None and value.element_type() != info.elem_type:
+            expected = _ELEMENT_TYPES.get(info.elem_type, (info.type_name,))[0]
+            raise OrtInvalidArgument(f"output {name!r} is tensor({expected}), got a value of {value.data_type()}")
+
     def _check_output(self, name: str) -> None:
         split = self._agent._split
         if name not in split.graph_output_names:
@@ -487,9 +496,9 @@ class TrainingIOBinding:
 
     def bind_input(self, name, device_type, device_id, element_type, shape, buffer_ptr) -> None:
         self._graph_input_type(name)
-        if not buffer_ptr:
+        if buffer_ptr is None or buffer_ptr == 0:
             raise OrtInvalidArgument(f"input {name!r}: buffer_ptr must not be 0")
-        self.bind_ortvalue_input(name, OrtValue._from_pointer(int(buffer_ptr), shape, element_type,
+        self.bind_ortvalue_input(name, OrtValue._from_pointer(buffer_ptr, shape, element_type,
                                                               device_type, device_id))
 
     def bind_output(self, name, device_type="cpu", device_id=0, element_type=None, shape=None,
@@ -505,14 +514,18 @@ class TrainingIOBinding:
         else:
             if element_type is None or shape is None:
                 raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
+            if buffer_ptr == 0:
+                raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
+            value = OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
+            self._check_output_type(name, value)
             self._output_plan_cache = None
-            self._outputs[name] = OrtValue._from_pointer(int(buffer_ptr), shape, element_type,
-                                                         device_type, device_id)
+            self._outputs[name] = value
 
     def bind_ortvalue_output(self, name: str, value: OrtValue) -> None:
         self._check_output(name)
         if not isinstance(value, OrtValue):
             raise OrtInvalidType(f"output {name!r} must be an OrtValue, got {type(value).__name__}")
+        self._check_output_type(name, value)
         self._outputs[name] = value
         self._output_plan_cache = None
 
