@@ -477,6 +477,29 @@ cdef int _end_interruptible(ort.OrtRunOptions* used, bint registered, ort.OrtSta
     return 0
 
 
+cdef int _check_run(ort.OrtStatus* status, list feeds, char** input_names, int* input_types) except -1:
+    """check(status); when onnxruntime refuses a feed's type (its message does not name the
+    input), raise naming the OrtValue feed of the wrong type instead."""
+    if status == NULL:
+        return 0
+    cdef Py_ssize_t i
+    cdef OrtValue value
+    try:
+        check(status)
+    except OrtInvalidArgument as exc:
+        for i in range(len(feeds)):
+            if type(feeds[i]) is not OrtValue or input_types[i] < 0:
+                continue
+            value = feeds[i]
+            value.describe()
+            if value.is_tensor_value and value.elem_type != input_types[i]:
+                raise OrtInvalidArgument(
+                    f"input {input_names[i].decode()!r} expects {tensor_type_name(input_types[i])}, got an "
+                    f"OrtValue of {tensor_type_name(value.elem_type)}") from exc
+        raise
+    return 0
+
+
 cdef list _run(InferenceSession session, char** input_names, list feeds, int* input_types,
                char** output_names, Py_ssize_t n_out, object preallocated, object run_options):
     """OrtApi::Run over prepared names: outputs come back as OrtValues on the CPU (or written
@@ -539,7 +562,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
             elif out_values[i] != NULL:
                 results[i] = wrap_value(out_values[i], session)
         _end_interruptible(run_options_c, registered, status)
-        check(status)
+        _check_run(status, feeds, input_names, input_types)
         _hold_aliased_inputs(results, in_values, holders, session, preallocated)
         return results
     finally:
@@ -621,7 +644,7 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             if status == NULL:
                 status = ort.SynchronizeBoundOutputs(binding)
         _end_interruptible(run_options_c, registered, status)
-        check(status)
+        _check_run(status, feeds, input_names, input_types)
         by_name = dict(zip(order, bound_output_values(binding, session)))
         if len(bound) > STACK_SLOTS:
             in_values = <ort.OrtValue**>malloc(len(bound) * sizeof(void*))
