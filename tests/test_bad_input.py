@@ -788,10 +788,9 @@ for form in ("agent_state7", "agent_kw1192"):
          forward(form, feeds=lambda w: _values(w)[:2]))
     case("agents", f"{tag}-forward-ndarray-wrong-dtype", OrtInvalidArgument, "input 'x' expects tensor(double), got a NumPy array of float32",
          forward(form, feeds=lambda w: [np.ones((2, 3), np.float32)] + _values(w)[1:]))
-    case("agents", f"{tag}-forward-ortvalue-wrong-dtype", OrtInvalidArgument, "input 'x'",
-         forward(form, feeds=lambda w: [from_numpy(np.ones((2, 3), np.float32))] + _values(w)[1:]),
-         xfail="bug in ortagent/_agent.pyx (_run / _run_bound): an OrtValue feed of the wrong type reaches "
-               "OrtApi::Run, whose message does not name the input")
+    case("agents", f"{tag}-forward-ortvalue-wrong-dtype", OrtInvalidArgument,
+         "input 'x' expects tensor(double), got an OrtValue of tensor(float)",
+         forward(form, feeds=lambda w: [from_numpy(np.ones((2, 3), np.float32))] + _values(w)[1:]))
     case("agents", f"{tag}-forward-wrong-extent", OrtInvalidArgument, "invalid dimensions for input: x",
          forward(form, feeds=lambda w: [from_numpy(np.ones((3, 3)))] + _values(w)[1:]))
     case("agents", f"{tag}-forward-feed-none", OrtInvalidType, "input 'x' must be a numpy.ndarray or an OrtValue, got NoneType",
@@ -905,20 +904,22 @@ case("agents", "run_id-bind_input-null-pointer", OrtInvalidArgument, "input 'x':
 case("agents", "run_id-bind_input-device_id-str", OrtInvalidType, "device_id must be an int, got str",
      rid_bind(lambda b: b.bind_input("x", "cpu", "0", np.float64, [2, 3], BUFFER.ctypes.data)))
 case("agents", "run_id-bind_input-pointer-str", OrtInvalidType, "buffer_ptr must be an int, got str",
-     rid_bind(lambda b: b.bind_input("x", "cpu", 0, np.float64, [2, 3], "0x10")),
-     xfail="bug in ortagent/agent.py TrainingIOBinding.bind_input: int(buffer_ptr) raises ValueError for a str")
+     rid_bind(lambda b: b.bind_input("x", "cpu", 0, np.float64, [2, 3], "0x10")))
 case("agents", "run_id-bind_output-unknown", OrtInvalidArgument, "unknown output name 'zz'", rid_bind(lambda b: b.bind_output("zz")))
 case("agents", "run_id-bind_output-cuda-on-cpu", OrtInvalidArgument, "output 'x_grad': OrtDevice('cuda:0') needs the CUDAExecutionProvider",
      rid_bind(lambda b: b.bind_output("x_grad", "cuda")))
 case("agents", "run_id-bind_output-unknown-device", OrtInvalidArgument, "unknown device 'tpu'",
      rid_bind(lambda b: b.bind_output("x_grad", "tpu")))
-case("agents", "run_id-bind_output-null-pointer", OrtInvalidArgument, "output 'x_grad'",
-     rid_bind(lambda b: b.bind_output("x_grad", element_type=np.float64, shape=[2, 3], buffer_ptr=0)),
-     xfail="bug in ortagent/agent.py TrainingIOBinding.bind_output: buffer_ptr=0 is not refused (the value "
-           "over NULL is now refused by ortagent._values, but the message does not name the output)")
+case("agents", "run_id-bind_output-null-pointer", OrtInvalidArgument, "output 'x_grad': buffer_ptr must not be 0",
+     rid_bind(lambda b: b.bind_output("x_grad", element_type=np.float64, shape=[2, 3], buffer_ptr=0)))
 case("agents", "run_id-bind_output-pointer-str", OrtInvalidType, "buffer_ptr must be an int, got str",
-     rid_bind(lambda b: b.bind_output("x_grad", element_type=np.float64, shape=[2, 3], buffer_ptr="x")),
-     xfail="bug in ortagent/agent.py TrainingIOBinding.bind_output: int(buffer_ptr) raises ValueError for a str")
+     rid_bind(lambda b: b.bind_output("x_grad", element_type=np.float64, shape=[2, 3], buffer_ptr="x")))
+case("agents", "run_id-bind_ortvalue_output-other-type", OrtInvalidArgument,
+     "output 'x_grad' is tensor(double), got a value of tensor(float)",
+     rid_bind(lambda b: b.bind_ortvalue_output("x_grad", from_numpy(np.ones((2, 3), np.float32)))))
+case("agents", "run_id-bind_output-buffer-of-other-type", OrtInvalidArgument,
+     "output 'x_grad' is tensor(double), got a value of tensor(int32)",
+     rid_bind(lambda b: b.bind_output("x_grad", "cpu", 0, np.int32, [2, 3], BUFFER.ctypes.data)))
 case("agents", "run_id-bind_ortvalue_output-ndarray", OrtInvalidType, "output 'x_grad' must be an OrtValue, got ndarray",
      rid_bind(lambda b: b.bind_ortvalue_output("x_grad", G)))
 case("agents", "run_id-forward-inputs-not-bound", OrtInvalidArgument, "inputs ['x', 'w', 'bias'] of the training graph are not bound",
