@@ -706,6 +706,8 @@ def test_ctrl_c_during_a_long_agent_run_raises_keyboard_interrupt(tmp_path, api)
     script = tmp_path / "interrupt_agent.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys, threading
+        # as in an interactive interpreter (a CI job may start Python with SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.path.join(REPO_ROOT, 'tests')!r})
         import numpy as np, ortagent
         from agent_driver import slow_training_graph

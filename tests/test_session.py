@@ -360,6 +360,8 @@ def test_ctrl_c_during_a_long_run_raises_keyboard_interrupt_promptly(tmp_path, a
     script = tmp_path / "interrupt.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys, threading
+        # as in an interactive interpreter (a CI job may start Python with SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.path.join(REPO_ROOT, 'tests')!r})
         import numpy as np, ortagent, onnx_models as models
         session = ortagent.InferenceSession(models.slow_loop(iterations=1_000_000))
