@@ -1,15 +1,17 @@
 """Leaks over long runs: 100,000 iterations of each kind of call, resident memory measured from
 /proc/self/statm after a warm-up, and the live-handle counters back to where they started.
 
-Each check runs its step a few thousand times first (onnxruntime's arenas, NumPy's and Python's
-allocators and ortagent's caches reach their steady state), then 100,000 times, and then
-requires the resident set to have grown by less than 1 MiB -- under 11 bytes per iteration, so
-a leak of even one small object per call shows. The measured growth is printed (``-s``) and
+Each check first runs its step in chunks of a few thousand until a chunk leaves the resident set
+unchanged (onnxruntime's arenas, the C, NumPy and Python allocators and ortagent's caches have
+reached their steady state), then 100,000 times more, sampling the resident set (after
+``malloc_trim``) ten times, and requires it to have grown by less than 1 MiB -- under 11 bytes
+per iteration, so a leak of even one small object per call shows. The measured growth is printed (``-s``) and
 recorded as a test property.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 
 import numpy as np
@@ -26,20 +28,50 @@ WARMUP = 5_000
 LIMIT = 1 << 20       # bytes of resident-set growth allowed over ITERATIONS
 
 
-def check_steady(step, record_property, iterations=ITERATIONS, warmup=WARMUP):
-    for _ in range(warmup):
-        step()
+_libc = ctypes.CDLL(None)
+
+
+def resident() -> int:
+    """The resident set after a collection and malloc_trim(0): memory the C allocator keeps
+    free for reuse (how much depends on what ran before in the process: a fragmented heap,
+    glibc's adaptive mmap threshold) is handed back first, so what remains is memory in use."""
     gc.collect()
+    _libc.malloc_trim(0)
+    return rss_bytes()
+
+
+def warm_up(step, chunk, max_chunks=40):
+    """Run `step` in chunks until a chunk leaves the resident set where it was (onnxruntime's
+    arenas, NumPy's and Python's allocators and ortagent's caches have settled). A real leak
+    never settles; it then shows in the measured iterations."""
+    previous = None
+    for _ in range(max_chunks):
+        for _ in range(chunk):
+            step()
+        now = resident()
+        if previous is not None and now <= previous:
+            return
+        previous = now
+
+
+def check_steady(step, record_property, iterations=ITERATIONS, warmup=WARMUP, samples=10):
+    """Warm up, then run `step` `iterations` times in `samples` chunks; the growth is the least
+    resident set of the last three chunks minus the resident set before them (allocator noise
+    of a few hundred KiB comes and goes; a leak grows in every sample)."""
+    warm_up(step, warmup)
     handles = live()        # what the steady state holds (e.g. a binding's last outputs)
-    start = rss_bytes()
-    for _ in range(iterations):
-        step()
-    gc.collect()
-    growth = rss_bytes() - start
+    start = resident()
+    seen = []
+    per_chunk = max(iterations // samples, 1)
+    for _ in range(samples):
+        for _ in range(per_chunk):
+            step()
+        seen.append(resident())
+    growth = min(seen[-3:]) - start
     record_property("rss_growth_bytes", growth)
-    print(f"\n{iterations} iterations: resident set grew by {growth} bytes")
+    print(f"\n{per_chunk * samples} iterations: resident set grew by {growth} bytes")
     if not UNDER_ASAN:       # (AddressSanitizer's quarantine keeps freed memory resident)
-        assert growth < LIMIT, f"resident set grew by {growth} bytes over {iterations} iterations"
+        assert growth < LIMIT, f"resident set grew by {growth} bytes over {iterations} iterations ({seen})"
     assert not changed(handles, settled(handles)), changed(handles, live())
     return growth
 
