@@ -624,11 +624,14 @@ def _one_damaged_graph(damaged):
 def test_mutated_training_graphs(ort_ref):
     quiet = ortagent.get_default_logger_severity()
     ortagent.set_default_logger_severity(4)          # onnxruntime logs the failures it reports
+    examples = 0
     try:
         for _ in _batches():
             _one_damaged_graph()
+            examples += settings.get_profile(PROFILE).max_examples
     finally:
         ortagent.set_default_logger_severity(quiet)
+    print(f"fuzz: {examples} damaged training graphs")
 
 
 # ---- what the fuzzing found, pinned down ---------------------------------------------------------------
