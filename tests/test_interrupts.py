@@ -186,6 +186,8 @@ def _run_script(tmp_path, body: str):
     script = tmp_path / "interrupt.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys, threading
+        # as in an interactive interpreter (a CI job may start Python with SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, {os.path.join(REPO_ROOT, 'tests')!r})
         import numpy as np, ortagent
         def sigint_in(seconds):
