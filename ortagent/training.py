@@ -31,7 +31,7 @@ import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, load_model, topological_order, walk_graphs
-from .errors import OrtInvalidArgument, OrtNotImplemented
+from .errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 from .graph_split import YIELD_OP_DOMAIN, YIELD_OP_TYPE
 
 __all__ = ["build_training_graph", "FLOAT_ELEMENT_TYPES"]
@@ -70,6 +70,18 @@ def build_training_graph(
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
     value reaches an operator that has no derivative rule.
     """
+    trainable = _names(trainable, "trainable")
+    input_gradients = _names(input_gradients, "input_gradients")
+    if user_inputs is not None:
+        user_inputs = _names(user_inputs, "user_inputs")
+    if non_differentiable_outputs is not None:
+        non_differentiable_outputs = _indices(non_differentiable_outputs, "non_differentiable_outputs")
+    if full_shape_outputs is not None:
+        full_shape_outputs = _indices(full_shape_outputs, "full_shape_outputs")
+    if ir_version is not None and (isinstance(ir_version, bool) or not isinstance(ir_version, int)):
+        raise OrtInvalidType(f"ir_version must be an int, got {type(ir_version).__name__}")
+    if ir_version is not None and ir_version < 3:
+        raise OrtInvalidArgument(f"ir_version must be 3 or newer (onnxruntime reads IR 3 and up), got {ir_version}")
     source = load_model(forward_model)
     model = ModelProto()
     model.CopyFrom(source)
@@ -256,6 +268,28 @@ def build_training_graph(
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
     adjoint.ir_version = model.ir_version
     return adjoint
+
+
+def _names(value: object, what: str) -> list[str]:
+    """A list of names from a sequence of str (a str itself would be iterated character by
+    character)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, set, frozenset)):
+        raise OrtInvalidType(f"{what} must be a list of names, got {type(value).__name__}")
+    names = list(value)
+    for name in names:
+        if not isinstance(name, str):
+            raise OrtInvalidType(f"{what} must hold str names, got {name!r}")
+    return names
+
+
+def _indices(value: object, what: str) -> list[int]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, set, frozenset)):
+        raise OrtInvalidType(f"{what} must be a list of output indices, got {type(value).__name__}")
+    indices = list(value)
+    for index in indices:
+        if isinstance(index, bool) or not hasattr(type(index), "__index__"):
+            raise OrtInvalidType(f"{what} must hold int indices, got {index!r}")
+    return [index.__index__() for index in indices]
 
 
 def _check_unique(values: Sequence, what: str) -> None:
