@@ -721,6 +721,43 @@ case("agents", "state7-bw_feed_names-unknown", OrtInvalidArgument, "bw_feed_name
 case("agents", "state7-bw_feed_names-incomplete", OrtInvalidArgument, "bw_feed_names must list every YieldOp output once",
      state7(3, []))
 
+# ---- training graphs built from forward models (ortagent.training) --------------------------------
+
+from ortagent.training import build_training_graph  # noqa: E402
+
+MLP = models.mlp()
+for id, kwargs, error, fragment in [
+    ("trainable-unknown", dict(trainable=["zz"]), OrtInvalidArgument, "trainable 'zz' is neither an initializer"),
+    ("trainable-string", dict(trainable="w0"), OrtInvalidType, "trainable must be a list of names, got str"),
+    ("trainable-none", dict(trainable=None), OrtInvalidType, "trainable must be a list of names, got NoneType"),
+    ("trainable-int-item", dict(trainable=["w0", 3]), OrtInvalidType, "trainable must hold str names, got 3"),
+    ("trainable-twice", dict(trainable=["w0", "w0"]), OrtInvalidArgument, "trainable lists 'w0' more than once"),
+    ("nothing-to-differentiate", dict(trainable=[]), OrtInvalidArgument, "nothing to differentiate"),
+    ("input_gradients-unknown", dict(trainable=["w0"], input_gradients=["zz"]), OrtInvalidArgument,
+     "input_gradients names 'zz', which is not a user input"),
+    ("input_gradients-string", dict(trainable=["w0"], input_gradients="x"), OrtInvalidType,
+     "input_gradients must be a list of names, got str"),
+    ("user_inputs-string", dict(trainable=["w0"], user_inputs="x"), OrtInvalidType, "user_inputs must be a list of names"),
+    ("user_inputs-unknown", dict(trainable=["w0"], user_inputs=["zz"]), OrtInvalidArgument, "missing: ['x']"),
+    ("non_differentiable_outputs-out-of-range", dict(trainable=["w0"], non_differentiable_outputs=[5]), OrtInvalidArgument,
+     "non_differentiable_outputs index 5 is out of range"),
+    ("non_differentiable_outputs-str-item", dict(trainable=["w0"], non_differentiable_outputs=["0"]), OrtInvalidType,
+     "non_differentiable_outputs must hold int indices, got '0'"),
+    ("full_shape_outputs-string", dict(trainable=["w0"], full_shape_outputs="0"), OrtInvalidType,
+     "full_shape_outputs must be a list of output indices, got str"),
+    ("full_shape_outputs-negative", dict(trainable=["w0"], full_shape_outputs=[-1]), OrtInvalidArgument,
+     "full_shape_outputs index -1 is out of range"),
+    ("ir_version-str", dict(trainable=["w0"], ir_version="10"), OrtInvalidType, "ir_version must be an int, got str"),
+    ("ir_version-negative", dict(trainable=["w0"], ir_version=-1), OrtInvalidArgument, "ir_version must be 3 or newer"),
+]:
+    case("agents", f"build_training_graph-{id}", error, fragment, lambda w, kwargs=kwargs: build_training_graph(MLP, **kwargs))
+case("agents", "build_training_graph-string-input-gradient", OrtInvalidArgument, "user input 's' has element type STRING",
+     lambda w: build_training_graph(models.strings(), [], input_gradients=["s"]))
+case("agents", "build_training_graph-garbage-bytes", OrtInvalidProtobuf, "not a serialized ONNX model",
+     lambda w: build_training_graph(b"\x08garbage\xff", ["w0"]))
+case("agents", "build_training_graph-already-a-training-graph", OrtInvalidArgument, "already contains a YieldOp",
+     lambda w: build_training_graph(w.training_model, ["w"]))
+
 # ---- TrainingAgent: the state API -----------------------------------------------------------------
 
 
