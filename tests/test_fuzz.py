@@ -38,7 +38,7 @@ import training_graphs as tg
 from ortagent import OrtValue
 from reliability import F64, KW1192_NAMES, STATE7_NAMES, World, changed, live, settled
 
-settings.register_profile("ortagent-ci", max_examples=40, stateful_step_count=30, deadline=None,
+settings.register_profile("ortagent-ci", max_examples=60, stateful_step_count=30, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
                           print_blob=True)
 settings.register_profile("ortagent-fuzz", max_examples=200, stateful_step_count=60, deadline=None,
