@@ -33,6 +33,7 @@ cdef class _AgentEngine:
     cdef char** graph_output_names
     cdef int* forward_input_types
     cdef int* backward_graph_input_types
+    cdef int* backward_feed_types      # gradients, stash (-1: unchecked), graph inputs
     cdef list forward_input_positions  # graph-input index of each forward input
     cdef list backward_input_positions # graph-input index of each graph input the backward reads
     cdef list gradient_types

@@ -210,6 +210,19 @@ cdef class _AgentEngine:
         self.forward_input_positions = list(split.forward_input_indices)
         self.backward_input_positions = list(split.backward_graph_input_indices)
         self.gradient_types = [info.elem_type for info in split.gradient_types]
+        # element type of each backward input, checked when a feed is converted: gradients,
+        # then the stash (produced by the forward: not checked), then graph inputs
+        cdef Py_ssize_t n_backward_inputs = self.n_gradients + self.n_stash + self.n_backward_graph_inputs
+        self.backward_feed_types = <int*>calloc(n_backward_inputs + 1, sizeof(int))
+        if self.backward_feed_types == NULL:
+            raise MemoryError()
+        for i in range(n_backward_inputs):
+            if i < self.n_gradients:
+                self.backward_feed_types[i] = self.gradient_types[i]
+            elif i < self.n_gradients + self.n_stash:
+                self.backward_feed_types[i] = -1
+            else:
+                self.backward_feed_types[i] = self.backward_graph_input_types[i - self.n_gradients - self.n_stash]
         self.gradient_output_positions = list(split.gradient_output_indices)
         self.gradient_output_names = [split.module_output_names[i] for i in split.gradient_output_indices]
         self.gradient_full_shape = [split.gradient_output_indices[g] in split.full_shape_outputs
@@ -231,6 +244,7 @@ cdef class _AgentEngine:
         _free_names(self.graph_output_names, self.n_graph_outputs)
         free(self.forward_input_types)
         free(self.backward_graph_input_types)
+        free(self.backward_feed_types)
 
     cdef int require_open(self) except -1:
         if self.closed:
@@ -361,27 +375,19 @@ cdef class _AgentEngine:
         state.phase = PHASE_BACKWARD
         cdef Py_ssize_t n_out = len(output_positions), i
         cdef char** names = NULL
-        cdef int* feed_types = NULL
+        cdef int* feed_types = self.backward_feed_types
         cdef bint on_cpu = self.cpu_only
         try:
             self.check_gradients(state, gradients)
             feeds = gradients + state.stash + state.backward_inputs
             names = <char**>malloc((n_out + 1) * sizeof(char*))
-            feed_types = <int*>malloc((len(feeds) + 1) * sizeof(int))
-            if names == NULL or feed_types == NULL:
+            if names == NULL:
                 raise MemoryError()
             for target in output_targets:
                 if not _is_cpu_target(target):
                     on_cpu = False
             for i in range(n_out):
                 names[i] = self.graph_output_names[<Py_ssize_t>output_positions[i]]
-            for i in range(len(feeds)):
-                if i < self.n_gradients:
-                    feed_types[i] = self.gradient_types[i]
-                elif i < self.n_gradients + self.n_stash:
-                    feed_types[i] = -1
-                else:
-                    feed_types[i] = self.backward_graph_input_types[i - self.n_gradients - self.n_stash]
             if on_cpu:
                 outputs = _run(self.backward_session, self.backward_input_names, feeds, feed_types,
                                names, n_out, output_targets, run_options)
@@ -397,7 +403,6 @@ cdef class _AgentEngine:
             raise
         finally:
             free(names)
-            free(feed_types)
         state.drop()
         return outputs
 
