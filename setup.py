@@ -5,6 +5,7 @@ ortagent/_runtime.pyx) and every call goes through the OrtApi table declared in 
 Set ORTAGENT_CFLAGS to add compiler flags (e.g. -fsanitize=address for `make asan`).
 """
 
+import glob
 import os
 import shlex
 
@@ -26,6 +27,8 @@ extensions = [
         f"ortagent.{name}",
         [f"ortagent/{name}.pyx"],
         include_dirs=["include", numpy.get_include()],
+        # the ABI declarations are compiled into every module: a change to them rebuilds all
+        depends=sorted(glob.glob("include/ortagent/*.h")),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=extra_compile_args,
         extra_link_args=extra_link_args,

@@ -125,6 +125,7 @@ cdef extern from "ortagent/ort_call.h" nogil:
     ortagent_runtime* ortagent_rt
 
     enum: ortagent_since_CopyTensors
+    enum: ortagent_since_GetTensorElementTypeAndShapeDataReference
 
     # ---- slots up to ORTAGENT_API_FLOOR ----
     OrtStatus* CreateStatus "ORTAGENT_CALL(CreateStatus)"(OrtErrorCode, const char*)
@@ -256,3 +257,4 @@ cdef extern from "ortagent/ort_call.h" nogil:
     # ---- slots newer than ORTAGENT_API_FLOOR ----
     OrtStatus* SessionGetMemoryInfoForOutputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForOutputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* CopyTensors "ORTAGENT_CALL_NEWER(CopyTensors)"(const OrtEnv*, const OrtValue* const*, OrtValue* const*, OrtSyncStream*, size_t)
+    OrtStatus* GetTensorElementTypeAndShapeDataReference "ORTAGENT_CALL_NEWER(GetTensorElementTypeAndShapeDataReference)"(const OrtValue*, ONNXTensorElementDataType*, const int64_t**, size_t*)

@@ -478,6 +478,36 @@ cdef class OrtValue:
         """Read and cache element type, shape, data pointer and device of the tensor."""
         return self.describe_as(-1)
 
+    cdef bint _reserve_dims(self, size_t count) noexcept:
+        """Room for `count` dimensions in self.dims; False when out of memory."""
+        if self.dims != self.dims_inline:
+            free(self.dims)
+            self.dims = self.dims_inline
+        if count > MAX_INLINE_DIMS:
+            self.dims = <int64_t*>malloc(count * sizeof(int64_t))
+            if self.dims == NULL:
+                self.dims = self.dims_inline
+                return False
+        return True
+
+    cdef ort.OrtStatus* _type_and_shape(self, ort.ONNXTensorElementDataType* elem,
+                                        size_t* count) noexcept:
+        """Element type and dimensions (into self.dims) through an OrtTensorTypeAndShapeInfo:
+        the way for runtimes older than 1.24. Returns onnxruntime's status."""
+        cdef ort.OrtTensorTypeAndShapeInfo* info = NULL
+        cdef ort.OrtStatus* status = ort.GetTensorTypeAndShape(self.handle, &info)
+        if status != NULL:
+            return status
+        status = ort.GetTensorElementType(info, elem)
+        if status == NULL:
+            status = ort.GetDimensionsCount(info, count)
+        if status == NULL and not self._reserve_dims(count[0]):
+            status = ort.CreateStatus(ort.ORT_FAIL, "out of memory for a tensor's dimensions")
+        if status == NULL:
+            status = ort.GetDimensions(info, self.dims, count[0])
+        ort.ReleaseTensorTypeAndShapeInfo(info)
+        return status
+
     cdef int describe_as(self, int known_memory_kind) except -1:
         """describe(), trusting `known_memory_kind` (>= 0) instead of asking onnxruntime where
         the tensor lives: for outputs of sessions that run on the CPU provider only."""
@@ -485,11 +515,17 @@ cdef class OrtValue:
         if self.elem_type >= 0:
             return 0
         cdef int is_tensor = 0
-        cdef ort.OrtTensorTypeAndShapeInfo* info = NULL
         cdef ort.ONNXTensorElementDataType elem
         cdef size_t count = 0
+        cdef const int64_t* shape = NULL
         cdef const ort.OrtMemoryInfo* mem = NULL
-        cdef ort.OrtStatus* status = ort.GetTensorTypeAndShape(self.handle, &info)
+        cdef ort.OrtStatus* status
+        if ort.ortagent_rt.api_version >= ort.ortagent_since_GetTensorElementTypeAndShapeDataReference:
+            # onnxruntime >= 1.24: the element type and a pointer to the value's own shape in
+            # one call, where older runtimes allocate and free a type-and-shape object.
+            status = ort.GetTensorElementTypeAndShapeDataReference(self.handle, &elem, &shape, &count)
+        else:
+            status = self._type_and_shape(&elem, &count)
         if status != NULL:
             # Not a tensor (a sequence, a map...), or a real failure: tell them apart.
             ort.ReleaseStatus(status)
@@ -499,19 +535,13 @@ cdef class OrtValue:
                 self.elem_type = 0
                 self.ndim = 0
                 return 0
-            check(ort.GetTensorTypeAndShape(self.handle, &info))
+            check(self._type_and_shape(&elem, &count))
+            shape = NULL
         self.is_tensor_value = True
-        try:
-            check(ort.GetTensorElementType(info, &elem))
-            check(ort.GetDimensionsCount(info, &count))
-            if count > MAX_INLINE_DIMS:
-                self.dims = <int64_t*>malloc(count * sizeof(int64_t))
-                if self.dims == NULL:
-                    self.dims = self.dims_inline
-                    raise MemoryError()
-            check(ort.GetDimensions(info, self.dims, count))
-        finally:
-            ort.ReleaseTensorTypeAndShapeInfo(info)
+        if shape != NULL:
+            if not self._reserve_dims(count):
+                raise MemoryError()
+            memcpy(self.dims, shape, count * sizeof(int64_t))
         self.ndim = <int>count
         if known_memory_kind >= 0:
             self.memory_kind = known_memory_kind

@@ -29,6 +29,15 @@ def load_file_module(name: str, path):
     return module
 
 
+def api_newest() -> int:
+    """ORTAGENT_API_NEWEST of include/ortagent/ort_abi.h: the OrtApi version ortagent asks for
+    from runtimes that have it."""
+    import re
+
+    with open(os.path.join(REPO_ROOT, "include", "ortagent", "ort_abi.h")) as header:
+        return int(re.search(r"#define ORTAGENT_API_NEWEST (\d+)", header.read()).group(1))
+
+
 @pytest.fixture(scope="session")
 def ort_ref():
     """onnxruntime's own Python module (the reference the binding is compared against)."""

@@ -430,23 +430,32 @@ __attribute__((noinline)) static void step_run(bench* b) {
 }
 
 /* Run, then read what a caller needs to use each output (element type, shape, data address),
- * as any binding that hands outputs to its caller must. */
+ * as any binding that hands outputs to its caller must: in one call on onnxruntime >= 1.24
+ * (GetTensorElementTypeAndShapeDataReference), through an OrtTensorTypeAndShapeInfo before. */
 __attribute__((noinline)) static void step_run_read(bench* b) {
     for (size_t k = 0; k < b->output_count; ++k) b->outputs[k] = NULL;
     CHECK(ORTAGENT_CALL(Run)(b->session, NULL, (const char* const*)b->input_names,
                              (const OrtValue* const*)b->inputs, b->input_count,
                              (const char* const*)b->output_names, b->output_count, b->outputs));
     for (size_t k = 0; k < b->output_count; ++k) {
-        OrtTensorTypeAndShapeInfo* info = NULL;
         ONNXTensorElementDataType type;
         size_t rank = 0;
         int64_t dims[16];
+        const int64_t* shape = NULL;
         void* data = NULL;
-        CHECK(ORTAGENT_CALL(GetTensorTypeAndShape)(b->outputs[k], &info));
-        CHECK(ORTAGENT_CALL(GetTensorElementType)(info, &type));
-        CHECK(ORTAGENT_CALL(GetDimensionsCount)(info, &rank));
-        CHECK(ORTAGENT_CALL(GetDimensions)(info, dims, rank < 16 ? rank : 16));
-        ORTAGENT_CALL(ReleaseTensorTypeAndShapeInfo)(info);
+        if (ortagent_rt->api_version >= ortagent_since_GetTensorElementTypeAndShapeDataReference) {
+            CHECK(ORTAGENT_CALL_NEWER(GetTensorElementTypeAndShapeDataReference)(
+                b->outputs[k], &type, &shape, &rank));
+            if (rank > 0) memcpy(dims, shape, (rank < 16 ? rank : 16) * sizeof(int64_t));
+        } else {
+            OrtTensorTypeAndShapeInfo* info = NULL;
+            CHECK(ORTAGENT_CALL(GetTensorTypeAndShape)(b->outputs[k], &info));
+            CHECK(ORTAGENT_CALL(GetTensorElementType)(info, &type));
+            CHECK(ORTAGENT_CALL(GetDimensionsCount)(info, &rank));
+            CHECK(ORTAGENT_CALL(GetDimensions)(info, dims, rank < 16 ? rank : 16));
+            ORTAGENT_CALL(ReleaseTensorTypeAndShapeInfo)(info);
+        }
+        __asm__ volatile("" : : "r"(dims) : "memory");
         CHECK(ORTAGENT_CALL(GetTensorMutableData)(b->outputs[k], &data));
         __asm__ volatile("" : : "r"(data), "r"(type) : "memory");
         ORTAGENT_CALL(ReleaseValue)(b->outputs[k]);

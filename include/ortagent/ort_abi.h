@@ -23,7 +23,7 @@
  * called unconditionally; newer ones only after the runtime's version was checked. */
 #define ORTAGENT_API_FLOOR 20
 /* Newest OrtApi version any declared slot belongs to: the version ortagent asks for. */
-#define ORTAGENT_API_NEWEST 23
+#define ORTAGENT_API_NEWEST 24
 
 /* ---- opaque handles ------------------------------------------------------------------- */
 /* Same tags as the runtime's own, so that both declarations describe one type. */
@@ -248,7 +248,10 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
                                                             size_t count)) \
     X(386, 23, OrtStatus*, CopyTensors, (const OrtEnv* env, const OrtValue* const* sources, \
                                          OrtValue* const* destinations, OrtSyncStream* stream, \
-                                         size_t count))
+                                         size_t count)) \
+    X(414, 24, OrtStatus*, GetTensorElementTypeAndShapeDataReference, \
+      (const OrtValue* value, ONNXTensorElementDataType* elem_type, const int64_t** shape_data, \
+       size_t* shape_data_count))
 
 #define ORTAGENT_DECLARE_SLOT_(slot, since, ret, name, params) \
     enum { ortagent_slot_##name = slot, ortagent_since_##name = since }; \

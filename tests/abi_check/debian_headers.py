@@ -253,19 +253,24 @@ ORT_HEADER = "usr/include/onnxruntime/onnxruntime_c_api.h"
 DLPACK_HEADER = "usr/include/dlpack/dlpack.h"
 
 
-def onnxruntime_c_api_header() -> tuple[Path, str]:
-    """(path of a genuine onnxruntime_c_api.h, where it came from).
+# Debian suites the ABI test reads onnxruntime_c_api.h from: the stable release (onnxruntime
+# 1.21, a fixed baseline) and experimental, which carries Debian's newest packaging of
+# onnxruntime (1.27.1 when this was written) and so covers the slots newer than 1.21.
+ORT_HEADER_SUITES = ("trixie", "experimental")
 
-    ``$ORTAGENT_ORT_C_API_HEADER`` names a header to use instead (e.g. a newer one taken from
-    onnxruntime's repository, to verify slots newer than Debian's 1.21).
+
+def onnxruntime_c_api_header(suite: str = "trixie") -> tuple[Path, str]:
+    """(path of a genuine onnxruntime_c_api.h from Debian's `suite`, where it came from).
+
+    ``$ORTAGENT_ORT_C_API_HEADER`` names a header to use instead of any suite's.
     """
     given = os.environ.get("ORTAGENT_ORT_C_API_HEADER")
     if given:
         if not Path(given).is_file():
             raise Unavailable(f"ORTAGENT_ORT_C_API_HEADER={given} is not a file")
         return Path(given), given
-    root, deb = fetch_package("libonnxruntime-dev", ORT_HEADER)
-    return root / ORT_HEADER, deb
+    root, deb = fetch_package("libonnxruntime-dev", ORT_HEADER, suite=suite)
+    return root / ORT_HEADER, f"{deb} ({suite})"
 
 
 def dlpack_header() -> tuple[Path, str]:
