@@ -1,7 +1,17 @@
 # cython: language_level=3
 from cpython.object cimport PyObject
 from ortagent cimport _capi as ort
-from ortagent._values cimport OrtValue, FeedView
+from libc.stdint cimport int64_t
+from ortagent._values cimport OrtValue, FeedView, MAX_INLINE_DIMS
+
+
+# An output whose element type and shape the model fixes. run() lets onnxruntime write it
+# straight into a new NumPy array once a run has produced exactly that shape.
+cdef struct FixedOutput:
+    int elem_type                  # ONNX element type; -1: not fixed, onnxruntime allocates it
+    bint confirmed                 # a run produced this type and shape
+    int ndim
+    int64_t dims[MAX_INLINE_DIMS]
 
 
 cdef class SessionOptions:
@@ -49,6 +59,9 @@ cdef class InferenceSession:
     cdef char** output_names_c
     cdef int* input_elem_types                  # ONNX element type per input, -1 if not a tensor
     cdef FeedView* feed_views                   # per input: tensor over the array fed last
+    cdef FixedOutput* fixed_outputs             # per output (see FixedOutput)
+    cdef bint preallocate_outputs               # off once a preallocated run failed where
+                                                # an onnxruntime-allocated one succeeded
     cdef PyObject** feed_keys                   # per feed place: the key object seen there last
     cdef Py_ssize_t* feed_key_positions         # ... and the input position it named
     cdef dict input_index                       # name -> position
@@ -63,8 +76,13 @@ cdef class InferenceSession:
     cdef int begin_run(self) except -1
     cdef void end_run(self) noexcept
     cdef int output_positions(self, object output_names, const char** names_out,
-                              Py_ssize_t capacity) except -1
+                              Py_ssize_t* positions_out, Py_ssize_t capacity) except -1
     cdef int _read_io_metadata(self) except -1
+    cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1
+    cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,
+                                         bint distinct, ort.OrtValue** values,
+                                         PyObject** arrays) except -1
+    cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1
     cdef void _release_handle(self) noexcept
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)
 

@@ -30,6 +30,7 @@ from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, FeedView, wrap_value, tensor_for_feed, value_to_numpy,
     tensor_type_name, feed_view, release_feed_view, clear_feed_view, tensor_data,
     keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
+    new_output_array, has_builtin_numpy_type, MAX_INLINE_DIMS,
 )
 from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
@@ -791,10 +792,12 @@ cdef class InferenceSession:
         self.output_names_c = <char**>calloc(n_out + 1, sizeof(char*))
         self.input_elem_types = <int*>calloc(n_in + n_over + 1, sizeof(int))
         self.feed_views = <FeedView*>calloc(n_in + n_over + 1, sizeof(FeedView))
+        self.fixed_outputs = <FixedOutput*>calloc(n_out + 1, sizeof(FixedOutput))
         self.feed_keys = <PyObject**>calloc(n_in + n_over + 1, sizeof(PyObject*))
         self.feed_key_positions = <Py_ssize_t*>calloc(n_in + n_over + 1, sizeof(Py_ssize_t))
         if (self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
-                or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL):
+                or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL
+                or self.fixed_outputs == NULL):
             raise MemoryError()
         for i in range(n_in + n_over):
             if i < n_in:
@@ -823,10 +826,33 @@ cdef class InferenceSession:
             self.n_outputs = i + 1
             check(ort.SessionGetOutputTypeInfo(self.handle, i, &type_info))
             try:
-                self._outputs_meta.append(_node_arg(name, type_info, &elem))
+                arg = _node_arg(name, type_info, &elem)
             finally:
                 ort.ReleaseTypeInfo(type_info)
+            self._outputs_meta.append(arg)
             self.output_index[name] = i
+            self._plan_fixed_output(i, arg, elem)
+        self.preallocate_outputs = True
+        return 0
+
+    cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1:
+        """Mark the output at `position` fixed when the model gives it a plain tensor type with
+        a builtin NumPy equivalent and a shape of known, non-zero dimensions. An output that is
+        also a graph input is never fixed: onnxruntime hands such an output back as the feed
+        itself, without writing into a buffer given for it."""
+        cdef FixedOutput* fixed = &self.fixed_outputs[position]
+        cdef Py_ssize_t d
+        fixed.elem_type = -1
+        shape = arg.shape
+        if (elem < 0 or not has_builtin_numpy_type(elem) or arg.type.startswith("sparse_")
+                or shape is None or len(shape) > MAX_INLINE_DIMS or arg.name in self.input_index):
+            return 0
+        for d in range(len(shape)):
+            if type(shape[d]) is not int or shape[d] <= 0:
+                return 0
+            fixed.dims[d] = shape[d]
+        fixed.ndim = <int>len(shape)
+        fixed.elem_type = elem
         return 0
 
     def __dealloc__(self):
@@ -844,6 +870,8 @@ cdef class InferenceSession:
             self.output_names_c = NULL
         free(self.input_elem_types)
         self.input_elem_types = NULL
+        free(self.fixed_outputs)
+        self.fixed_outputs = NULL
         if self.feed_views != NULL:
             for i in range(self.n_feedable):
                 clear_feed_view(&self.feed_views[i])
@@ -959,11 +987,12 @@ cdef class InferenceSession:
     # -- running -----------------------------------------------------------------------------------
 
     cdef int output_positions(self, object output_names, const char** names_out,
-                              Py_ssize_t capacity) except -1:
+                              Py_ssize_t* positions_out, Py_ssize_t capacity) except -1:
         cdef Py_ssize_t i = 0
         if output_names is None:
             for i in range(self.n_outputs):
                 names_out[i] = self.output_names_c[i]
+                positions_out[i] = i
             return <int>self.n_outputs
         for name in output_names:
             if i >= capacity:
@@ -973,8 +1002,50 @@ cdef class InferenceSession:
                 raise OrtInvalidArgument(
                     f"unknown output name {name!r}; the model's outputs are {list(self.output_index)}")
             names_out[i] = self.output_names_c[<Py_ssize_t>position]
+            positions_out[i] = <Py_ssize_t>position
             i += 1
         return <int>i
+
+    cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,
+                                         bint distinct, ort.OrtValue** values,
+                                         PyObject** arrays) except -1:
+        """For each requested output whose type and shape the model fixes and a run confirmed,
+        a new NumPy array (into `arrays`, a reference the caller owns) and a tensor over it
+        (into `values`) for onnxruntime to write the output into. Names asked for twice get
+        none. Returns how many outputs were preallocated."""
+        cdef Py_ssize_t i, j, n = 0
+        cdef FixedOutput* fixed
+        for i in range(n_out):
+            fixed = &self.fixed_outputs[positions[i]]
+            if fixed.elem_type < 0 or not fixed.confirmed:
+                continue
+            if not distinct:
+                for j in range(n_out):
+                    if j != i and positions[j] == positions[i]:
+                        break
+                else:
+                    j = -1
+                if j >= 0:
+                    continue
+            array = new_output_array(fixed.elem_type, fixed.ndim, fixed.dims, &values[i])
+            Py_INCREF(array)
+            arrays[i] = <PyObject*>array
+            n += 1
+        return n
+
+    cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1:
+        """After a run where onnxruntime allocated a fixed output: preallocate it from now on
+        if it came out with exactly the declared type and shape, never again if not."""
+        cdef int d
+        if value.elem_type != fixed.elem_type or value.ndim != fixed.ndim:
+            fixed.elem_type = -1
+            return 0
+        for d in range(fixed.ndim):
+            if value.dims[d] != fixed.dims[d]:
+                fixed.elem_type = -1
+                return 0
+        fixed.confirmed = True
+        return 0
 
     def run(self, output_names, input_feed, run_options=None):
         """Run the model. `input_feed` maps input names to NumPy arrays (or OrtValues); returns a
@@ -1013,6 +1084,10 @@ cdef class InferenceSession:
         cdef PyObject* in_refs_stack[STACK_NAMES]
         cdef const char* out_names_stack[STACK_NAMES]
         cdef ort.OrtValue* out_values_stack[STACK_NAMES]
+        cdef Py_ssize_t out_positions_stack[STACK_NAMES]
+        # per requested output: the NumPy array onnxruntime writes it into (a reference of
+        # ours), or NULL where onnxruntime allocates the output itself
+        cdef PyObject* out_arrays_stack[STACK_NAMES]
         cdef const char** in_names = in_names_stack
         cdef ort.OrtValue** in_values = in_values_stack
         cdef Py_ssize_t* in_created = in_created_stack
@@ -1027,6 +1102,10 @@ cdef class InferenceSession:
         cdef bint registered = False
         cdef const char** out_names = out_names_stack
         cdef ort.OrtValue** out_values = out_values_stack
+        cdef Py_ssize_t* out_positions = out_positions_stack
+        cdef PyObject** out_arrays = out_arrays_stack
+        cdef Py_ssize_t n_preallocated = 0
+        cdef FixedOutput* fixed
         cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
         cdef ort.OrtStatus* status = NULL
         cdef ort.OrtSession* session
@@ -1052,7 +1131,9 @@ cdef class InferenceSession:
             if n_out_capacity > STACK_NAMES:
                 out_names = <const char**>malloc(n_out_capacity * sizeof(char*))
                 out_values = <ort.OrtValue**>malloc(n_out_capacity * sizeof(ort.OrtValue*))
-                if out_names == NULL or out_values == NULL:
+                out_positions = <Py_ssize_t*>malloc(n_out_capacity * sizeof(Py_ssize_t))
+                out_arrays = <PyObject**>malloc(n_out_capacity * sizeof(PyObject*))
+                if out_names == NULL or out_values == NULL or out_positions == NULL or out_arrays == NULL:
                     raise MemoryError()
             # Every feed is held by a reference of ours while the GIL is released, so another
             # thread changing the caller's dict cannot free an array ORT is reading.
@@ -1096,14 +1177,39 @@ cdef class InferenceSession:
                 n_ready += 1
             if n_required < self.n_inputs:
                 self._raise_missing_inputs(input_feed)
-            n_out = self.output_positions(output_names, out_names, n_out_capacity)
+            n_out = self.output_positions(output_names, out_names, out_positions, n_out_capacity)
             for i in range(n_out):
                 out_values[i] = NULL
+                out_arrays[i] = NULL
+            if as_numpy and self.cpu_only and self.preallocate_outputs:
+                n_preallocated = self._preallocate_outputs(out_positions, n_out, output_names is None,
+                                                           out_values, out_arrays)
             session = self.handle
             run_options_c = interruptible_begin(run_options_c, &registered)
             with nogil:
                 status = ort.Run(session, run_options_c, in_names, <const ort.OrtValue* const*>in_values,
                                  <size_t>n_ready, out_names, <size_t>n_out, out_values)
+            if n_preallocated > 0:
+                for i in range(n_out):
+                    if out_arrays[i] != NULL:
+                        ort.ReleaseValue(out_values[i])
+                        out_values[i] = NULL
+                if status != NULL:
+                    # Run again the plain way: if that works, the model's declared output types
+                    # or shapes do not hold, and this session stops preallocating. (onnxruntime
+                    # reports a refused preallocated output as an invalid argument, like a bad
+                    # feed; a bad feed fails again, in validation, before any node runs.)
+                    ort.ReleaseStatus(status)
+                    for i in range(n_out):
+                        Py_XDECREF(out_arrays[i])
+                        out_arrays[i] = NULL
+                    n_preallocated = 0
+                    with nogil:
+                        status = ort.Run(session, run_options_c, in_names,
+                                         <const ort.OrtValue* const*>in_values, <size_t>n_ready,
+                                         out_names, <size_t>n_out, out_values)
+                    if status == NULL:
+                        self.preallocate_outputs = False
             # Own every output before anything can raise, so none leaks.
             results = PyList_New(n_out)
             for i in range(n_out):
@@ -1115,10 +1221,15 @@ cdef class InferenceSession:
                 if self.cpu_only:
                     for i in range(n_out):
                         if results[i] is not None:
-                            (<OrtValue>results[i]).describe_as(MEMORY_CPU)
-                for i in range(n_ready):
-                    in_data[i] = tensor_data(in_values[i])
-                keep_aliased_feeds_alive_c(results, in_data, in_holders, n_ready, self, None)
+                            value = results[i]
+                            value.describe_as(MEMORY_CPU)
+                            fixed = &self.fixed_outputs[out_positions[i]]
+                            if fixed.elem_type >= 0 and not fixed.confirmed:
+                                self._confirm_fixed_output(fixed, value)
+                if n_preallocated < n_out:      # preallocated outputs never share a feed's memory
+                    for i in range(n_ready):
+                        in_data[i] = tensor_data(in_values[i])
+                    keep_aliased_feeds_alive_c(results, in_data, in_holders, n_ready, self, None)
             try:
                 interruptible_end(run_options_c, registered)
             except BaseException:
@@ -1134,8 +1245,11 @@ cdef class InferenceSession:
                     raise
             if as_numpy:
                 for i in range(n_out):
-                    value = results[i]
-                    results[i] = value_to_numpy(value, False)
+                    if out_arrays[i] != NULL:
+                        results[i] = <object>out_arrays[i]
+                    else:
+                        value = results[i]
+                        results[i] = value_to_numpy(value, False)
             return results
         finally:
             for i in range(n_ready):
@@ -1152,9 +1266,16 @@ cdef class InferenceSession:
                 free(in_refs)
                 free(in_data)
                 free(in_holders)
+            for i in range(n_out):
+                if out_arrays[i] != NULL:
+                    if out_values[i] != NULL:
+                        ort.ReleaseValue(out_values[i])
+                    Py_DECREF(<object>out_arrays[i])
             if out_names != out_names_stack:
                 free(out_names)
                 free(out_values)
+                free(out_positions)
+                free(out_arrays)
             self.end_run()
 
     def io_binding(self, bint reuse_output_buffers=False):

@@ -103,6 +103,14 @@ cdef object export_guard(OrtValue value)
 cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevice device,
                                 object owner, bint readonly)
 
+# A new C-contiguous NumPy array of ONNX element type `elem_type` (one NumPy has a builtin type
+# for) and shape dims[:ndim], and in tensor_out a new tensor over its memory, for onnxruntime to
+# write an output into; the caller releases the tensor, the array owns the memory.
+cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
+                             ort.OrtValue** tensor_out)
+# Whether NumPy has a builtin type for ONNX element type `elem_type` (new_output_array's types).
+cdef bint has_builtin_numpy_type(int elem_type) noexcept
+
 # The process-wide CPU memory description (created on first use).
 cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL
 

@@ -1157,6 +1157,29 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     return array
 
 
+cdef bint has_builtin_numpy_type(int elem_type) noexcept:
+    return elem_type != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING and _npy_type_of(elem_type) >= 0
+
+
+cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
+                             ort.OrtValue** tensor_out):
+    ensure_numpy()
+    cdef npc.npy_intp npy_dims[MAX_INLINE_DIMS]
+    cdef int i
+    if ndim > MAX_INLINE_DIMS or not has_builtin_numpy_type(elem_type):
+        raise OrtInvalidArgument(f"no preallocated NumPy output for {tensor_type_name(elem_type)} "
+                                 f"of rank {ndim}")
+    for i in range(ndim):
+        npy_dims[i] = <npc.npy_intp>dims[i]
+    array = npc.PyArray_NewFromDescr(&npc.PyArray_Type, npc.PyArray_DescrFromType(_npy_type_of(elem_type)),
+                                     ndim, npy_dims, NULL, NULL, 0, NULL)
+    check(ort.CreateTensorWithDataAsOrtValue(
+        cpu_memory_info(), npc.PyArray_DATA(<npc.PyArrayObject*>array),
+        <size_t>npc.PyArray_NBYTES(<npc.PyArrayObject*>array), dims, <size_t>ndim,
+        <ort.ONNXTensorElementDataType>elem_type, tensor_out))
+    return array
+
+
 cdef int copy_tensors(list sources, list destinations) except -1:
     """Copy tensors pairwise with OrtApi::CopyTensors (synchronous, no stream)."""
     cdef Py_ssize_t n = len(sources), i

@@ -138,7 +138,21 @@ def test_floor_runtime_works_and_newer_slots_are_refused_with_the_version_needed
             [helper.make_tensor_value_info('c', TensorProto.FLOAT, [2])])
         model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid('', 17)])
         session = ortagent.InferenceSession(model.SerializeToString())
-        out = session.run(None, {'a': np.ones(2, np.float32), 'b': np.ones(2, np.float32)})[0]
+        runs = [session.run(None, {'a': np.full(2, i, np.float32), 'b': np.ones(2, np.float32)})[0]
+                for i in range(3)]
+        out = runs[1]
+        # shapes read the pre-1.24 way (an OrtTensorTypeAndShapeInfo), ranks 0 to 10
+        graph = helper.make_graph(
+            [helper.make_node('Identity', ['x'], ['y']), helper.make_node('Identity', ['s'], ['t'])],
+            'h', [helper.make_tensor_value_info('x', TensorProto.INT16, [2] * 10),
+                  helper.make_tensor_value_info('s', TensorProto.DOUBLE, [])],
+            [helper.make_tensor_value_info('y', TensorProto.INT16, [2] * 10),
+             helper.make_tensor_value_info('t', TensorProto.DOUBLE, [])])
+        high = ortagent.InferenceSession(helper.make_model(
+            graph, ir_version=10, opset_imports=[helper.make_opsetid('', 17)]).SerializeToString())
+        x = np.arange(1024, dtype=np.int16).reshape((2,) * 10)
+        shapes = [[list(o.shape) for o in high.run(None, {'x': x, 's': np.array(2.5)})] for _ in range(3)]
+        y, t = high.run(None, {'x': x, 's': np.array(2.5)})
         src = ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))
         dst = ortagent.OrtValue.ortvalue_from_shape_and_type([2], np.float32)
         from ortagent import _values
@@ -148,12 +162,19 @@ def test_floor_runtime_works_and_newer_slots_are_refused_with_the_version_needed
         except ortagent.OrtNotImplemented as exc:
             refusal = str(exc)
         print(json.dumps({'version': ortagent.get_version_string(), 'api': ortagent.api_version(),
-                          'out': out.tolist(), 'refusal': refusal}))
+                          'out': out.tolist(), 'refusal': refusal,
+                          'preallocated': [r.base is None for r in runs],
+                          'runs': [r.tolist() for r in runs], 'shapes': shapes,
+                          'high_equal': bool((y == x).all()), 't': float(t)}))
     """, {"ORTAGENT_ORT_LIBRARY": path})
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["version"] == "1.20.1" and report["api"] == 20
     assert report["out"] == [2.0, 2.0]
+    assert report["runs"] == [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]
+    assert report["preallocated"] == [False, True, True]
+    assert report["shapes"] == [[[2] * 10, []]] * 3
+    assert report["high_equal"] and report["t"] == 2.5
     assert report["refusal"] is not None
     assert "CopyTensors" in report["refusal"] and ">= 1.23" in report["refusal"]
     assert "1.20.1" in report["refusal"]

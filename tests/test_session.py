@@ -386,3 +386,139 @@ def test_ctrl_c_during_a_long_run_raises_keyboard_interrupt_promptly(tmp_path, a
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["interrupted", "(256,", "256)"]
+
+
+# ---- outputs of fixed type and shape: written straight into new NumPy arrays ------------------
+# Once a run has produced an output with exactly the type and shape the model declares, run()
+# gives onnxruntime a new NumPy array to write it into. These tests run each model several
+# times, so that both the first (onnxruntime-allocated) and the later (preallocated) runs are
+# compared with onnxruntime's own results.
+
+def _runs_match(ort_ref, model, feeds_list, names=None, **session_kwargs):
+    ours = ortagent.InferenceSession(model.SerializeToString(), **session_kwargs)
+    ref = reference_session(ort_ref, model)
+    results = []
+    for feeds in feeds_list:
+        got = ours.run(names, feeds)
+        assert_same_outputs(got, ref.run(names, feeds))
+        results.append(got)
+    return ours, results
+
+
+def test_fixed_outputs_are_new_writable_arrays_on_every_run(ort_ref):
+    model = models.multi_io()
+    rng = np.random.default_rng(3)
+    feeds_list = [{"a": rng.standard_normal((3, 4)).astype(np.float32),
+                   "b": rng.standard_normal((3, 4)).astype(np.float32),
+                   "k": np.array([i], np.int32)} for i in range(4)]
+    _, results = _runs_match(ort_ref, model, feeds_list)
+    # earlier results are not overwritten by later runs
+    for got, feeds in zip(results, feeds_list):     # scaled, total, shape, prod
+        np.testing.assert_array_equal(got[3], feeds["a"] * feeds["b"])
+        np.testing.assert_array_equal(got[2], [3, 4])
+        assert got[1].shape == ()
+        np.testing.assert_allclose(got[1], (feeds["a"] + feeds["b"]).sum(), rtol=1e-5)
+    last = results[-1]
+    for array in last:
+        assert array.flags.writeable and array.flags.c_contiguous
+    # the first run confirmed the fixed outputs (total [], shape [2]); later runs wrote them
+    # into arrays that own their memory, while the B x 4 outputs stay views of ORT's buffers
+    assert all(a.base is not None for a in results[0])
+    assert [a.base is None for a in last] == [False, True, True, False]
+    assert last[1].flags.owndata and last[2].flags.owndata
+    assert all(a is not b for a, b in zip(results[-1], results[-2]))
+    addresses = {a.__array_interface__["data"][0] for got in results[-2:] for a in got if a.size}
+    assert len(addresses) == sum(1 for got in results[-2:] for a in got if a.size)
+
+
+def test_fixed_outputs_every_dtype(ort_ref):
+    for name, elem in models.DTYPES.items():
+        if name in ("string", "bfloat16"):
+            continue
+        model = models.identity(elem, shape=(2, 3))
+        rng = np.random.default_rng(len(name))
+        feeds_list = [{"x": models.random_array(name, (2, 3), rng)} for _ in range(3)]
+        _runs_match(ort_ref, model, feeds_list)
+
+
+def test_output_that_is_also_an_input_is_still_returned(ort_ref):
+    """onnxruntime returns such an output as the feed itself and ignores a buffer given for
+    it: ortagent never preallocates it."""
+    model = models.make_model([helper_node("Neg", ["x"], ["y"])],
+                              [models.vinfo("x", TensorProto.FLOAT, [3])],
+                              [models.vinfo("x", TensorProto.FLOAT, [3]),
+                               models.vinfo("y", TensorProto.FLOAT, [3])])
+    feeds_list = [{"x": np.arange(3, dtype=np.float32) + i} for i in range(4)]
+    _runs_match(ort_ref, model, feeds_list)
+
+
+def test_outputs_from_initializers_and_constants(ort_ref):
+    from onnx import numpy_helper
+
+    c = numpy_helper.from_array(np.array([7, 8, 9], np.float32), "c")
+    model = models.make_model(
+        [helper_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array([1, 2], np.int64))),
+         helper_node("Identity", ["x"], ["y"])],
+        [models.vinfo("x", TensorProto.FLOAT, [3])],
+        [models.vinfo("c", TensorProto.FLOAT, [3]), models.vinfo("k", TensorProto.INT64, [2]),
+         models.vinfo("y", TensorProto.FLOAT, [3])], initializers=[c])
+    _runs_match(ort_ref, model, [{"x": np.full(3, i, np.float32)} for i in range(4)])
+
+
+def test_output_asked_for_twice(ort_ref):
+    model = models.add(shape=(4,))
+    feeds_list = [{"a": np.full(4, i, np.float32), "b": np.ones(4, np.float32)} for i in range(4)]
+    _, results = _runs_match(ort_ref, model, feeds_list, names=["c", "c"])
+    np.testing.assert_array_equal(results[-1][0], np.full(4, 4, np.float32))
+
+
+def _reshape_model(declared):
+    from onnx import numpy_helper
+
+    return models.make_model([helper_node("Reshape", ["x", "shape"], ["y"])],
+                             [models.vinfo("x", TensorProto.FLOAT, ["n"]),
+                              models.vinfo("shape", TensorProto.INT64, [None])],
+                             [models.vinfo("y", TensorProto.FLOAT, declared)])
+
+
+def test_output_whose_declared_shape_is_wrong(ort_ref):
+    """The model declares y as [3]; it comes out [2]: every run returns what onnxruntime
+    produces, and nothing is preallocated."""
+    model = _reshape_model([3])
+    so = ortagent.SessionOptions()
+    so.log_severity_level = 4
+    feeds = {"x": np.arange(2, dtype=np.float32), "shape": np.array([2], np.int64)}
+    _, results = _runs_match(ort_ref, model, [feeds] * 4, sess_options=so)
+    assert all(got[0].base is not None for got in results)      # never preallocated
+
+
+def test_output_that_stops_matching_its_declared_shape(ort_ref):
+    """y is declared [2, 3] and comes out that way, until a run reshapes it to [3, 2]: that
+    run (preallocated, refused by onnxruntime) is run again without a preallocated output and
+    returns onnxruntime's result, and so do the runs after it."""
+    model = _reshape_model([2, 3])
+    so = ortagent.SessionOptions()
+    so.log_severity_level = 4
+    x = np.arange(6, dtype=np.float32)
+    feeds_list = ([{"x": x, "shape": np.array([2, 3], np.int64)}] * 3
+                  + [{"x": x, "shape": np.array([3, 2], np.int64)}]
+                  + [{"x": x, "shape": np.array([2, 3], np.int64)}] * 2)
+    _, results = _runs_match(ort_ref, model, feeds_list, sess_options=so)
+    preallocated = [got[0].base is None for got in results]
+    assert preallocated == [False, True, True, False, False, False]
+
+
+def test_bad_feed_with_fixed_outputs_raises_the_plain_error():
+    session = ortagent.InferenceSession(models.add(shape=(4,)))
+    good = {"a": np.ones(4, np.float32), "b": np.ones(4, np.float32)}
+    session.run(None, good)
+    session.run(None, good)
+    with pytest.raises(ortagent.OrtInvalidArgument, match="dimension|shape|Got invalid"):
+        session.run(None, {"a": np.ones(5, np.float32), "b": np.ones(5, np.float32)})
+    np.testing.assert_array_equal(session.run(None, good)[0], np.full(4, 2, np.float32))
+
+
+def helper_node(*args, **kwargs):
+    from onnx import helper
+
+    return helper.make_node(*args, **kwargs)
