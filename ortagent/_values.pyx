@@ -357,6 +357,9 @@ _CPU_DEVICE = OrtDevice()
 
 def as_device(device, device_id=None):
     """Normalise the many spellings of a device into an OrtDevice."""
+    if ((device is None or (type(device) is str and device == "cpu"))
+            and (device_id is None or (type(device_id) is int and device_id == 0))):
+        return _CPU_DEVICE          # the common case, first
     if device_id is not None:
         device_id = _device_id_argument(device_id)
     if isinstance(device, OrtDevice):
