@@ -30,7 +30,7 @@ from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, FeedView, wrap_value, tensor_for_feed, value_to_numpy,
     tensor_type_name, feed_view, release_feed_view, clear_feed_view, tensor_data,
     keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
-    new_output_array, has_builtin_numpy_type, MAX_INLINE_DIMS,
+    new_output_array, has_builtin_numpy_type, element_size, MAX_INLINE_DIMS,
 )
 from ortagent._values import as_device
 from ortagent._runtime import get_available_providers
@@ -43,6 +43,12 @@ cdef Py_ssize_t* _live = live_handle_counts()
 
 cdef enum:
     STACK_NAMES = 16
+    # Outputs larger than this are left to onnxruntime even when their shape is fixed. A new
+    # NumPy array of a few MiB or more is a fresh mmap whose pages fault in on every run
+    # (64 MiB: 10.4 ms a run against 4.7 ms with onnxruntime's arena reusing its memory);
+    # below glibc's default mmap threshold (128 KiB) it comes from the heap, and small outputs
+    # are where sparing onnxruntime's allocation matters.
+    PREALLOCATE_MAX_BYTES = 65536
     # What run() did for each feed: borrowed the caller's OrtValue, created a tensor it must
     # release, or used the feed view cached for input (value - FEED_CACHED).
     FEED_BORROWED = -2
@@ -837,18 +843,23 @@ cdef class InferenceSession:
 
     cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1:
         """Mark the output at `position` fixed when the model gives it a plain tensor type with
-        a builtin NumPy equivalent and a shape of known, non-zero dimensions. An output that is
+        a builtin NumPy equivalent and a shape of known, non-zero dimensions, at most
+        PREALLOCATE_MAX_BYTES in all. An output that is
         also a graph input is never fixed: onnxruntime hands such an output back as the feed
         itself, without writing into a buffer given for it."""
         cdef FixedOutput* fixed = &self.fixed_outputs[position]
         cdef Py_ssize_t d
+        cdef int64_t nbytes = element_size(elem)
         fixed.elem_type = -1
         shape = arg.shape
         if (elem < 0 or not has_builtin_numpy_type(elem) or arg.type.startswith("sparse_")
                 or shape is None or len(shape) > MAX_INLINE_DIMS or arg.name in self.input_index):
             return 0
         for d in range(len(shape)):
-            if type(shape[d]) is not int or shape[d] <= 0:
+            if type(shape[d]) is not int or shape[d] <= 0 or shape[d] > PREALLOCATE_MAX_BYTES:
+                return 0
+            nbytes *= <int64_t>shape[d]
+            if nbytes > PREALLOCATE_MAX_BYTES:
                 return 0
             fixed.dims[d] = shape[d]
         fixed.ndim = <int>len(shape)

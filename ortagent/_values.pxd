@@ -110,6 +110,8 @@ cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
                              ort.OrtValue** tensor_out)
 # Whether NumPy has a builtin type for ONNX element type `elem_type` (new_output_array's types).
 cdef bint has_builtin_numpy_type(int elem_type) noexcept
+# Bytes per element of ONNX element type `elem_type` (0 for strings and unknown types).
+cdef int element_size(int elem_type) noexcept
 
 # The process-wide CPU memory description (created on first use).
 cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL

@@ -1160,6 +1160,11 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     return array
 
 
+cdef int element_size(int elem_type) noexcept:
+    cdef unsigned int index = <unsigned int>elem_type
+    return _ELEM_SIZE[index] if index < 24 else 0
+
+
 cdef bint has_builtin_numpy_type(int elem_type) noexcept:
     return elem_type != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING and _npy_type_of(elem_type) >= 0
 

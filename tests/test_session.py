@@ -522,3 +522,13 @@ def helper_node(*args, **kwargs):
     from onnx import helper
 
     return helper.make_node(*args, **kwargs)
+
+
+def test_large_fixed_outputs_are_left_to_onnxruntime(ort_ref):
+    """Up to 64 KiB an output of fixed shape is preallocated; a larger one would be a fresh
+    mmap whose pages fault in on every run, so onnxruntime's arena keeps it."""
+    for n, expect_preallocated in ((16384, True), (16385, False)):
+        model = models.identity(TensorProto.FLOAT, shape=(n,))
+        feeds_list = [{"x": np.full(n, i, np.float32)} for i in range(3)]
+        _, results = _runs_match(ort_ref, model, feeds_list)
+        assert (results[-1][0].base is None) == expect_preallocated, n
