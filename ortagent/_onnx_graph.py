@@ -1,8 +1,8 @@
 """Small structural helpers over ``onnx`` graphs, shared by the graph split and the builder.
 
 Nothing here knows about training graphs: these functions load models, walk nested subgraphs,
-find the outer-scope names a node reads, order nodes topologically and hand out fresh value
-names. Pure Python over the ``onnx`` package; no onnxruntime.
+find the outer-scope names a node reads, order nodes topologically, hand out fresh value names
+and check lists of value names given as arguments. Pure Python over the ``onnx`` package; no onnxruntime.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "describe_node",
     "NameAllocator",
     "all_value_names",
+    "name_list",
 ]
 
 
@@ -240,3 +241,17 @@ class NameAllocator:
         name = f"{stem}_{counter}"
         self._taken.add(name)
         return name
+
+
+def name_list(value: object, what: str, *, unordered: bool = False) -> list[str]:
+    """`value`, a sequence of str names (a set too where `unordered`), as a list; a str itself
+    (which would be iterated character by character) or a non-str name is an OrtInvalidType
+    naming the argument `what`."""
+    accepted = (Sequence, set, frozenset) if unordered else Sequence
+    if isinstance(value, (str, bytes)) or not isinstance(value, accepted):
+        raise OrtInvalidType(f"{what} must be a list of names, got {type(value).__name__}")
+    names = list(value)
+    for name in names:
+        if not isinstance(name, str):
+            raise OrtInvalidType(f"{what} must hold str names, got {name!r}")
+    return names

@@ -46,6 +46,7 @@ from ortagent.errors import (
     OrtInvalidType,
     UnknownRunError,
 )
+from ortagent._onnx_graph import name_list
 from ortagent.graph_split import TrainingGraphSplit, split_training_graph
 
 __all__ = ["TrainingAgent", "PartialGraphExecutionState", "TrainingIOBinding"]
@@ -82,16 +83,6 @@ def _parse_arguments(args: tuple, kwargs: dict) -> dict:
         raise OrtInvalidType(f"TrainingAgent got unexpected arguments {sorted(unknown)}")
     named["_form"] = form
     return named
-
-
-def _names(value: Any, what: str) -> list[str]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise OrtInvalidType(f"{what} must be a list of names, got {type(value).__name__}")
-    names = list(value)
-    for name in names:
-        if not isinstance(name, str):
-            raise OrtInvalidType(f"{what} must hold str names, got {name!r}")
-    return names
 
 
 def _devices(value: Any, count: int, what: str) -> list[OrtDevice | None]:
@@ -148,16 +139,16 @@ class TrainingAgent:
         form = named["_form"]
         graph_inputs = split.graph_input_names
         module_outputs = split.module_output_names
-        feed_names = _names(named["fw_feed_names"], "fw_feed_names") if form else list(graph_inputs)
+        feed_names = name_list(named["fw_feed_names"], "fw_feed_names") if form else list(graph_inputs)
         self._feed_positions = _position_map(feed_names, graph_inputs, "fw_feed_names", "a graph input")
         needed = set(split.forward_input_names) | set(split.backward_graph_input_names)
         missing = [name for name in graph_inputs if name in needed and name not in feed_names]
         if missing:
             raise OrtInvalidArgument(f"fw_feed_names lacks graph inputs the graph reads: {missing}")
         if form is _STATE_FORM:
-            fetch_names = _names(named["fw_fetches_names"], "fw_fetches_names")
+            fetch_names = name_list(named["fw_fetches_names"], "fw_fetches_names")
             self._fetch_positions = [self._module_output_position(name) for name in fetch_names]
-            grad_names = _names(named["bw_feed_names"], "bw_feed_names")
+            grad_names = name_list(named["bw_feed_names"], "bw_feed_names")
             self._grad_order = _position_map(grad_names, split.gradient_names, "bw_feed_names",
                                              "a YieldOp output (an output gradient)")
             if sorted(self._grad_order) != list(range(len(split.gradient_names))):
@@ -167,7 +158,7 @@ class TrainingAgent:
             self._fetch_positions = list(range(len(module_outputs)))
             self._grad_order = list(range(len(split.gradient_names)))
         if form:
-            output_names = _names(named["bw_fetches_names"], "bw_fetches_names")
+            output_names = name_list(named["bw_fetches_names"], "bw_fetches_names")
         else:
             output_names = list(split.graph_output_names)
         self._output_positions = _position_map(output_names, split.graph_output_names,

@@ -30,7 +30,9 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
-from ._onnx_graph import NameAllocator, all_value_names, load_model, topological_order, walk_graphs
+from ._onnx_graph import (
+    NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
+)
 from .errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 from .graph_split import YIELD_OP_DOMAIN, YIELD_OP_TYPE
 
@@ -70,10 +72,10 @@ def build_training_graph(
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
     value reaches an operator that has no derivative rule.
     """
-    trainable = _names(trainable, "trainable")
-    input_gradients = _names(input_gradients, "input_gradients")
+    trainable = name_list(trainable, "trainable", unordered=True)
+    input_gradients = name_list(input_gradients, "input_gradients", unordered=True)
     if user_inputs is not None:
-        user_inputs = _names(user_inputs, "user_inputs")
+        user_inputs = name_list(user_inputs, "user_inputs", unordered=True)
     if non_differentiable_outputs is not None:
         non_differentiable_outputs = _indices(non_differentiable_outputs, "non_differentiable_outputs")
     if full_shape_outputs is not None:
@@ -268,18 +270,6 @@ def build_training_graph(
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
     adjoint.ir_version = model.ir_version
     return adjoint
-
-
-def _names(value: object, what: str) -> list[str]:
-    """A list of names from a sequence of str (a str itself would be iterated character by
-    character)."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, set, frozenset)):
-        raise OrtInvalidType(f"{what} must be a list of names, got {type(value).__name__}")
-    names = list(value)
-    for name in names:
-        if not isinstance(name, str):
-            raise OrtInvalidType(f"{what} must hold str names, got {name!r}")
-    return names
 
 
 def _indices(value: object, what: str) -> list[int]:
