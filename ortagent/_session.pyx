@@ -518,6 +518,15 @@ cdef object _node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out)
 
 
 
+cdef inline bint _asked_twice(const Py_ssize_t* positions, Py_ssize_t n, Py_ssize_t i) noexcept:
+    """Whether output position positions[i] stands anywhere else in positions[:n]."""
+    cdef Py_ssize_t j
+    for j in range(n):
+        if j != i and positions[j] == positions[i]:
+            return True
+    return False
+
+
 # ---- providers -----------------------------------------------------------------------------------
 
 _CPU = "CPUExecutionProvider"
@@ -1024,20 +1033,14 @@ cdef class InferenceSession:
         a new NumPy array (into `arrays`, a reference the caller owns) and a tensor over it
         (into `values`) for onnxruntime to write the output into. Names asked for twice get
         none. Returns how many outputs were preallocated."""
-        cdef Py_ssize_t i, j, n = 0
+        cdef Py_ssize_t i, n = 0
         cdef FixedOutput* fixed
         for i in range(n_out):
             fixed = &self.fixed_outputs[positions[i]]
             if fixed.elem_type < 0 or not fixed.confirmed:
                 continue
-            if not distinct:
-                for j in range(n_out):
-                    if j != i and positions[j] == positions[i]:
-                        break
-                else:
-                    j = -1
-                if j >= 0:
-                    continue
+            if not distinct and _asked_twice(positions, n_out, i):
+                continue
             array = new_output_array(fixed.elem_type, fixed.ndim, fixed.dims, &values[i])
             Py_INCREF(array)
             arrays[i] = <PyObject*>array
@@ -1060,8 +1063,9 @@ cdef class InferenceSession:
 
     def run(self, output_names, input_feed, run_options=None):
         """Run the model. `input_feed` maps input names to NumPy arrays (or OrtValues); returns a
-        list of NumPy arrays (views of onnxruntime's output buffers) for `output_names` (None =
-        all outputs, in model order)."""
+        list of NumPy arrays for `output_names` (None = all outputs, in model order), none of
+        them a copy: small outputs of fixed type and shape are new arrays onnxruntime wrote
+        into, the others views of onnxruntime's output buffers."""
         return self._run(output_names, input_feed, run_options, True)
 
     def run_with_ort_values(self, output_names, input_dict, run_options=None):
