@@ -46,8 +46,9 @@ from ortagent.errors import (
     OrtInvalidType,
     UnknownRunError,
 )
-from ortagent._onnx_graph import name_list
+from ortagent._onnx_graph import load_model, name_list
 from ortagent.graph_split import TrainingGraphSplit, split_training_graph
+from ortagent.training_ops import lower_training_ops, needs_lowering
 
 __all__ = ["TrainingAgent", "PartialGraphExecutionState", "TrainingIOBinding"]
 
@@ -121,6 +122,11 @@ class TrainingAgent:
     module outputs (YieldOp inputs), backward feeds one gradient per YieldOp output and backward
     fetches all graph outputs.
 
+    Training-only operators of onnxruntime-training (``ReluGrad``, ``SoftmaxGrad_13``,
+    ``ConcatTraining``, ...) are first rewritten into standard operators
+    (:func:`ortagent.training_ops.lower_training_ops`); one that cannot be raises
+    :class:`~ortagent.UnsupportedTrainingOpError` naming the node.
+
     Invalid graphs raise :class:`~ortagent.TrainingGraphError` at construction (where
     onnxruntime's own agent crashes or misleads), misuse of runs raises
     :class:`~ortagent.RunStateError`.
@@ -128,7 +134,10 @@ class TrainingAgent:
 
     def __init__(self, path_or_bytes: Any, *args: Any, **kwargs: Any) -> None:
         named = _parse_arguments(args, kwargs)
-        self._split: TrainingGraphSplit = split_training_graph(path_or_bytes)
+        model = load_model(path_or_bytes)
+        if needs_lowering(model):          # an ORTModule graph with training-only operators
+            model = lower_training_ops(model)
+        self._split: TrainingGraphSplit = split_training_graph(model)
         split = self._split
         self._engine = _AgentEngine(split, named.get("session_options"), named.get("providers"),
                                     named.get("provider_options"))
