@@ -388,6 +388,44 @@ class _Emitter:
             return out_names[0]
         return out_names
 
+    def rename(self, value: str, out: str) -> None:
+        """Make the node that computed `value` (a fresh name) write `out` instead: no Identity copy."""
+        for node in self.nodes:
+            for position, name in enumerate(node.output):
+                if name == value:
+                    node.output[position] = out
+            for position, name in enumerate(node.input):
+                if name == value:
+                    node.input[position] = out
+        if value in self.constants:
+            self.constants[out] = self.constants.pop(value)
+
+    def produced_here(self, value: str) -> bool:
+        return any(value in node.output for node in self.nodes)
+
+    def write(self, value: str, out: str) -> None:
+        """`value` under the name `out` (renamed when this lowering computed it, else an Identity)."""
+        if self.produced_here(value):
+            self.rename(value, out)
+        else:
+            self.op("Identity", value, out=out)
+
+    def cast_like(self, value: str, like: str, out: str | None = None) -> str:
+        """`value` in `like`'s element type (no node when both are known to agree)."""
+        known = self.elem_type(like)
+        if known is not None and known == self.elem_type(value):
+            if out is None:
+                return value
+            self.write(value, out)
+            return out
+        return self.op("CastLike", value, like, out=out)
+
+    def int64(self, value: str) -> str:
+        """`value` as int64 (no node when it is known to be int64 already)."""
+        if self.elem_type(value) == TensorProto.INT64:
+            return value
+        return self.op("Cast", value, to=TensorProto.INT64)
+
     def const(self, value, dtype=None) -> str:
         array = np.asarray(value, dtype=dtype)
         name = self.names.fresh(f"{self.stem}/const")
@@ -465,7 +503,7 @@ class _Emitter:
             wide = [self.cast_to(n, TensorProto.FLOAT) for n in names]
             self.op("Cast", compute(*wide), out=out, to=elem)
         else:
-            self.op("Identity", compute(*names), out=out)
+            self.write(compute(*names), out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,10 +640,8 @@ def _dropout_backward(e: _Emitter, dy: str, mask: str, ratio: str | None, traini
                       out: str) -> None:
     """dx = mask ? dy / (1 - ratio) : 0; dy itself where ratio is 0 or training_mode is false."""
     ratio_value = e.constant(ratio)
-    if ratio is None:
-        ratio_t = e.scalar(0.5, dy)
-    else:
-        ratio_t = e.op("CastLike", ratio, dy)
+    # the kernel computes 1 - ratio in float32 whatever the data type
+    ratio_f = e.const(np.float32(0.5)) if ratio is None else e.op("Cast", ratio, to=TensorProto.FLOAT)
     training_value = e.constant(training)
     if training is not None and training_value is not None and not bool(np.all(training_value)):
         e.op("Identity", dy, out=out)
@@ -613,10 +649,10 @@ def _dropout_backward(e: _Emitter, dy: str, mask: str, ratio: str | None, traini
     if ratio_value is not None and float(np.asarray(ratio_value).reshape(-1)[0]) == 0.0:
         e.op("Identity", dy, out=out)
         return
-    kept = e.op("Div", dy, e.op("Sub", e.scalar(1, dy), ratio_t))
+    kept = e.op("Div", dy, e.op("CastLike", e.op("Sub", e.const(np.float32(1)), ratio_f), dy))
     if ratio_value is None and ratio is not None:
         # a ratio known only at run time: 0 means the kernel passes dy through
-        keep = e.op("Or", mask, e.op("Equal", ratio_t, e.scalar(0, dy)))
+        keep = e.op("Or", mask, e.op("Equal", ratio_f, e.const(np.float32(0))))
     else:
         keep = mask
     if training is not None and training_value is None:
@@ -650,7 +686,7 @@ def _bitmask_dropout_grad(e: _Emitter, node: NodeProto) -> None:
 
 def _normalized_indices(e: _Emitter, indices: str, size: str) -> str:
     """`indices` as int64 with negative entries wrapped by `size` (an int64 scalar)."""
-    indices = e.op("Cast", indices, to=TensorProto.INT64)
+    indices = e.int64(indices)
     negative = e.op("Less", indices, e.const(np.int64(0)))
     return e.op("Where", negative, e.op("Add", indices, size), indices)
 
@@ -658,7 +694,7 @@ def _normalized_indices(e: _Emitter, indices: str, size: str) -> str:
 @_lowers("GatherGrad")
 def _gather_grad(e: _Emitter, node: NodeProto) -> None:
     shape, indices, dy = e.input(0), e.input(1), e.input(2)
-    shape = e.op("Cast", shape, to=TensorProto.INT64)
+    shape = e.int64(shape)
     axis = int(e.attr("axis", 0))
     size = e.op("Squeeze", e.op("Slice", shape, e.ints([axis]), e.ints([axis + 1 if axis != -1 else _INT64_MAX])),
                 e.ints([0]))
@@ -684,7 +720,7 @@ def _gather_grad(e: _Emitter, node: NodeProto) -> None:
 @_lowers("GatherElementsGrad")
 def _gather_elements_grad(e: _Emitter, node: NodeProto) -> None:
     dy, shape, indices = e.input(0), e.input(1), e.input(2)
-    shape = e.op("Cast", shape, to=TensorProto.INT64)
+    shape = e.int64(shape)
     axis = int(e.attr("axis", 0))
     e.op("ScatterElements", e.zeros(shape, dy), indices, dy, out=e.output(0), axis=axis, reduction="add")
 
@@ -692,9 +728,9 @@ def _gather_elements_grad(e: _Emitter, node: NodeProto) -> None:
 @_lowers("GatherNDGrad")
 def _gather_nd_grad(e: _Emitter, node: NodeProto) -> None:
     shape, indices, update = e.input(0), e.input(1), e.input(2)
-    shape = e.op("Cast", shape, to=TensorProto.INT64)
+    shape = e.int64(shape)
     batch_dims = int(e.attr("batch_dims", 0))
-    indices = e.op("Cast", indices, to=TensorProto.INT64)
+    indices = e.int64(indices)
     if batch_dims:
         rank = e.rank(node.input[1])
         if rank is None:
@@ -716,7 +752,7 @@ def _gather_nd_grad(e: _Emitter, node: NodeProto) -> None:
 @_lowers("SliceGrad")
 def _slice_grad(e: _Emitter, node: NodeProto) -> None:
     dy, shape = e.input(0), e.input(1)
-    shape = e.op("Cast", shape, to=TensorProto.INT64)
+    shape = e.int64(shape)
     extra = [e.input(i) for i in range(2, 6)]
     # the flat positions the slice took, found by slicing a tensor of positions the same way
     count = e.op("ReduceProd", shape, keepdims=1)
@@ -753,7 +789,7 @@ def _split_training(e: _Emitter, node: NodeProto) -> None:
         else:
             e.op("Split", data, out=outputs, axis=axis)
         return
-    e.op("Split", data, e.op("Cast", split, to=TensorProto.INT64), out=outputs, axis=axis)
+    e.op("Split", data, e.int64(split), out=outputs, axis=axis)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -807,10 +843,14 @@ def _broadcast_gradient_args(e: _Emitter, node: NodeProto) -> None:
     pa, pb = _padded_shape(e, a_shape, rank), _padded_shape(e, b_shape, rank)
     positions = e.op("Range", e.const(np.int64(0)), rank, e.const(np.int64(1)))
     same = e.op("Equal", pa, pb)
-    for padded, out in ((pa, e.output(0)), (pb, e.output(1))):
+    for shape, padded, out in ((a_shape, pa, e.output(0)), (b_shape, pb, e.output(1))):
         if not out:
             continue
-        broadcast = e.op("And", e.op("Equal", padded, e.const(np.int64(1))), e.op("Not", same))
+        # the kernel lists an axis for an input when its dim is 1 and the other's is not, and
+        # every leading axis the input lacks (whatever the other's dim there)
+        lacking = e.op("Less", positions, e.op("Sub", rank, e.op("Size", shape)))
+        stretched = e.op("And", e.op("Equal", padded, e.const(np.int64(1))), e.op("Not", same))
+        broadcast = e.op("Or", lacking, stretched)
         axes = e.op("Compress", positions, broadcast, axis=0)
         # listed from the last axis to the first, as the kernel does
         e.op("Slice", axes, e.ints([-1]), e.ints([np.iinfo(np.int64).min]), e.ints([0]), e.ints([-1]), out=out)
@@ -876,7 +916,7 @@ def _layer_norm_backward(e: _Emitter, dy: str, x_hat: str, scale: str, inv_std: 
     targets = [e.input(1), e.input(2), e.input(2)]
     for out, result, like in zip(outputs, results, targets):
         if out:
-            e.op("CastLike", result, like, out=out)
+            e.cast_like(result, like, out=out)
 
 
 def _in_u(e: _Emitter, name: str) -> str:
@@ -1132,13 +1172,25 @@ def _sce_loss_internal(e: _Emitter, node: NodeProto) -> None:
     scores, labels, weights = e.input(0), e.input(1), e.input(2)
     ignore_index = _constant_ignore_index(e, 3)
     output_type = e.attr("output_type")
-    if output_type and e.elem_type(scores) not in (None, output_type):
-        scores = e.cast_to(scores, output_type)
-        if weights:
-            weights = e.cast_to(weights, output_type)
-    outputs = [e.output(0) or e.names.fresh(f"{e.stem}/loss"), e.output(1) or ""]
-    e.op("SoftmaxCrossEntropyLoss", scores, labels, weights, out=outputs,
-         reduction=e.attr("reduction", "mean"), ignore_index=ignore_index)
+    scores_type = e.elem_type(scores)
+    reduction = e.attr("reduction", "mean")
+    if not output_type or output_type == scores_type:
+        outputs = [e.output(0) or e.names.fresh(f"{e.stem}/loss"), e.output(1) or ""]
+        e.op("SoftmaxCrossEntropyLoss", scores, labels, weights, out=outputs, reduction=reduction,
+             ignore_index=ignore_index)
+        return
+    if scores_type is None:
+        raise e.error("output_type is set but the element type of the scores is not declared")
+    # computed in the wider of the two types, then cast to output_type
+    wide = max((scores_type, output_type), key=lambda t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).itemsize)
+    if wide != scores_type:
+        scores = e.cast_to(scores, wide)
+        weights = e.cast_to(weights, wide) if weights else None
+    loss, log_prob = e.op("SoftmaxCrossEntropyLoss", scores, labels, weights, outputs=2, reduction=reduction,
+                          ignore_index=ignore_index)
+    for out, value in ((e.output(0), loss), (e.output(1), log_prob)):
+        if out:
+            e.op("Cast", value, out=out, to=output_type)
 
 
 @_lowers("NegativeLogLikelihoodLossInternal", "NegativeLogLikelihoodLossInternal2")
@@ -1160,7 +1212,7 @@ def _sce_loss_internal_grad(e: _Emitter, node: NodeProto) -> None:
         ignore_index = _constant_ignore_index(e, 4)
         bias = e.input(5)
     reduction = e.attr("reduction", "mean")
-    label = e.op("Cast", label, to=TensorProto.INT64)
+    label = e.int64(label)
     if ignore_index is not None:
         ignored = e.op("Equal", label, e.const(np.int64(ignore_index)))
         safe_label = e.op("Where", ignored, e.const(np.int64(0)), label)
@@ -1231,8 +1283,8 @@ def _aten_embedding_backward(e: _Emitter, node: NodeProto) -> None:
     grad, indices, num_weights = e.input(0), e.input(1), e.input(2)
     padding_idx = _aten_flag(e, 3, -1)
     scale_by_frequency = _aten_flag(e, 4, 0)
-    indices = e.op("Cast", indices, to=TensorProto.INT64)
-    rows = e.op("Reshape", e.op("Cast", num_weights, to=TensorProto.INT64), e.ints([1]))
+    indices = e.int64(indices)
+    rows = e.op("Reshape", e.int64(num_weights), e.ints([1]))
     width = e.op("Shape", grad, start=-1)
     flat_index = e.op("Reshape", indices, e.ints([-1, 1]))
     flat_grad = e.op("Reshape", grad, e.op("Concat", e.ints([-1]), width, axis=0))
@@ -1288,7 +1340,7 @@ def _aten_max_pool2d_backward(e: _Emitter, node: NodeProto) -> None:
     # ATen's indices run within each (n, c) plane: scatter into [N, C, H*W]
     planes = e.op("Concat", e.op("Shape", grad, end=2), e.ints([-1]), axis=0)
     flat_grad = e.op("Reshape", grad, planes)
-    flat_index = e.op("Reshape", e.op("Cast", indices, to=TensorProto.INT64), planes)
+    flat_index = e.op("Reshape", e.int64(indices), planes)
     plane_size = e.op("ReduceProd", e.op("Shape", x, start=2), keepdims=1)
     zeros = e.zeros(e.op("Concat", e.op("Shape", x, end=2), plane_size, axis=0), grad)
     scattered = e.op("ScatterElements", zeros, flat_index, flat_grad, axis=2, reduction="add")
@@ -1301,7 +1353,7 @@ def _aten_avg_pool2d(e: _Emitter, node: NodeProto) -> None:
     kernel, strides, pads = _pool_arguments(e, 1)
     ceil_mode = _aten_flag(e, 4, 0)
     count_include_pad = _aten_flag(e, 5, 1)
-    if e.input(6) is not None and e.constant(e.input(6)) is not None and e.constant(e.input(6)).size:
+    if e.input(6) is not None:
         raise e.error("divisor_override is not lowered")
     e.op("AveragePool", x, out=e.output(0), kernel_shape=kernel, strides=strides, pads=pads,
          ceil_mode=ceil_mode, count_include_pad=count_include_pad)
@@ -1314,6 +1366,8 @@ def _aten_avg_pool2d_backward(e: _Emitter, node: NodeProto) -> None:
     if _aten_flag(e, 5, 0):
         raise e.error("ceil_mode is not lowered for the average pool gradient")
     count_include_pad = bool(_aten_flag(e, 6, 1))
+    if e.input(7) is not None:
+        raise e.error("divisor_override is not lowered")
     _average_pool_backward(e, grad, e.op("Shape", x), kernel, strides, pads, count_include_pad, e.output(0))
 
 
