@@ -321,10 +321,14 @@ class _Emitter:
         return None
 
     def attr(self, name: str, default=None):
+        """The attribute's value, or `default` (a float default is rounded to float32, as a
+        stored FLOAT attribute would be)."""
         for attribute in self.node.attribute:
             if attribute.name == name:
                 value = helper.get_attribute_value(attribute)
                 return value.decode() if isinstance(value, bytes) else value
+        if isinstance(default, float):
+            return float(np.float32(default))
         return default
 
     def error(self, reason: str) -> UnsupportedTrainingOpError:
@@ -419,6 +423,13 @@ class _Emitter:
             self.write(value, out)
             return out
         return self.op("CastLike", value, like, out=out)
+
+    def typed_like(self, value: str, like: str) -> str:
+        """Note that `value` has `like`'s element type (where known); returns `value`."""
+        elem = self.elem_type(like)
+        if elem is not None:
+            self.types[value] = helper.make_tensor_type_proto(elem, None)
+        return value
 
     def int64(self, value: str) -> str:
         """`value` as int64 (no node when it is known to be int64 already)."""
@@ -541,8 +552,13 @@ def _tanh_grad(e: _Emitter, node: NodeProto) -> None:
 
 def _gelu_derivative(e: _Emitter, x: str) -> str:
     """d/dx of x * Phi(x): Phi(x) + x * phi(x)."""
-    cdf = e.op("Mul", e.scalar(0.5, x),
-               e.op("Add", e.scalar(1, x), e.op("Erf", e.op("Mul", x, e.scalar(np.sqrt(0.5), x)))))
+    scaled = e.op("Mul", x, e.scalar(np.sqrt(0.5), x))
+    if e.elem_type(x) == TensorProto.DOUBLE:
+        # onnxruntime has no double Erf kernel (nor had the training build a double GeluGrad)
+        erf = e.op("CastLike", e.op("Erf", e.cast_to(scaled, TensorProto.FLOAT)), x)
+    else:
+        erf = e.op("Erf", scaled)
+    cdf = e.op("Mul", e.scalar(0.5, x), e.op("Add", e.scalar(1, x), erf))
     pdf = e.op("Mul", e.op("Exp", e.op("Mul", e.op("Mul", x, x), e.scalar(-0.5, x))),
                e.scalar(1.0 / np.sqrt(2.0 * np.pi), x))
     return e.op("Add", cdf, e.op("Mul", x, pdf))
@@ -566,7 +582,7 @@ def _gelu_family(derivative: Callable[[_Emitter, str], str], with_bias: bool) ->
     def lower(e: _Emitter, node: NodeProto) -> None:
         def compute(dy: str, x: str, *bias: str) -> str:
             if bias:
-                x = e.op("Add", x, bias[0])
+                x = e.typed_like(e.op("Add", x, bias[0]), x)
             return e.op("Mul", dy, derivative(e, x))
         names = [e.input(0), e.input(1)] + ([e.input(2)] if with_bias else [])
         e.in_float(compute, *names, out=e.output(0))
@@ -865,8 +881,11 @@ def _reduce_sum_training(e: _Emitter, node: NodeProto) -> None:
 @_lowers("Scale")
 def _scale(e: _Emitter, node: NodeProto) -> None:
     data, factor = e.input(0), e.input(1)
-    factor = e.op("Reshape", e.op("CastLike", factor, data), e.ints([]))
-    e.op("Div" if int(e.attr("scale_down", 0)) else "Mul", data, factor, out=e.output(0))
+    # the kernel reads the factor as float32 and scales down by its float32 reciprocal
+    factor = e.op("Reshape", e.op("Cast", factor, to=TensorProto.FLOAT), e.ints([]))
+    if int(e.attr("scale_down", 0)):
+        factor = e.op("Reciprocal", factor)
+    e.op("Mul", data, e.cast_like(factor, data), out=e.output(0))
 
 
 @_lowers("ScaledSum")
@@ -1156,76 +1175,108 @@ def _average_pool_grad(e: _Emitter, node: NodeProto) -> None:
 # losses
 
 
-def _constant_ignore_index(e: _Emitter, index: int) -> int | None:
-    name = e.input(index)
-    if name is None:
-        return None
-    value = e.constant(name)
-    if value is None:
-        raise e.error("its ignore_index input is computed at run time; ortagent lowers it only when it is a "
-                      "constant (an initializer or Constant node)")
-    return int(np.asarray(value).reshape(-1)[0])
+def _ignored_labels(e: _Emitter, label: str, ignore_index: str | None) -> tuple[str | None, str]:
+    """(where the label is ignored, or None; the labels with ignored ones replaced by 0), int64."""
+    label = e.int64(label)
+    if ignore_index is None:
+        return None, label
+    value = e.constant(ignore_index)
+    if value is not None:
+        target = e.const(np.int64(np.asarray(value).reshape(-1)[0]))
+    else:
+        target = e.op("Reshape", e.int64(ignore_index), e.ints([]))
+    ignored = e.op("Equal", label, target)
+    return ignored, e.op("Where", ignored, e.const(np.int64(0)), label)
+
+
+def _sample_weights(e: _Emitter, weight: str | None, ignored: str | None, safe_label: str, like: str) -> str:
+    """Each sample's weight (weight[label], or 1), 0 where its label is ignored, in `like`'s type."""
+    if weight:
+        w = e.op("Gather", e.cast_like(weight, like), safe_label, axis=0)
+    else:
+        w = e.op("Expand", e.scalar(1, like), e.op("Shape", safe_label))
+    if ignored is not None:
+        w = e.op("Where", ignored, e.scalar(0, like), w)
+    return w
+
+
+def _nll(e: _Emitter, log_prob: str, label: str, weight: str | None, ignore_index: str | None,
+         reduction: str) -> str:
+    """The negative log-likelihood loss of `log_prob` [N, C, D...] at `label` [N, D...]."""
+    ignore_value = e.constant(ignore_index)
+    if ignore_index is None or ignore_value is not None:
+        # ONNX's own operator when ignore_index is a constant
+        constant = None if ignore_value is None else int(np.asarray(ignore_value).reshape(-1)[0])
+        return e.op("NegativeLogLikelihoodLoss", log_prob, label, weight, reduction=reduction,
+                    ignore_index=constant)
+    ignored, safe_label = _ignored_labels(e, label, ignore_index)
+    picked = e.op("Squeeze", e.op("GatherElements", log_prob, e.op("Unsqueeze", safe_label, e.ints([1])), axis=1),
+                  e.ints([1]))
+    w = _sample_weights(e, weight, ignored, safe_label, log_prob)
+    losses = e.op("Neg", e.op("Mul", picked, w))
+    if reduction == "none":
+        return losses
+    total = e.op("ReduceSum", losses, keepdims=0)
+    if reduction == "sum":
+        return total
+    return e.op("Div", total, e.op("ReduceSum", w, keepdims=0))
+
+
+def _wider(first: int, second: int) -> int:
+    return max((first, second), key=lambda t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).itemsize)
 
 
 @_lowers("SoftmaxCrossEntropyLossInternal")
 def _sce_loss_internal(e: _Emitter, node: NodeProto) -> None:
-    scores, labels, weights = e.input(0), e.input(1), e.input(2)
-    ignore_index = _constant_ignore_index(e, 3)
+    scores, labels, weights, ignore_index = e.input(0), e.input(1), e.input(2), e.input(3)
     output_type = e.attr("output_type")
     scores_type = e.elem_type(scores)
     reduction = e.attr("reduction", "mean")
-    if not output_type or output_type == scores_type:
-        outputs = [e.output(0) or e.names.fresh(f"{e.stem}/loss"), e.output(1) or ""]
-        e.op("SoftmaxCrossEntropyLoss", scores, labels, weights, out=outputs, reduction=reduction,
-             ignore_index=ignore_index)
-        return
-    if scores_type is None:
-        raise e.error("output_type is set but the element type of the scores is not declared")
-    # computed in the wider of the two types, then cast to output_type
-    wide = max((scores_type, output_type), key=lambda t: np.dtype(helper.tensor_dtype_to_np_dtype(t)).itemsize)
-    if wide != scores_type:
-        scores = e.cast_to(scores, wide)
-        weights = e.cast_to(weights, wide) if weights else None
-    loss, log_prob = e.op("SoftmaxCrossEntropyLoss", scores, labels, weights, outputs=2, reduction=reduction,
-                          ignore_index=ignore_index)
+    cast_back = bool(output_type) and output_type != scores_type
+    if cast_back:
+        if scores_type is None:
+            raise e.error("output_type is set but the element type of the scores is not declared")
+        wide = _wider(scores_type, output_type)       # computed in the wider type
+        if wide != scores_type:
+            scores = e.cast_to(scores, wide)
+            weights = e.cast_to(weights, wide) if weights else None
+    log_prob = e.op("LogSoftmax", scores, axis=1)
+    loss = _nll(e, log_prob, labels, weights, ignore_index, reduction)
     for out, value in ((e.output(0), loss), (e.output(1), log_prob)):
-        if out:
+        if not out:
+            continue
+        if cast_back:
             e.op("Cast", value, out=out, to=output_type)
+        else:
+            e.write(value, out)
 
 
 @_lowers("NegativeLogLikelihoodLossInternal", "NegativeLogLikelihoodLossInternal2")
 def _nll_loss_internal(e: _Emitter, node: NodeProto) -> None:
-    log_prob, target, weight = e.input(0), e.input(1), e.input(2)
-    ignore_index = _constant_ignore_index(e, 3)
-    e.op("NegativeLogLikelihoodLoss", log_prob, target, weight, out=e.output(0),
-         reduction=e.attr("reduction", "mean"), ignore_index=ignore_index)
+    loss = _nll(e, e.input(0), e.input(1), e.input(2), e.input(3), e.attr("reduction", "mean"))
+    e.write(loss, e.output(0))
 
 
 @_lowers("SoftmaxCrossEntropyLossInternalGrad", "SoftmaxCrossEntropyLossGrad")
 def _sce_loss_internal_grad(e: _Emitter, node: NodeProto) -> None:
     dy, log_prob, label, weight = e.input(0), e.input(1), e.input(2), e.input(3)
-    if node.op_type == "SoftmaxCrossEntropyLossGrad":
+    if node.op_type == "SoftmaxCrossEntropyLossGrad":       # the older form: ignore_index attribute
         attribute = e.attr("ignore_index")
-        ignore_index = None if attribute is None else int(attribute)
+        ignore_index = None if attribute is None else e.const(np.int64(attribute))
         bias = None
     else:
-        ignore_index = _constant_ignore_index(e, 4)
-        bias = e.input(5)
+        ignore_index, bias = e.input(4), e.input(5)
     reduction = e.attr("reduction", "mean")
-    label = e.int64(label)
-    if ignore_index is not None:
-        ignored = e.op("Equal", label, e.const(np.int64(ignore_index)))
-        safe_label = e.op("Where", ignored, e.const(np.int64(0)), label)
-    else:
-        ignored, safe_label = None, label
-    lp = _in_u(e, log_prob)
-    dyu = e.op("CastLike", dy, lp)
-    if weight:
-        w = e.op("Gather", e.op("CastLike", weight, lp), safe_label, axis=0)
-    else:
-        w = e.op("Expand", e.scalar(1, lp), e.op("Shape", safe_label))
-    if ignored is not None:
-        w = e.op("Where", ignored, e.scalar(0, lp), w)
+    output_type = e.attr("output_type")
+    lp = log_prob
+    lp_type = e.elem_type(log_prob)
+    if output_type and lp_type and output_type != lp_type:
+        wide = _wider(lp_type, output_type)
+        if wide != lp_type:
+            lp = e.cast_to(lp, wide)
+    ignored, safe_label = _ignored_labels(e, label, ignore_index)
+    dyu = e.cast_like(dy, lp)
+    w = _sample_weights(e, weight, ignored, safe_label, lp)
     if reduction == "mean":
         d_loss = e.op("Div", e.op("Mul", dyu, w), e.op("ReduceSum", w, keepdims=0))
     else:
@@ -1238,12 +1289,14 @@ def _sce_loss_internal_grad(e: _Emitter, node: NodeProto) -> None:
     column = e.op("Reshape", classes, e.op("Concat", e.ints([-1]), trailing, axis=0))
     one_hot = e.op("CastLike", e.op("Equal", column, e.op("Unsqueeze", safe_label, e.ints([1]))), lp)
     grad = e.op("Mul", e.op("Unsqueeze", d_loss, e.ints([1])), e.op("Sub", e.op("Exp", lp), one_hot))
-    output_type = e.attr("output_type")
-    target_type = output_type or e.elem_type(log_prob)
     if bias:
-        grad = e.op("Add", grad, e.op("CastLike", bias, grad))
+        grad = e.op("Add", grad, e.cast_like(bias, grad))
+    target_type = output_type or lp_type
     if target_type:
-        e.op("Cast", grad, out=e.output(0), to=target_type)
+        if target_type == e.elem_type(lp):
+            e.write(grad, e.output(0))
+        else:
+            e.op("Cast", grad, out=e.output(0), to=target_type)
     else:
         e.op("CastLike", grad, log_prob, out=e.output(0))
 
@@ -1371,17 +1424,55 @@ def _aten_avg_pool2d_backward(e: _Emitter, node: NodeProto) -> None:
     _average_pool_backward(e, grad, e.op("Shape", x), kernel, strides, pads, count_include_pad, e.output(0))
 
 
+def _adaptive_pool_matrix(e: _Emitter, size: str, bins: str) -> str:
+    """The [bins, size] matrix averaging each adaptive-pooling bin: bin i covers
+    [floor(i*size/bins), ceil((i+1)*size/bins)) (int64 scalars in, float32 matrix out)."""
+    one = e.const(np.int64(1))
+    index = e.op("Range", e.const(np.int64(0)), bins, one)
+    start = e.op("Div", e.op("Mul", index, size), bins)
+    stop = e.op("Div", e.op("Sub", e.op("Add", e.op("Mul", e.op("Add", index, one), size), bins), one), bins)
+    position = e.op("Range", e.const(np.int64(0)), size, one)
+    column = e.ints([-1, 1])
+    inside = e.op("And", e.op("GreaterOrEqual", position, e.op("Reshape", start, column)),
+                  e.op("Less", position, e.op("Reshape", stop, column)))
+    width = e.op("Cast", e.op("Reshape", e.op("Sub", stop, start), column), to=TensorProto.FLOAT)
+    return e.op("Div", e.op("Cast", inside, to=TensorProto.FLOAT), width)
+
+
+def _dim(e: _Emitter, value: str, axis: int) -> str:
+    return e.op("Squeeze", e.op("Shape", value, start=axis, end=axis + 1), e.ints([0]))
+
+
+def _adaptive_matrices(e: _Emitter, x: str, pooled_h: str, pooled_w: str, like: str) -> tuple[str, str]:
+    rows = e.cast_like(_adaptive_pool_matrix(e, _dim(e, x, 2), pooled_h), like)
+    cols = e.cast_like(_adaptive_pool_matrix(e, _dim(e, x, 3), pooled_w), like)
+    return rows, cols
+
+
 @_lowers_aten("_adaptive_avg_pool2d")
 def _aten_adaptive_avg_pool2d(e: _Emitter, node: NodeProto) -> None:
     x = e.input(0)
     size = _aten_ints(e, 1, [])
-    if size != [1, 1]:
-        raise e.error(f"adaptive average pooling to {size} is lowered only for output size [1, 1]")
-    e.op("GlobalAveragePool", x, out=e.output(0))
+    if len(size) == 1:
+        size = size * 2
+    if size == [1, 1]:
+        e.op("GlobalAveragePool", x, out=e.output(0))
+        return
+    if len(size) != 2:
+        raise e.error(f"output_size {size} is not two sizes")
+    # Y = P_h @ X @ P_w^T with P the bin-averaging matrices (bins may overlap)
+    rows, cols = _adaptive_matrices(e, x, e.const(np.int64(size[0])), e.const(np.int64(size[1])), x)
+    e.op("MatMul", e.op("MatMul", rows, x), e.op("Transpose", cols, perm=[1, 0]), out=e.output(0))
 
 
 @_lowers_aten("_adaptive_avg_pool2d_backward")
 def _aten_adaptive_avg_pool2d_backward(e: _Emitter, node: NodeProto) -> None:
     grad, x = e.input(0), e.input(1)
-    plane = e.op("CastLike", e.op("ReduceProd", e.op("Shape", x, start=2), keepdims=0), grad)
-    e.op("Expand", e.op("Div", grad, plane), e.op("Shape", x), out=e.output(0))
+    shape = e.shape(grad)
+    if shape is not None and len(shape) == 4 and shape[2:] == [1, 1]:
+        plane = e.op("CastLike", e.op("ReduceProd", e.op("Shape", x, start=2), keepdims=0), grad)
+        e.op("Expand", e.op("Div", grad, plane), e.op("Shape", x), out=e.output(0))
+        return
+    # dX = P_h^T @ dY @ P_w, the bins read from the gradient's own shape
+    rows, cols = _adaptive_matrices(e, x, _dim(e, grad, 2), _dim(e, grad, 3), grad)
+    e.op("MatMul", e.op("MatMul", e.op("Transpose", rows, perm=[1, 0]), grad), cols, out=e.output(0))
