@@ -29,7 +29,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TypeProto, helper, numpy_helper
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
 
 from .._onnx_graph import NameAllocator, all_value_names, load_model, node_subgraphs
 from ..errors import TrainingGraphError, UnsupportedTrainingOpError
@@ -106,29 +106,72 @@ def _default_opset(model: ModelProto) -> int:
     return 1
 
 
-def _collect_types(model: ModelProto) -> dict[str, TypeProto]:
-    """Every value type the model declares or onnx can infer (training ops stop inference only
-    downstream of their outputs where nothing is declared)."""
-    types: dict[str, TypeProto] = {}
+# Stock operators (of onnxruntime's contrib domains) that ONNX's shape inference does not know:
+# the element type of each output, "in0" for that of input 0, an int for a TensorProto type, or
+# ("stash_type", default) for the type the attribute names. Training graphs keep such outputs
+# as values the backward reads, and the split must know their types.
+_IN0 = "in0"
+_STASH = ("stash_type", TensorProto.FLOAT)
+_STOCK_OUTPUT_TYPES: dict[tuple[str, str], tuple] = {
+    ("", "SimplifiedLayerNormalization"): (_IN0, _STASH),
+    (MS_DOMAIN, "SkipLayerNormalization"): (_IN0, TensorProto.FLOAT, TensorProto.FLOAT, _IN0),
+    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (_IN0, TensorProto.FLOAT, TensorProto.FLOAT, _IN0),
+    (MS_DOMAIN, "BiasDropout"): (_IN0, TensorProto.BOOL),
+    (MS_DOMAIN, "BitmaskDropout"): (_IN0, TensorProto.UINT32),
+    (MS_DOMAIN, "BitmaskBiasDropout"): (_IN0, TensorProto.UINT32),
+    **{(MS_DOMAIN, op): (_IN0,) for op in ("FusedMatMul", "FusedGemm", "FusedConv", "Gelu", "FastGelu",
+                                          "BiasGelu", "QuickGelu", "BiasSoftmax", "TransposeMatMul")},
+}
 
-    def take(graph: GraphProto) -> None:
+
+def _collect_types(model: ModelProto) -> dict[str, TypeProto]:
+    """Every value type the model declares or onnx can infer, completed with the output types
+    of the stock contrib operators onnx does not know (added to the model's value_info too)."""
+    types: dict[str, TypeProto] = {}
+    for graph in _graphs(model.graph):
         for value in (*graph.input, *graph.output, *graph.value_info):
             if value.type.WhichOneof("value") is not None:
                 types.setdefault(value.name, value.type)
         for init in graph.initializer:
             types.setdefault(init.name, helper.make_tensor_type_proto(init.data_type, list(init.dims)))
-
-    for graph in _graphs(model.graph):
-        take(graph)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # inference is only a help: lowerings fall back to run-time shapes
-        return types
-    for graph in _graphs(inferred.graph):
-        for value in graph.value_info:
-            if value.type.WhichOneof("value") is not None and value.name not in types:
-                types[value.name] = value.type
+    for _ in range(4):           # each round lets inference run past the outputs typed in the last
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:  # inference is only a help: lowerings fall back to run-time shapes
+            break
+        for graph in _graphs(inferred.graph):
+            for value in graph.value_info:
+                if value.type.WhichOneof("value") is not None and value.name not in types:
+                    types[value.name] = value.type
+        if not _type_stock_outputs(model, types):
+            break
     return types
+
+
+def _type_stock_outputs(model: ModelProto, types: dict[str, TypeProto]) -> bool:
+    """Declare the element types of stock contrib outputs that nothing types yet; whether any was."""
+    added = False
+    for node in model.graph.node:
+        rule = _STOCK_OUTPUT_TYPES.get((domain_of(node), node.op_type))
+        if rule is None:
+            continue
+        for name, kind in zip(node.output, rule):
+            if not name or name in types:
+                continue
+            if kind == _IN0:
+                source = types.get(node.input[0]) if node.input else None
+                if source is None or not source.HasField("tensor_type"):
+                    continue
+                elem = source.tensor_type.elem_type
+            elif isinstance(kind, tuple):
+                elem = next((a.i for a in node.attribute if a.name == kind[0]), kind[1])
+            else:
+                elem = kind
+            value = helper.make_tensor_value_info(name, elem, None)
+            model.graph.value_info.append(value)
+            types[name] = value.type
+            added = True
+    return added
 
 
 def _constant_values(graph: GraphProto, outer: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

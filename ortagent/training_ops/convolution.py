@@ -6,7 +6,7 @@ import numpy as np
 from onnx import NodeProto, numpy_helper
 
 from ._emitter import INT64_MAX, Emitter
-from ._registry import lowers
+from ._registry import domain_of, lowers
 
 
 def _spatial_rank(e: Emitter, *names: str | None) -> int:
@@ -89,29 +89,48 @@ def _conv_grad(e: Emitter, node: NodeProto) -> None:
         e.op("Slice", full, e.ints([0] * spatial), ends, e.ints(range(2, spatial + 2)), out=dw)
 
 
-def _input_shape_of_pool(e: Emitter, what: str) -> str:
-    """The shape of the pooled input, read from the forward pool node (through its index
-    output for MaxPool) or from the gradient's declared static shape."""
+def _forward_pool(e: Emitter, op_type: str) -> NodeProto | None:
+    """The forward pooling node of this gradient node: found through MaxPool's index output, or
+    by the gradient builder's naming (``<forward node>_Grad/...`` computing ``<input>_grad``)."""
     node = e.node
-    if node.op_type == "MaxPoolGrad" and e.input(1):
+    if op_type == "MaxPool" and e.input(1):
         found = e.producer(node.input[1])
         if found is not None and found[0].op_type == "MaxPool" and found[1] == 1:
-            pool = found[0]
-            for attribute in pool.attribute:
-                if attribute.name == "storage_order" and attribute.i != 0:
-                    raise e.error("MaxPool with storage_order=1 (column-major indices) is not lowered")
-            return e.op("Shape", pool.input[0])
+            return found[0]
+    candidates = [n for n, _ in e.producers.values() if n.op_type == op_type and domain_of(n) == ""]
+    unique = {id(n): n for n in candidates}.values()
+    forward_name = node.name.split("_Grad/")[0] if "_Grad/" in node.name else None
+    out = e.output(0)
+    for candidate in unique:
+        if forward_name and candidate.name == forward_name:
+            return candidate
+    for candidate in unique:
+        if out and candidate.input and out == f"{candidate.input[0]}_grad":
+            return candidate
+    return None
+
+
+def _input_shape_of_pool(e: Emitter, op_type: str) -> str:
+    """The shape of the pooled input: Shape of the forward pool node's input, or the gradient's
+    declared static shape."""
+    pool = _forward_pool(e, op_type)
+    if pool is not None:
+        for attribute in pool.attribute:
+            if attribute.name == "storage_order" and attribute.i != 0:
+                raise e.error("MaxPool with storage_order=1 (column-major indices) is not lowered")
+        return e.op("Shape", pool.input[0])
     out = e.output(0)
     shape = e.shape(out) if out else None
     if shape is not None and None not in shape:
         return e.ints(shape)
-    raise e.error(f"the shape of the pooled input is unknown ({what}); declare the gradient's shape")
+    raise e.error(f"the shape of the pooled input is unknown: no forward {op_type} node was found for it and "
+                  "the gradient's shape is not declared")
 
 
 @lowers("MaxPoolGrad", domain="")
 def _max_pool_grad(e: Emitter, node: NodeProto) -> None:
     dy, indices = e.input(0), e.input(1)
-    shape = _input_shape_of_pool(e, "no MaxPool producing the indices was found")
+    shape = _input_shape_of_pool(e, "MaxPool")
     count = e.op("ReduceProd", shape, keepdims=1)
     flat = e.op("ScatterElements", e.zeros(count, dy), e.op("Reshape", indices, e.ints([-1])),
                 e.op("Reshape", dy, e.ints([-1])), axis=0, reduction="add")
@@ -144,6 +163,8 @@ def _average_pool_grad(e: Emitter, node: NodeProto) -> None:
     spatial = len(kernel)
     strides = list(e.attr("strides", [1] * spatial))
     pads = _explicit_pads(e, spatial)
-    shape = _input_shape_of_pool(e, "AveragePoolGrad does not receive it")
+    if int(e.attr("ceil_mode", 0)):
+        raise e.error("ceil_mode=1 is not lowered for the average pool gradient")
+    shape = _input_shape_of_pool(e, "AveragePool")
     average_pool_backward(e, e.input(0), shape, kernel, strides, pads, bool(e.attr("count_include_pad", 0)),
                            e.output(0))
