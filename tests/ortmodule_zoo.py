@@ -63,13 +63,17 @@ class ZooEntry:
     make_feeds: Callable[[np.random.Generator], dict]
     tolerance: str = "exact-ish"
     buffers: list[str] = field(default_factory=list)
-    wanted_ops: list[str] = field(default_factory=list)   # training ops this entry is meant to draw out
+    # training ops this entry is meant to draw out; an ATen op as "ATen(<operator>)"
+    wanted_ops: list[str] = field(default_factory=list)
     dropout_ratio_input: str | None = None
     notes: str = ""
     # (feeds, output gradients or None) -> (module outputs, graph outputs or None), float64, for
     # entries whose graph the real 1.19.2 agent cannot run (``reference_broken`` says why)
     numpy_reference: Callable | None = None
     reference_broken: str | None = None
+    # the entry (by function name) whose graph, built from plain ONNX ops, computes the same thing
+    # with the same parameters and inputs: the real agent runs that one in place of this one
+    reference_equivalent: str | None = None
 
     def parameter_values(self) -> dict:
         return {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer
@@ -438,6 +442,136 @@ def average_pool() -> ZooEntry:
                     reference_broken="1.19.2's CPU AveragePoolGrad returns a (0, C, H, W) gradient")
 
 
+ATEN_DOMAIN = "org.pytorch.aten"
+
+
+def _aten(b: _Builder, operator: str, inputs, outputs=None):
+    """An org.pytorch.aten ATen node as ORTModule's symbolics write it: non-tensor arguments are
+    Constant-node inputs (int -> int64 scalar, int[] -> 1-D int64, bool -> bool scalar, None -> '')."""
+    args = []
+    for value in inputs:
+        if isinstance(value, str):
+            args.append(value)
+        elif value is None:
+            args.append("")
+        elif isinstance(value, bool):
+            args.append(b.const(value, np.bool_))
+        elif isinstance(value, int):
+            args.append(b.const(value, np.int64))
+        else:
+            args.append(b.const(list(value), np.int64))
+    return b.node("ATen", args, outputs, domain=ATEN_DOMAIN, operator=operator)
+
+
+def _pool_cnn_model(name: str, aten: bool) -> tuple[onnx.ModelProto, _Builder]:
+    """The pooling CNN of :func:`pool_cnn_aten` with ATen pooling (``aten``) or the same pooling
+    in plain ONNX ops; the same seed, so the same parameter names and values."""
+    b = _Builder(name, 19)
+    c1 = b.node("Conv", ["x", b.param("conv1.weight", [4, 3, 3, 3]), b.param("conv1.bias", [4], scale=0.1)],
+                kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
+    r = b.node("Relu", [c1])                                                # [N, 4, 16, 24]
+    if aten:
+        # F.max_pool2d(r, 2): stride defaults to the kernel; padding 0, dilation 1, ceil_mode False
+        m1 = _aten(b, "max_pool2d_with_indices", [r, [2, 2], [2, 2], [0, 0], [1, 1], False],
+                   ["maxpool1_out", "maxpool1_indices"])[0]
+        m2 = _aten(b, "max_pool2d_with_indices", [r, [3, 3], [2, 2], [1, 1], [1, 1], False],
+                   ["maxpool2_out", "maxpool2_indices"])[0]
+    else:
+        m1 = b.node("MaxPool", [r], kernel_shape=[2, 2], strides=[2, 2])
+        m2 = b.node("MaxPool", [r], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    m = b.node("Add", [m1, m2])                                             # [N, 4, 8, 12]
+    if aten:
+        # avg_pool2d(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        a1 = _aten(b, "avg_pool2d", [m, [3, 3], [1, 1], [1, 1], False, True, None])
+        a2 = _aten(b, "avg_pool2d", [m, [3, 3], [2, 2], [1, 1], False, False, None])
+        g1 = _aten(b, "_adaptive_avg_pool2d", [a1, [1, 1]])
+        g2 = _aten(b, "_adaptive_avg_pool2d", [a2, [2, 3]])
+    else:
+        a1 = b.node("AveragePool", [m], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1)
+        a2 = b.node("AveragePool", [m], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=0)
+        g1 = b.node("GlobalAveragePool", [a1])
+        # adaptive [2, 3] of a [4, 6] plane: equal bins, so AveragePool with kernel = stride = (2, 2)
+        g2 = b.node("AveragePool", [a2], kernel_shape=[2, 2], strides=[2, 2])
+    flat = b.node("Concat", [b.node("Flatten", [g1], axis=1), b.node("Flatten", [g2], axis=1)], axis=1)  # [N, 4 + 24]
+    b.node("Gemm", [flat, b.param("fc.weight", [5, 28]), b.param("fc.bias", [5], scale=0.1)], "y", transB=1)
+    # the ONNX form has a static batch: 1.19.2's CPU AveragePoolGrad sizes its output from the
+    # output's inferred shape, and with a symbolic batch returns a (0, C, H, W) gradient
+    batch = "batch" if aten else 2
+    model = b.model([_vi("x", F, [batch, 3, 16, 24])], [_vi("y", F, [batch, 5])], check=not aten)
+    if aten:
+        model.opset_import.append(helper.make_opsetid(ATEN_DOMAIN, 1))
+    return model, b
+
+
+def _pool_cnn_feeds(rng):
+    return {"x": _normal(rng, (2, 3, 16, 24))}
+
+
+def pool_cnn_aten() -> ZooEntry:
+    """Conv -> Relu -> ATen max_pool2d_with_indices (kernel 2 stride 2; kernel 3 stride 2 padding
+    1), summed -> ATen avg_pool2d (kernel 3 stride 1 padding 1 count_include_pad; kernel 3 stride 2
+    padding 1 without the pads in the count) -> ATen _adaptive_avg_pool2d ([1, 1]; [2, 3]) ->
+    Flatten -> Concat -> Gemm: 2-D pooling as ORTModule's own symbolics export it. The builder
+    turns the pools into their ATen *_backward gradients. The real agent cannot run ATen; it runs
+    :func:`pool_cnn_onnx` (the same pooling in ONNX ops, same parameters) instead."""
+    model, b = _pool_cnn_model("pool_cnn_aten", aten=True)
+    return ZooEntry("pool_cnn_aten", model, b.trainable, ["x"], _pool_cnn_feeds, tolerance="conv",
+                    wanted_ops=["ATen(max_pool2d_with_indices_backward)", "ATen(avg_pool2d_backward)",
+                                "ATen(_adaptive_avg_pool2d_backward)", "ConvGrad", "ReluGrad"],
+                    reference_equivalent="pool_cnn_onnx",
+                    reference_broken="ATen ops need torch's ATen executor (onnxruntime-training without torch: "
+                                     "'ATenOperatorExecutor is not initialized')")
+
+
+def pool_cnn_onnx() -> ZooEntry:
+    """:func:`pool_cnn_aten` with MaxPool, AveragePool and GlobalAveragePool in place of the ATen pools."""
+    model, b = _pool_cnn_model("pool_cnn_onnx", aten=False)
+    return ZooEntry("pool_cnn_onnx", model, b.trainable, ["x"], _pool_cnn_feeds, tolerance="conv",
+                    wanted_ops=["MaxPoolGrad", "AveragePoolGrad", "ConvGrad", "ReluGrad"],
+                    notes="static batch: with a symbolic one, 1.19.2's AveragePoolGrad returns a (0, C, H, W) "
+                          "gradient")
+
+
+def _adaptive_bins(size: int, bins: int) -> np.ndarray:
+    """[bins, size] float64: row i averages torch's adaptive bin i, [floor(i*size/bins), ceil((i+1)*size/bins))."""
+    matrix = np.zeros((bins, size))
+    for i in range(bins):
+        start, stop = (i * size) // bins, -((-(i + 1) * size) // bins)
+        matrix[i, start:stop] = 1.0 / (stop - start)
+    return matrix
+
+
+def adaptive_pool_aten() -> ZooEntry:
+    """h = x * scale, y = ATen _adaptive_avg_pool2d(h, [2, 3]) and z = ATen _adaptive_avg_pool2d(h,
+    [3, 9]) of a 5 x 7 plane: overlapping bins of unequal width (and more bins than columns), which
+    no ONNX pool computes, so the reference is NumPy (the real agent cannot run ATen)."""
+    b = _Builder("adaptive_pool_aten", 20)
+    h = b.node("Mul", ["x", b.param("scale", [1, 3, 1, 1], kind="uniform")])
+    _aten(b, "_adaptive_avg_pool2d", [h, [2, 3]], "y")
+    _aten(b, "_adaptive_avg_pool2d", [h, [3, 9]], "z")
+    model = b.model([_vi("x", F, ["batch", 3, 5, 7])],
+                    [_vi("y", F, ["batch", 3, 2, 3]), _vi("z", F, ["batch", 3, 3, 9])], check=False)
+    model.opset_import.append(helper.make_opsetid(ATEN_DOMAIN, 1))
+    scale = numpy_helper.to_array(b.inits[0]).astype(np.float64)
+    sizes = [(2, 3), (3, 9)]
+
+    def reference(feeds, grads):
+        x = feeds["x"].astype(np.float64)
+        h = x * scale
+        mats = [(_adaptive_bins(5, oh), _adaptive_bins(7, ow)) for oh, ow in sizes]
+        outputs = [np.einsum("ih,nchw,jw->ncij", rows, h, cols) for rows, cols in mats]
+        if grads is None:
+            return outputs, None
+        dh = sum(np.einsum("ih,ncij,jw->nchw", rows, g.astype(np.float64), cols)
+                 for (rows, cols), g in zip(mats, grads))
+        return outputs, [dh * scale, (dh * x).sum(axis=(0, 2, 3), keepdims=True)]
+
+    return ZooEntry("adaptive_pool_aten", model, b.trainable, ["x"], lambda rng: {"x": _normal(rng, (2, 3, 5, 7))},
+                    tolerance="conv", wanted_ops=["ATen(_adaptive_avg_pool2d_backward)"], numpy_reference=reference,
+                    reference_broken="ATen ops need torch's ATen executor (onnxruntime-training without torch: "
+                                     "'ATenOperatorExecutor is not initialized')")
+
+
 def shape_arithmetic() -> ZooEntry:
     """Shape -> Gather -> Concat -> Reshape on an activation (view(b, -1, 2, 4)-style), a Slice of an
     activation that needs a gradient, Concat of activations, Split, Transpose."""
@@ -546,7 +680,8 @@ def broadcast_dynamic() -> ZooEntry:
 
 ENTRIES: list[Callable[[], ZooEntry]] = [
     linear, mlp_relu, cnn, attention, gelu_mlp, tanh_sigmoid_mlp, dropout, softmax_cross_entropy,
-    softmax_cross_entropy_onnx, nll_loss, embedding_aten, average_pool,
+    softmax_cross_entropy_onnx, nll_loss, embedding_aten, average_pool, pool_cnn_aten, pool_cnn_onnx,
+    adaptive_pool_aten,
     shape_arithmetic, argmax_output, gather_variants, div_both, rms_norm, broadcast_dynamic,
 ]
 
@@ -585,6 +720,17 @@ def output_gradients(graph: onnx.ModelProto, forward_outputs, rng: np.random.Gen
         output = np.asarray(forward_outputs[index])
         grads.append(rng.standard_normal(output.shape).astype(output.dtype))
     return grads
+
+
+def present_ops(graph: onnx.ModelProto) -> set[str]:
+    """The op types of ``graph``'s nodes, ATen nodes also as ``ATen(<operator>)`` (how
+    ``wanted_ops`` names them)."""
+    names = set()
+    for node in graph.graph.node:
+        names.add(node.op_type)
+        if node.op_type == "ATen":
+            names.add("ATen(" + next((a.s.decode() for a in node.attribute if a.name == "operator"), "?") + ")")
+    return names
 
 
 def op_types(graph: onnx.ModelProto) -> list[str]:

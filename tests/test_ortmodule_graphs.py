@@ -11,8 +11,10 @@ Tolerances by the entry's class: rtol 1e-5 / atol 1e-6, conv 1e-4 / 1e-5. Dropou
 from each runtime's own RNG, so the dropout entry is compared with ratio 0 (exactly comparable),
 and with ratio 0.5 by the mask's keep rate and by checking forward and gradients against the
 run's own mask -- on both runtimes. Entries the real agent cannot run (ATen needs torch; 1.19.2's
-CPU AveragePoolGrad is broken) are checked against their NumPy references, and a test records
-that the real agent still fails on them.
+CPU AveragePoolGrad is broken) are checked against their NumPy references, or, where the entry
+names a ``reference_equivalent`` (ATen pooling), against the real agent running that equivalent
+graph of plain ONNX ops (same parameters, feeds and output gradients); a test records that the
+real agent still fails on them.
 
 The first run builds the graphs (about 1 s each) and runs the reference agent (about 0.5 s per
 run); both are cached, so later runs take a few seconds.
@@ -48,6 +50,7 @@ pytestmark = pytest.mark.skipif(
 ENTRIES = {entry.name: entry for entry in zoo.zoo()}
 COMPARED = [name for name, entry in ENTRIES.items() if entry.reference_broken is None]
 NUMPY_CHECKED = [name for name, entry in ENTRIES.items() if entry.numpy_reference is not None]
+EQUIVALENT_CHECKED = [name for name, entry in ENTRIES.items() if entry.reference_equivalent is not None]
 DROPOUT = [name for name, entry in ENTRIES.items() if entry.dropout_ratio_input is not None]
 SEED = 0
 
@@ -109,6 +112,19 @@ class Case:
             forward, _ = cached_reference(self.graph, feed_list, None)
             self.grads = zoo.output_gradients(self.graph, forward, rng)
             self.ref_outputs, self.ref_gradients = cached_reference(self.graph, feed_list, self.grads)
+        elif self.entry.reference_equivalent is not None:
+            # the real agent runs the equivalent plain-ONNX graph: same inputs, outputs and gradients
+            twin = ENTRIES[self.entry.reference_equivalent]
+            twin_graph = training_graph(twin.name)
+            twin_names = ad.graph_names(twin_graph)
+            assert (twin_names.inputs, twin_names.module_outputs, twin_names.outputs) == \
+                (self.names.inputs, self.names.module_outputs, self.names.outputs), twin.name
+            twin_params, params = twin.parameter_values(), self.entry.parameter_values()
+            assert twin_params.keys() == params.keys()
+            assert all(np.array_equal(twin_params[k], params[k]) for k in params), f"{twin.name}: other parameters"
+            forward, _ = cached_reference(twin_graph, feed_list, None)
+            self.grads = zoo.output_gradients(self.graph, forward, rng)
+            self.ref_outputs, self.ref_gradients = cached_reference(twin_graph, feed_list, self.grads)
         else:
             forward, _ = self.entry.numpy_reference(self.feeds, None)
             self.grads = zoo.output_gradients(self.graph, [np.asarray(o, np.float32) for o in forward], rng)
@@ -162,10 +178,23 @@ def test_matches_numpy_reference(name, form):
     assert_all_close(this.names.outputs, gradients, this.ref_gradients, 1e-4, 1e-5, "gradient")
 
 
-@pytest.mark.parametrize("name", NUMPY_CHECKED)
+@pytest.mark.parametrize("form", ad.FORMS)
+@pytest.mark.parametrize("name", EQUIVALENT_CHECKED)
+def test_matches_equivalent_graph_on_reference_agent(name, form):
+    """Entries the real agent cannot run (ATen pooling): ortagent on the entry's graph against the
+    real 1.19.2 agent on the equivalent graph of plain ONNX ops (MaxPool, AveragePool,
+    GlobalAveragePool with the same parameters), same feeds and output gradients."""
+    this = case(name)
+    outputs, gradients = this.run_ortagent(form)
+    assert_all_close(this.names.module_outputs, outputs, this.ref_outputs, 1e-4, 1e-5, "output")
+    assert_all_close(this.names.outputs, gradients, this.ref_gradients, 1e-4, 1e-5, "gradient")
+
+
+@pytest.mark.parametrize("name", NUMPY_CHECKED + EQUIVALENT_CHECKED)
 def test_reference_agent_still_cannot_run(name):
-    """Records why these entries are checked against NumPy: the real agent fails (or returns a
-    wrongly shaped gradient) on them. When this starts passing, compare with it instead."""
+    """Records why these entries are checked against NumPy or an equivalent graph: the real agent
+    fails (or returns a wrongly shaped gradient) on them. When this starts passing, compare with it
+    instead."""
     this = case(name)
     feed_list = [this.feeds[n] for n in this.names.inputs]
     try:
@@ -235,7 +264,7 @@ def test_zoo_draws_out_training_ops():
     draw out (a change in the builder or the zoo shows up here)."""
     missing = {}
     for name, entry in ENTRIES.items():
-        present = {n.op_type for n in training_graph(name).graph.node}
+        present = zoo.present_ops(training_graph(name))
         absent = [op for op in entry.wanted_ops if op not in present]
         if absent:
             missing[name] = absent

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         built = time.perf_counter() - started
         training = zoo.training_only_ops(graph, schemas)
         union.update(training)
-        present = {name.split(":", 1)[1].split("(")[0] for name in zoo.op_types(graph)}
+        present = zoo.present_ops(graph)
         missing = [op for op in entry.wanted_ops if op not in present]
         others = [name for name in zoo.op_types(graph) if name not in training]
         notes = info.get("notes", {})
