@@ -42,7 +42,9 @@ MLP_SIZES = (64, 784, 512, 10)          # batch, in, hidden, out
 
 
 def mlp_training_graph(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The training graph and the parameters' initial values."""
+    """The training graph and the parameters' initial values (tests/training_graphs.py's MLP
+    forward, at MNIST's sizes)."""
+    import training_graphs
     from ortagent.training import build_training_graph
 
     batch, n_in, hidden, n_out = MLP_SIZES
@@ -53,13 +55,8 @@ def mlp_training_graph(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.nda
         numpy_helper.from_array((rng.standard_normal((hidden, n_out)) / np.sqrt(hidden)).astype(np.float32), "W2"),
         numpy_helper.from_array(np.zeros(n_out, np.float32), "b2"),
     ]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h0"]),
-             helper.make_node("Add", ["h0", "b1"], ["h"]),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "W2"], ["z"]),
-             helper.make_node("Add", ["z", "b2"], ["logits"])]
     graph = helper.make_graph(
-        nodes, "mlp_784_512_10",
+        training_graphs.mlp_forward_nodes(argmax=False), "mlp_784_512_10",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, n_in])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, n_out])], inits)
     forward = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
