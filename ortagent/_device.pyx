@@ -12,6 +12,7 @@ Pinned memory is host memory and is copied with NumPy.
 
 cimport cython
 from ortagent cimport _capi as ort
+from ortagent._element_types cimport ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_ALLOCATOR
 from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, value_to_numpy,
@@ -105,7 +106,7 @@ def allocate(dims, int elem_type, OrtDevice device):
     """A new tensor allocated by onnxruntime on a CUDA device or in pinned host memory."""
     if device.kind not in (MEMORY_CUDA, MEMORY_CUDA_PINNED):
         raise OrtNotImplemented(f"ortagent cannot allocate on {device!r}")
-    if elem_type == 8:
+    if elem_type == ORTAGENT_ELEM_STRING:
         raise OrtInvalidArgument("string tensors live on the CPU only")
     cdef _Allocator allocator = _cuda_device(device.index).allocator_for(device)
     from ortagent._values import _allocate_with_allocator_address

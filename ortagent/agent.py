@@ -39,7 +39,7 @@ from typing import Any, overload
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine
 from ortagent._session import IOBinding, RunOptions, SessionOptions
-from ortagent._values import _ELEMENT_TYPES, OrtDevice, OrtValue, as_device
+from ortagent._values import OrtDevice, OrtValue, as_device
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,
@@ -471,8 +471,8 @@ class TrainingIOBinding:
         split = self._agent._split
         info = split.graph_output_types[split.graph_output_names.index(name)]
         if info is not None and value.element_type() != info.elem_type:
-            expected = _ELEMENT_TYPES.get(info.elem_type, (info.type_name,))[0]
-            raise OrtInvalidArgument(f"output {name!r} is tensor({expected}), got a value of {value.data_type()}")
+            raise OrtInvalidArgument(f"output {name!r} is tensor({info.type_name.lower()}), got a value of "
+                                     f"{value.data_type()}")
 
     def _check_output(self, name: str) -> None:
         split = self._agent._split
