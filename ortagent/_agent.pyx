@@ -523,7 +523,6 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
     cdef list keep = []
     cdef list holders = [None] * n_in      # what keeps each feed's memory alive
     cdef Py_ssize_t kept
-    cdef OrtValue value
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
     if n_in > STACK_SLOTS:

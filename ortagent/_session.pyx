@@ -475,9 +475,9 @@ cdef str _take_string(char* text, ort.OrtAllocator* allocator):
 
 
 cdef object _node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out):
-    cdef ort.ONNXType onnx_type
+    cdef ort.ONNXType onnx_type = ort.ONNX_TYPE_UNKNOWN
     cdef const ort.OrtTensorTypeAndShapeInfo* tensor_info = NULL
-    cdef ort.ONNXTensorElementDataType elem
+    cdef ort.ONNXTensorElementDataType elem = ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
     cdef size_t count = 0, i
     cdef int64_t* dims = NULL
     cdef const char** symbolic = NULL
@@ -547,6 +547,14 @@ _GENERIC_PROVIDER_NAMES = {
 }
 
 
+def _settings_for(list requested, str name):
+    """The options of the first provider called `name` in `requested` ([(name, options)]), or {}."""
+    for provider, settings in requested:
+        if provider == name:
+            return settings
+    return {}
+
+
 def _normalise_providers(providers, provider_options):
     """[(name, {str: str})] from onnxruntime's accepted spellings."""
     if providers is None:
@@ -566,7 +574,7 @@ def _normalise_providers(providers, provider_options):
         if len(provider_options) != len(providers):
             raise OrtInvalidArgument(f"{len(providers)} providers but {len(provider_options)} "
                                      "provider_options entries")
-        if any(not isinstance(p, str) for p in providers):
+        if any([not isinstance(p, str) for p in providers]):
             raise OrtInvalidArgument("when provider_options is given, providers must be names only")
     result = []
     for i, entry in enumerate(providers):
@@ -581,7 +589,7 @@ def _normalise_providers(providers, provider_options):
             options = {}
         if not isinstance(options, dict):
             raise OrtInvalidType(f"options of {name} must be a dict, got {type(options).__name__}")
-        if any(n == name for n, _ in result):
+        if any([n == name for n, _ in result]):
             raise OrtInvalidArgument(f"provider {name} is listed twice")
         result.append((name, {str(k): _option_text(v) for k, v in options.items()}))
     return result
@@ -700,7 +708,7 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested):
         except Exception as exc:
             raise ProviderError(f"cannot use execution provider {name}: {exc}") from exc
         registered.append((name, settings))
-    cpu_settings = next((s for n, s in requested if n == _CPU), {})
+    cpu_settings = _settings_for(requested, _CPU)
     registered.append((_CPU, cpu_settings))
     return registered
 
@@ -766,7 +774,7 @@ cdef class InferenceSession:
         cdef size_t data_len
         cdef ort.OrtStatus* status
         try:
-            cpu_settings = next((s for n, s in requested if n == _CPU), {})
+            cpu_settings = _settings_for(requested, _CPU)
             if cpu_settings.get("use_arena") in ("0", "False", "false"):
                 check(ort.DisableCpuMemArena(options))
             registered = _configure_providers(options, requested)
@@ -1124,8 +1132,8 @@ cdef class InferenceSession:
         cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
         cdef ort.OrtStatus* status = NULL
         cdef ort.OrtSession* session
-        cdef PyObject* key
-        cdef PyObject* item
+        cdef PyObject* key = NULL
+        cdef PyObject* item = NULL
         cdef PyObject* position
         cdef list keep = None
         cdef list results
@@ -1323,7 +1331,7 @@ cdef class InferenceSession:
         cdef bint rebound = bound.rebind_device_outputs(False)
         cdef ort.OrtIoBinding* binding = bound.handle
         cdef ort.OrtSession* session
-        cdef ort.OrtStatus* status
+        cdef ort.OrtStatus* status = NULL
         cdef bint registered = False
         self.begin_run()
         try:
