@@ -522,6 +522,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
     cdef ort.OrtSession* handle
     cdef list keep = []
     cdef list holders = [None] * n_in      # what keeps each feed's memory alive
+    cdef list used = []                    # the caller's values this run reads or writes
     cdef Py_ssize_t kept
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
@@ -537,7 +538,8 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
         for i in range(n_in):
             feed = feeds[i]
             if type(feed) is OrtValue:
-                (<OrtValue>feed).require_handle()
+                (<OrtValue>feed).begin_use()            # close() waits for this run
+                used.append(feed)
                 in_values[i] = (<OrtValue>feed).handle
                 created[i] = 0
                 holders[i] = feed
@@ -551,7 +553,8 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
             out_values[i] = NULL
             if preallocated is not None and preallocated[i] is not None \
                     and type(preallocated[i]) is OrtValue:
-                (<OrtValue>preallocated[i]).require_handle()
+                (<OrtValue>preallocated[i]).begin_use()
+                used.append(preallocated[i])
                 out_values[i] = (<OrtValue>preallocated[i]).handle
         handle = session.handle
         run_options_c = interruptible_begin(run_options_c, &registered)
@@ -573,6 +576,8 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
         for i in range(n_ready):
             if created[i]:
                 ort.ReleaseValue(in_values[i])
+        for value in used:
+            (<OrtValue>value).end_use()
         if in_values != in_stack:
             free(in_values)
             free(created)
@@ -608,6 +613,7 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     cdef ort.OrtSession* handle
     cdef list created = []
     cdef list bound = []            # the OrtValue bound for each feed
+    cdef list used = []             # the caller's values this run reads or writes
     cdef ort.OrtValue* in_stack[STACK_SLOTS]
     cdef ort.OrtValue** in_values = in_stack
     if run_options is not None:
@@ -624,7 +630,8 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                         f"input {input_names[i].decode()!r} expects {tensor_type_name(input_types[i])}, "
                         f"got {(<OrtValue>feed).data_type()}")
                 created.append(feed)
-            (<OrtValue>feed).require_handle()
+            (<OrtValue>feed).begin_use()                # close() waits for this run
+            used.append(feed)
             check(ort.BindInput(binding, input_names[i], (<OrtValue>feed).handle))
             bound.append(feed)
         # A name listed twice (a module output the backward also reads) is bound once, to the
@@ -639,7 +646,8 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             if isinstance(target, OrtDevice):
                 check(ort.BindOutputToDevice(binding, name, (<OrtDevice>target).memory_info()))
             else:
-                (<OrtValue>target).require_handle()
+                (<OrtValue>target).begin_use()
+                used.append(target)
                 check(ort.BindOutput(binding, name, (<OrtValue>target).handle))
         handle = session.handle
         run_options_c = interruptible_begin(run_options_c, &registered)
@@ -673,4 +681,6 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             free(in_values)
         if binding != NULL:
             ort.ReleaseIoBinding(binding)
+        for value in used:
+            (<OrtValue>value).end_use()
         session.end_run()

@@ -320,8 +320,12 @@ cdef object _host_copy(OrtValue value, void** data):
     if buffer.data == NULL:
         raise MemoryError()
     if nbytes:
-        with nogil:
-            memcpy(buffer.data, value.data, nbytes)
+        value.begin_use()                # close() on another thread waits for the copy
+        try:
+            with nogil:
+                memcpy(buffer.data, value.data, nbytes)
+        finally:
+            value.end_use()
     data[0] = buffer.data
     return buffer
 

@@ -97,7 +97,12 @@ cdef class IOBinding:
     cdef bint outputs_stale                     # re-bind device outputs before the next run
     cdef bint inputs_verified                   # every required input is bound
     cdef bint outputs_unsynchronized            # last run disabled the end-of-run device sync
+    cdef Py_ssize_t runs_in_flight              # changed with the GIL held
+    cdef bint close_pending                     # close() asked for while a run was in flight
     cdef int require_open(self) except -1
+    cdef list begin_run(self)
+    cdef void end_run(self, list used) noexcept
+    cdef void _release(self) noexcept
     cdef bytes _input_name(self, object name)
     cdef bytes _output_name(self, object name)
     cdef _remember_output(self, _BoundOutput bound)

@@ -1183,7 +1183,7 @@ cdef class InferenceSession:
                 in_refs[n_held] = item
                 n_held += 1
                 if type(<object>item) is OrtValue:
-                    (<OrtValue>item).require_handle()
+                    (<OrtValue>item).begin_use()        # close() waits for this run
                     in_values[n_ready] = (<OrtValue>item).handle
                     in_created[n_ready] = FEED_BORROWED
                     in_holders[n_ready] = item
@@ -1280,6 +1280,8 @@ cdef class InferenceSession:
                     ort.ReleaseValue(in_values[i])
                 elif in_created[i] >= FEED_CACHED:
                     release_feed_view(&self.feed_views[in_created[i] - FEED_CACHED])
+                else:                                   # FEED_BORROWED: the caller's OrtValue
+                    (<OrtValue>in_holders[i]).end_use()
             for i in range(n_held):
                 Py_DECREF(<object>in_refs[i])
             if in_names != in_names_stack:
@@ -1334,6 +1336,12 @@ cdef class InferenceSession:
         cdef ort.OrtStatus* status = NULL
         cdef bint registered = False
         self.begin_run()
+        cdef list used
+        try:
+            used = bound.begin_run()            # close() of the binding or its values waits
+        except BaseException:
+            self.end_run()
+            raise
         try:
             session = self.handle
             while True:
@@ -1356,6 +1364,7 @@ cdef class InferenceSession:
                 break
             check(status)
         finally:
+            bound.end_run(used)
             self.end_run()
         bound.outputs_unsynchronized = _disables_sync(run_options)
 
@@ -1430,19 +1439,54 @@ cdef class IOBinding:
             _live[<int>HANDLE_IO_BINDING] -= 1
 
     cdef int require_open(self) except -1:
-        if self.handle == NULL:
+        if self.handle == NULL or self.close_pending:
             raise ObjectClosedError("this IOBinding has been closed")
         self.session.require_open()
         return 0
 
-    def close(self):
-        """Release the binding and the values it keeps alive."""
+    cdef list begin_run(self):
+        """A run starts: the binding and every value bound to it stay alive until end_run
+        (close() of either waits); a value closed since it was bound is an ObjectClosedError."""
+        cdef list used = []
+        cdef OrtValue value
+        try:
+            for item in self.bound_inputs.values():
+                value = item
+                value.begin_use()
+                used.append(value)
+            for item in self.bound_outputs:
+                if (<_BoundOutput>item).value is not None:
+                    value = (<_BoundOutput>item).value
+                    value.begin_use()
+                    used.append(value)
+        except BaseException:
+            for item in used:
+                (<OrtValue>item).end_use()
+            raise
+        self.runs_in_flight += 1
+        return used
+
+    cdef void end_run(self, list used) noexcept:
+        for item in used:
+            (<OrtValue>item).end_use()
+        self.runs_in_flight -= 1
+        if self.close_pending and self.runs_in_flight == 0:
+            self._release()
+
+    cdef void _release(self) noexcept:
         if self.handle != NULL:
             ort.ReleaseIoBinding(self.handle)
             self.handle = NULL
             _live[<int>HANDLE_IO_BINDING] -= 1
         self.bound_inputs = {}
         self.bound_outputs = []
+
+    def close(self):
+        """Release the binding and the values it keeps alive. A run using the binding on
+        another thread finishes first."""
+        self.close_pending = True
+        if self.runs_in_flight == 0:
+            self._release()
 
     cdef bytes _input_name(self, object name):
         if name not in self.session.input_index:

@@ -40,6 +40,9 @@ cdef class OrtValue:
     # Views and DLPack capsules handed out over this value's memory. close() with exports
     # outstanding only marks the value closed; the handle goes when the last export does.
     cdef Py_ssize_t exports
+    # Runs in flight that read or write this value (feeds, bound inputs and outputs, caller
+    # buffers). close() during a run only marks the value closed; the run's end releases it.
+    cdef Py_ssize_t in_use
     cdef bint close_requested
 
     cdef int describe(self) except -1
@@ -47,6 +50,9 @@ cdef class OrtValue:
     cdef bint _reserve_dims(self, size_t count) noexcept
     cdef ort.OrtStatus* _type_and_shape(self, ort.ONNXTensorElementDataType* elem, size_t* count) noexcept
     cdef int require_handle(self) except -1
+    cdef int begin_use(self) except -1
+    cdef void end_use(self) noexcept
+    cdef void _release_if_unused(self) noexcept
     cdef void _release(self) noexcept
 
 

@@ -460,6 +460,21 @@ cdef class OrtValue:
             raise ObjectClosedError("this OrtValue has been released")
         return 0
 
+    cdef int begin_use(self) except -1:
+        """A run is about to read or write this value: close() waits for end_use()."""
+        self.require_handle()
+        self.in_use += 1
+        return 0
+
+    cdef void end_use(self) noexcept:
+        self.in_use -= 1
+        self._release_if_unused()
+
+    cdef void _release_if_unused(self) noexcept:
+        """Release now if close() was asked for and nothing (view, export, run) uses the value."""
+        if self.close_requested and self.exports == 0 and self.in_use == 0:
+            self._release()
+
     cdef int describe(self) except -1:
         """Read and cache element type, shape, data pointer and device of the tensor."""
         return self.describe_as(-1)
@@ -667,8 +682,9 @@ cdef class OrtValue:
 
     def close(self):
         """Release the ORT value. Views and DLPack capsules taken earlier stay valid: the memory
-        is released when the last of them goes. Later calls on this object raise."""
-        if self.exports > 0:
+        is released when the last of them goes; a run reading or writing the value on another
+        thread finishes first. Later calls on this object raise."""
+        if self.exports > 0 or self.in_use > 0:
             self.close_requested = True
         else:
             self._release()
@@ -1084,8 +1100,7 @@ cdef class _ExportGuard:
         cdef OrtValue value = self.value
         if value is not None:
             value.exports -= 1
-            if value.close_requested and value.exports == 0:
-                value._release()
+            value._release_if_unused()
 
 
 cdef object export_guard(OrtValue value):
@@ -1201,13 +1216,21 @@ cdef int copy_tensors(list sources, list destinations) except -1:
         free(src)
         free(dst)
         raise MemoryError()
-    for i in range(n):
-        src[i] = (<OrtValue>sources[i]).handle
-        dst[i] = (<OrtValue>destinations[i]).handle
-    with nogil:
-        status = ort.CopyTensors(env, src, dst, NULL, <size_t>n)
-    free(src)
-    free(dst)
+    cdef list used = []                 # close() of any of them waits for the copy
+    try:
+        for i in range(n):
+            for value in (sources[i], destinations[i]):
+                (<OrtValue>value).begin_use()
+                used.append(value)
+            src[i] = (<OrtValue>sources[i]).handle
+            dst[i] = (<OrtValue>destinations[i]).handle
+        with nogil:
+            status = ort.CopyTensors(env, src, dst, NULL, <size_t>n)
+    finally:
+        free(src)
+        free(dst)
+        for value in used:
+            (<OrtValue>value).end_use()
     check(status)
     return 0
 
