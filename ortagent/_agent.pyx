@@ -567,7 +567,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
             if preallocated is not None and type(preallocated[i]) is OrtValue:
                 results[i] = preallocated[i]
             elif out_values[i] != NULL:
-                results[i] = wrap_value(out_values[i], session)
+                results[i] = wrap_value(out_values[i], None, session)
         _end_interruptible(run_options_c, registered, status)
         _check_run(status, feeds, input_names, input_types)
         _hold_aliased_inputs(results, in_values, holders, session, preallocated)

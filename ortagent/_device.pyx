@@ -46,6 +46,7 @@ def _identity_model(int elem_type):
 
 
 @cython.final
+@cython.no_gc_clear          # __dealloc__ releases the allocator before its session goes
 cdef class _Allocator:
     """An OrtAllocator created for a session; tensors it allocated keep it (and the session)
     alive, since onnxruntime only holds a plain pointer to it."""

@@ -689,7 +689,7 @@ cdef OrtValue _import_capsule(object capsule):
     holder.versioned = versioned
     cdef OrtValue value
     try:
-        value = wrap_value(handle, holder)
+        value = wrap_value(handle, holder, None)
     except BaseException:
         ort.ReleaseValue(handle)
         raise

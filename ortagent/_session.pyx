@@ -1236,7 +1236,7 @@ cdef class InferenceSession:
             # Own every output before anything can raise, so none leaks.
             results = PyList_New(n_out)
             for i in range(n_out):
-                item_object = wrap_value(out_values[i], self) if out_values[i] != NULL else None
+                item_object = wrap_value(out_values[i], None, self) if out_values[i] != NULL else None
                 Py_INCREF(item_object)
                 PyList_SET_ITEM(results, i, item_object)
                 out_values[i] = NULL
@@ -1406,6 +1406,7 @@ cdef class _BoundOutput:
 
 
 @cython.final
+@cython.no_gc_clear          # __dealloc__ releases the binding before its session goes
 cdef class IOBinding:
     """Inputs and outputs bound to a session once and reused across runs
     (onnxruntime.IOBinding's names and behaviour).

@@ -426,6 +426,7 @@ cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1
 
 @cython.final
 @cython.freelist(64)
+@cython.no_gc_clear          # __dealloc__ releases the handle before memory_owner and session go
 cdef class OrtValue:
     """An onnxruntime value (tensor) owned by this object.
 
@@ -453,7 +454,8 @@ cdef class OrtValue:
         if self.dims != self.dims_inline and self.dims != NULL:
             free(self.dims)
         self.dims = self.dims_inline
-        self.owner = None
+        self.memory_owner = None
+        self.session = None
 
     cdef int require_handle(self) except -1:
         if self.handle == NULL or self.close_requested:
@@ -568,7 +570,7 @@ cdef class OrtValue:
         cdef list keep = []
         cdef ort.OrtValue* handle = tensor_for_feed(numpy_obj, None, -1, keep)
         owner = keep[len(keep) - 1] if keep else numpy_obj
-        cdef OrtValue value = wrap_value(handle, owner)
+        cdef OrtValue value = wrap_value(handle, owner, None)
         if npc.PyArray_Check(owner):
             value.readonly = (npc.PyArray_FLAGS(<npc.PyArrayObject*>owner) & npc.NPY_ARRAY_WRITEABLE) == 0
         return value
@@ -738,10 +740,11 @@ cdef inline Py_ssize_t _element_count(OrtValue value):
     return count
 
 
-cdef OrtValue wrap_value(ort.OrtValue* handle, object owner):
+cdef OrtValue wrap_value(ort.OrtValue* handle, object memory_owner, object session):
     cdef OrtValue value = OrtValue.__new__(OrtValue)
     value.handle = handle
-    value.owner = owner
+    value.memory_owner = memory_owner
+    value.session = session
     _live[<int>HANDLE_VALUE] += 1
     return value
 
@@ -796,7 +799,7 @@ cdef OrtValue _allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_ty
             # onnxruntime's own words (bad_alloc, an overflow) do not say which tensor.
             raise type(exc)(f"cannot allocate a {tensor_type_name(onnx_type)} tensor of shape "
                             f"{dims}: {exc}", exc.code) from exc
-    return wrap_value(handle, owner)
+    return wrap_value(handle, owner, None)
 
 
 cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL:
@@ -895,9 +898,9 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
     return handle
 
 
-cdef list bound_output_values(ort.OrtIoBinding* binding, object owner):
-    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) kept by
-    `owner`, in binding order."""
+cdef list bound_output_values(ort.OrtIoBinding* binding, object session):
+    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) that keep
+    `session` alive, in binding order."""
     cdef ort.OrtAllocator* allocator = NULL
     cdef ort.OrtValue** values = NULL
     cdef size_t count = 0, i
@@ -906,7 +909,7 @@ cdef list bound_output_values(ort.OrtIoBinding* binding, object owner):
     cdef list result = []
     try:
         for i in range(count):
-            result.append(wrap_value(values[i], owner))
+            result.append(wrap_value(values[i], None, session))
             values[i] = NULL
     finally:
         for i in range(count):
@@ -948,7 +951,7 @@ cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** h
         for j in range(n_feeds):
             if feed_data[j] == data and holders[j] != NULL:
                 holder = <object>holders[j]
-                value.owner = (session, holder)
+                value.memory_owner = holder
                 if type(holder) is OrtValue:
                     value.readonly = value.readonly or (<OrtValue>holder).readonly
                 elif _numpy_ready and npc.PyArray_Check(holder) and (
@@ -1012,7 +1015,7 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
     if shape_ptr != stack_dims:
         free(shape_ptr)
     check(status)
-    cdef OrtValue value = wrap_value(handle, owner)
+    cdef OrtValue value = wrap_value(handle, owner, None)
     value.readonly = readonly
     return value
 
@@ -1092,6 +1095,7 @@ cdef object _strings_to_numpy(OrtValue value):
 
 @cython.final
 @cython.freelist(64)
+@cython.no_gc_clear          # __dealloc__ reads the value
 cdef class _ExportGuard:
     """Base object of NumPy views (and context of DLPack exports) of an OrtValue."""
     cdef OrtValue value
