@@ -159,11 +159,33 @@ def test_outputs_sharing_a_feed_buffer_keep_the_feed_alive(api, no_leaks):
 # use-after-free would be reported.
 
 SLOW_SIZE = 192
-SLOW_TRIPS = 400
+_slow = {}
+
+
+def _slow_trips():
+    """Loop trips for a run of about 0.3 s here (measured once): long enough that close() from
+    another thread lands while it runs, short enough for CI."""
+    if "trips" not in _slow:
+        import time
+
+        trips = 50
+        x = np.eye(SLOW_SIZE, dtype=np.float32)
+        while True:
+            session = ortagent.InferenceSession(models.slow_loop(iterations=trips, size=SLOW_SIZE))
+            started = time.perf_counter()
+            session.run(None, {"x": x})
+            elapsed = time.perf_counter() - started
+            session.close()
+            if elapsed >= 0.1 or trips >= 50 * 2**8:
+                break
+            trips *= 2
+        _slow["trips"] = trips * 3
+        _slow["seconds"] = elapsed * 3
+    return _slow["trips"]
 
 
 def _slow_session():
-    return ortagent.InferenceSession(models.slow_loop(iterations=SLOW_TRIPS, size=SLOW_SIZE))
+    return ortagent.InferenceSession(models.slow_loop(iterations=_slow_trips(), size=SLOW_SIZE))
 
 
 def _loop_reference(session, x):
@@ -172,7 +194,7 @@ def _loop_reference(session, x):
 
 def _close_during(run, close, started_event):
     """Run `run` on a thread, call `close` once it has started (and is still running), and
-    return run's result; the run must outlast the close."""
+    return (run's result, whether the run was still going when close() returned)."""
     import threading
 
     box = {}
@@ -194,10 +216,11 @@ def _close_during(run, close, started_event):
     return box["result"], closed_while_running
 
 
-def _wait_running(seconds=0.05):
+def _wait_running():
     import time
 
-    time.sleep(seconds)
+    _slow_trips()
+    time.sleep(_slow["seconds"] / 6)
 
 
 @pytest.mark.parametrize("how", ["run", "run_with_ort_values"])
@@ -266,7 +289,7 @@ def test_agent_feed_closed_during_forward(no_leaks):
     agent = ortagent.TrainingAgent(model.SerializeToString())
     x = orthogonal(SLOW_SIZE, 3)
     w = orthogonal(SLOW_SIZE, 4)
-    trips = np.array(SLOW_TRIPS, np.int64)
+    trips = np.array(_slow_trips(), np.int64)
     values = {name: ortagent.OrtValue.ortvalue_from_numpy(array.copy())
               for name, array in (("x", x), ("w", w), ("trips", trips))}
     binding = agent.io_binding()
