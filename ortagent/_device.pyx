@@ -16,7 +16,7 @@ from ortagent._element_types cimport ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_ALLOCATOR
 from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, value_to_numpy,
-    copy_tensors, ensure_numpy,
+    copy_tensors, ensure_numpy, allocate_with,
 )
 from ortagent._session cimport InferenceSession
 from ortagent._values import as_device, _element_type_from
@@ -110,8 +110,7 @@ def allocate(dims, int elem_type, OrtDevice device):
     if elem_type == ORTAGENT_ELEM_STRING:
         raise OrtInvalidArgument("string tensors live on the CPU only")
     cdef _Allocator allocator = _cuda_device(device.index).allocator_for(device)
-    from ortagent._values import _allocate_with_allocator_address
-    return _allocate_with_allocator_address(<size_t>allocator.handle, dims, elem_type, allocator)
+    return allocate_with(allocator.handle, list(dims), elem_type, allocator)
 
 
 cdef int _copy_with_binding(OrtValue source, OrtValue destination, int device_index) except -1:

@@ -60,6 +60,10 @@ cdef class OrtValue:
     cdef void _release(self) noexcept
 
 
+# A new tensor of `dims` and `onnx_type` from `allocator`; `owner` (what keeps the allocator
+# alive) becomes the value's memory owner.
+cdef OrtValue allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner)
+
 # Take ownership of `handle` and wrap it; `memory_owner` and `session` (see OrtValue) are
 # kept alive with it.
 cdef OrtValue wrap_value(ort.OrtValue* handle, object memory_owner, object session)

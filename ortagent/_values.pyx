@@ -588,7 +588,7 @@ cdef class OrtValue:
         ensure_loaded()
         cdef ort.OrtAllocator* allocator = NULL
         check(ort.GetAllocatorWithDefaultOptions(&allocator))
-        return _allocate_with(allocator, dims, onnx_type, None)
+        return allocate_with(allocator, dims, onnx_type, None)
 
     # -- inspection --------------------------------------------------------------------------------
 
@@ -773,7 +773,7 @@ def _checked_shape(shape, item_size=0):
     return dims
 
 
-cdef OrtValue _allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner):
+cdef OrtValue allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner):
     cdef int64_t stack_dims[MAX_INLINE_DIMS]
     cdef int64_t* shape_ptr = stack_dims
     cdef Py_ssize_t n = len(dims), i
@@ -1061,7 +1061,7 @@ cdef ort.OrtValue* _string_tensor(object arr) except NULL:
     encoded = _encoded_strings(arr)
     cdef ort.OrtAllocator* allocator = NULL
     check(ort.GetAllocatorWithDefaultOptions(&allocator))
-    cdef OrtValue value = _allocate_with(allocator, list(arr.shape), ORTAGENT_ELEM_STRING, None)
+    cdef OrtValue value = allocate_with(allocator, list(arr.shape), ORTAGENT_ELEM_STRING, None)
     _fill_strings(value.handle, encoded)
     # Hand the handle over to the caller.
     cdef ort.OrtValue* handle = value.handle
@@ -1259,11 +1259,6 @@ def _device_module():
         from ortagent import _device
         _device_cache.append(_device)
     return _device_cache[0]
-
-
-def _allocate_with_allocator_address(size_t allocator_address, dims, int onnx_type, owner):
-    """A tensor allocated by the OrtAllocator at `allocator_address`; `owner` keeps it alive."""
-    return _allocate_with(<ort.OrtAllocator*>allocator_address, list(dims), onnx_type, owner)
 
 
 def numpy_dtype_for_element_type(int elem_type):
