@@ -32,7 +32,7 @@ from ortagent._values cimport (
     keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
     new_output_array, has_builtin_numpy_type, element_size, MAX_INLINE_DIMS,
 )
-from ortagent._values import as_device
+from ortagent._values import as_device, output_target
 from ortagent._runtime import get_available_providers
 from ortagent.errors import (
     OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, OrtNotFound,
@@ -1555,20 +1555,14 @@ cdef class IOBinding:
         `element_type`, `shape` and `buffer_ptr`, to caller memory that each run writes into."""
         self.require_open()
         encoded = self._output_name(name)
-        device = as_device(device_type, device_id)
         cdef _BoundOutput bound = _BoundOutput.__new__(_BoundOutput)
         bound.name = encoded
-        if buffer_ptr is None:
-            if element_type is not None or shape is not None:
-                raise OrtInvalidArgument(f"output {name!r}: element_type and shape need a buffer_ptr")
-            check(ort.BindOutputToDevice(self.handle, encoded, (<OrtDevice>device).memory_info()))
-            bound.device = device
+        target = output_target(name, device_type, device_id, element_type, shape, buffer_ptr)
+        if isinstance(target, OrtDevice):
+            check(ort.BindOutputToDevice(self.handle, encoded, (<OrtDevice>target).memory_info()))
+            bound.device = target
         else:
-            if element_type is None or shape is None:
-                raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
-            if buffer_ptr == 0:
-                raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
-            value = OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
+            value = target
             self._check_output_type(name, value)
             check(ort.BindOutput(self.handle, encoded, (<OrtValue>value).handle))
             bound.value = value

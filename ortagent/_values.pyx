@@ -732,6 +732,21 @@ cdef class OrtValue:
                                  <OrtDevice>device, owner, False)
 
 
+def output_target(name, device_type, device_id, element_type, shape, buffer_ptr):
+    """Where an output is bound (IOBinding.bind_output and the agent's binding alike): the
+    OrtDevice onnxruntime allocates it on, or, with `element_type`, `shape` and `buffer_ptr`, an
+    OrtValue over the caller's memory that each run writes into."""
+    if buffer_ptr is None:
+        if element_type is not None or shape is not None:
+            raise OrtInvalidArgument(f"output {name!r}: element_type and shape need a buffer_ptr")
+        return as_device(device_type, device_id)
+    if element_type is None or shape is None:
+        raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
+    if buffer_ptr == 0:
+        raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
+    return OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
+
+
 cdef inline Py_ssize_t _element_count(OrtValue value):
     cdef Py_ssize_t count = 1
     cdef int i

@@ -39,7 +39,7 @@ from typing import Any, overload
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine
 from ortagent._session import IOBinding, RunOptions, SessionOptions
-from ortagent._values import OrtDevice, OrtValue, as_device
+from ortagent._values import OrtDevice, OrtValue, as_device, output_target
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,
@@ -504,22 +504,13 @@ class TrainingIOBinding:
     def bind_output(self, name, device_type="cpu", device_id=0, element_type=None, shape=None,
                     buffer_ptr=None) -> None:
         self._check_output(name)
-        if buffer_ptr is None:
-            if element_type is not None or shape is not None:
-                raise OrtInvalidArgument(f"output {name!r}: element_type and shape need a buffer_ptr")
-            device = as_device(device_type, device_id)
-            self._agent._check_reachable(device, f"output {name!r}")
-            self._outputs[name] = device
-            self._output_plan_cache = None
+        target = output_target(name, device_type, device_id, element_type, shape, buffer_ptr)
+        if isinstance(target, OrtDevice):
+            self._agent._check_reachable(target, f"output {name!r}")
         else:
-            if element_type is None or shape is None:
-                raise OrtInvalidArgument(f"output {name!r}: a buffer_ptr needs element_type and shape")
-            if buffer_ptr == 0:
-                raise OrtInvalidArgument(f"output {name!r}: buffer_ptr must not be 0")
-            value = OrtValue._from_pointer(buffer_ptr, shape, element_type, device_type, device_id)
-            self._check_output_type(name, value)
-            self._output_plan_cache = None
-            self._outputs[name] = value
+            self._check_output_type(name, target)
+        self._output_plan_cache = None
+        self._outputs[name] = target
 
     def bind_ortvalue_output(self, name: str, value: OrtValue) -> None:
         self._check_output(name)
