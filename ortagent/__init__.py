@@ -32,14 +32,14 @@ _LAZY = {
     "OrtDevice": "ortagent._values",
     "from_dlpack": "ortagent._dlpack",
     # sessions
-    "SessionOptions": "ortagent._session",
-    "RunOptions": "ortagent._session",
+    "SessionOptions": "ortagent._options",
+    "RunOptions": "ortagent._options",
     "InferenceSession": "ortagent._session",
     "IOBinding": "ortagent._session",
     "NodeArg": "ortagent._session",
     "ModelMetadata": "ortagent._session",
-    "GraphOptimizationLevel": "ortagent._session",
-    "ExecutionMode": "ortagent._session",
+    "GraphOptimizationLevel": "ortagent._options",
+    "ExecutionMode": "ortagent._options",
     # training
     "TrainingAgent": "ortagent.agent",
     "PartialGraphExecutionState": "ortagent.agent",
@@ -71,14 +71,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._runtime import library_path as library_path
     from ortagent._runtime import live_handles as live_handles
     from ortagent._runtime import set_default_logger_severity as set_default_logger_severity
-    from ortagent._session import ExecutionMode as ExecutionMode
-    from ortagent._session import GraphOptimizationLevel as GraphOptimizationLevel
+    from ortagent._options import ExecutionMode as ExecutionMode
+    from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
     from ortagent._session import InferenceSession as InferenceSession
     from ortagent._session import IOBinding as IOBinding
     from ortagent._session import ModelMetadata as ModelMetadata
     from ortagent._session import NodeArg as NodeArg
-    from ortagent._session import RunOptions as RunOptions
-    from ortagent._session import SessionOptions as SessionOptions
+    from ortagent._options import RunOptions as RunOptions
+    from ortagent._options import SessionOptions as SessionOptions
     from ortagent._values import OrtDevice as OrtDevice
     from ortagent._values import OrtValue as OrtValue
     from ortagent._values import from_dlpack as from_dlpack

@@ -29,8 +29,9 @@ from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, tensor_for_feed,
     tensor_type_name, memory_kind_of,
 )
+from ortagent._options cimport RunOptions
 from ortagent._session cimport (
-    InferenceSession, RunOptions, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
+    InferenceSession, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
     run_nogil, run_binding_nogil, end_run_call, check_run_status,
 )
 from ortagent._values import as_device

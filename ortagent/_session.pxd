@@ -3,6 +3,7 @@ from cpython.object cimport PyObject
 from ortagent cimport _capi as ort
 from libc.stdint cimport int64_t
 from ortagent._values cimport OrtValue, FeedView, MAX_INLINE_DIMS
+from ortagent._options cimport SessionOptions, RunOptions
 
 
 # An output whose element type and shape the model fixes. run() lets onnxruntime write it
@@ -63,37 +64,6 @@ cdef int end_run_call(ort.OrtRunOptions* used, bint registered, ort.OrtStatus* s
 # raise naming it (`names` and `feeds`: the feeds given, in any order).
 cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, object names,
                           object feeds) except -1
-
-
-cdef class SessionOptions:
-    cdef object __weakref__
-    cdef ort.OrtSessionOptions* handle
-    cdef dict _config_entries
-    cdef list _initializers          # [(name, OrtValue)] kept alive for the sessions using them
-    cdef dict _dimension_overrides
-    cdef int _intra_op_num_threads
-    cdef int _inter_op_num_threads
-    cdef int _graph_optimization_level
-    cdef int _execution_mode
-    cdef int _log_severity_level
-    cdef int _log_verbosity_level
-    cdef str _logid
-    cdef bint _enable_mem_pattern
-    cdef bint _enable_cpu_mem_arena
-    cdef bint _enable_profiling
-    cdef str _profile_file_prefix
-    cdef str _optimized_model_filepath
-    cdef int require_handle(self) except -1
-
-
-cdef class RunOptions:
-    cdef object __weakref__
-    cdef ort.OrtRunOptions* handle
-    cdef int _log_severity_level
-    cdef int _log_verbosity_level
-    cdef str _logid
-    cdef bint _terminate
-    cdef dict _config_entries
 
 
 cdef class InferenceSession:

@@ -8,46 +8,10 @@ import numpy.typing as npt
 
 from ortagent._values import _DeviceLike, _ElementTypeLike, OrtValue
 
-class GraphOptimizationLevel(enum.IntEnum):
-    ORT_DISABLE_ALL = 0
-    ORT_ENABLE_BASIC = 1
-    ORT_ENABLE_EXTENDED = 2
-    ORT_ENABLE_ALL = 99
-
-class ExecutionMode(enum.IntEnum):
-    ORT_SEQUENTIAL = 0
-    ORT_PARALLEL = 1
-
-@final
-class SessionOptions:
-    intra_op_num_threads: int
-    inter_op_num_threads: int
-    graph_optimization_level: GraphOptimizationLevel
-    execution_mode: ExecutionMode
-    log_severity_level: int
-    log_verbosity_level: int
-    logid: str
-    enable_mem_pattern: bool
-    enable_cpu_mem_arena: bool
-    enable_profiling: bool
-    profile_file_prefix: str
-    optimized_model_filepath: str
-    def __init__(self) -> None: ...
-    def add_session_config_entry(self, config_key: str, config_value: str) -> None: ...
-    def get_session_config_entry(self, config_key: str) -> str: ...
-    def add_initializer(self, name: str, value: OrtValue) -> None: ...
-    def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None: ...
-    def add_free_dimension_override_by_denotation(self, dim_denotation: str, dim_value: int) -> None: ...
-
-@final
-class RunOptions:
-    log_severity_level: int
-    log_verbosity_level: int
-    logid: str
-    terminate: bool
-    def __init__(self) -> None: ...
-    def add_run_config_entry(self, config_key: str, config_value: str) -> None: ...
-    def get_run_config_entry(self, config_key: str) -> str: ...
+from ortagent._options import ExecutionMode as ExecutionMode
+from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
+from ortagent._options import RunOptions as RunOptions
+from ortagent._options import SessionOptions as SessionOptions
 
 class NodeArg:
     name: str

@@ -38,7 +38,8 @@ from collections.abc import Sequence
 from typing import Any, overload
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine
-from ortagent._session import IOBinding, RunOptions, SessionOptions
+from ortagent._options import RunOptions, SessionOptions
+from ortagent._session import IOBinding
 from ortagent._values import OrtDevice, OrtValue, as_device, output_target
 from ortagent.errors import (
     ObjectClosedError,

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-MODULES = ["ortagent._runtime", "ortagent._values", "ortagent._session", "ortagent._dlpack",
+MODULES = ["ortagent._runtime", "ortagent._values", "ortagent._options", "ortagent._session", "ortagent._dlpack",
            "ortagent._device", "ortagent._agent"]
 
 
