@@ -11,6 +11,7 @@ PY := $(VENV)/bin/python
 ORT_PACKAGE ?= onnxruntime-gpu==1.31.1
 TORCH ?= 0
 TORCH_PACKAGE ?= torch==2.13.0
+ONNXSCRIPT_PACKAGE ?= onnxscript>=0.3
 REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
@@ -30,6 +31,9 @@ venv: $(VENV)/.ready
 	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
 		echo "installing $(TORCH_PACKAGE) (CPU build) for the torch tests"; \
 		$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PACKAGE)"; fi
+	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import onnxscript" 2>/dev/null; then \
+		echo "installing $(ONNXSCRIPT_PACKAGE) (torch.onnx's dynamo exporter needs it)"; \
+		$(PY) -m pip install -q --disable-pip-version-check "$(ONNXSCRIPT_PACKAGE)"; fi
 
 build: venv
 	$(PY) setup.py -q build_ext --inplace
