@@ -1,0 +1,404 @@
+"""ortagent.torch.ORTModule against torch eager autograd: losses, every gradient, running
+statistics, dropout masks, optimizer runs, accumulation, eval / no_grad, refusals."""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.torch
+
+RTOL = 1e-4
+
+
+def _torch():
+    import torch
+
+    torch.set_num_threads(1)
+    return torch
+
+
+def _close(actual, expected, what, rtol=RTOL):
+    """max |actual - expected| <= rtol * max|expected| (an elementwise rtol is meaningless for
+    entries that are zero up to rounding), with an absolute floor of rtol * 1e-2 = 1e-6 for
+    gradients that are zero in exact arithmetic (a conv bias before BatchNorm: float32 noise
+    of ~4e-7 on both sides); returns the max abs error."""
+    torch = _torch()
+    assert actual is not None, f"{what}: no gradient"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    error = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
+    scale = expected.double().abs().max().item() if expected.numel() else 0.0
+    assert error <= rtol * max(scale, 1e-2), f"{what}: max abs error {error:.3g} at scale {scale:.3g}"
+    del torch
+    return error
+
+
+def _train_step(model, inputs, loss_fn):
+    out = model(*inputs)
+    loss = loss_fn(out)
+    loss.backward()
+    return loss.detach(), out
+
+
+def _compare(make_model, make_inputs, loss_fn, *, seed=0, steps=1, check_buffers=True):
+    """Train eager and bridged copies of one model side by side (same seed before each step, so
+    dropout draws the same masks) and compare losses, gradients, buffers; returns max errors."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    torch.manual_seed(seed)
+    eager = make_model()
+    bridged_inner = copy.deepcopy(eager)
+    bridged = ORTModule(bridged_inner)
+    errors = {"loss": 0.0, "grad": 0.0}
+    for step in range(steps):
+        inputs = make_inputs(step)
+        torch.manual_seed(1000 + step)
+        loss_e, _ = _train_step(eager, inputs, loss_fn)
+        torch.manual_seed(1000 + step)
+        loss_b, _ = _train_step(bridged, inputs, loss_fn)
+        errors["loss"] = max(errors["loss"], _close(loss_b, loss_e, f"step {step} loss"))
+        for (name, pe), pb in zip(eager.named_parameters(), bridged_inner.parameters()):
+            if pe.grad is None:
+                assert pb.grad is None, name
+                continue
+            errors["grad"] = max(errors["grad"], _close(pb.grad, pe.grad, f"step {step} grad {name}"))
+        if check_buffers:
+            for (name, be), bb in zip(eager.named_buffers(), bridged_inner.buffers()):
+                if be.dtype.is_floating_point:
+                    _close(bb, be, f"step {step} buffer {name}")
+                else:
+                    assert torch.equal(bb, be), name
+    return eager, bridged, errors
+
+
+# -- models ------------------------------------------------------------------------------------------
+
+def _mlp():
+    nn = _torch().nn
+    return nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def _cnn():
+    nn = _torch().nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8, momentum=None), nn.ReLU(),
+                         nn.AvgPool2d(2), nn.Flatten(), nn.Linear(8 * 2 * 2, 5), nn.BatchNorm1d(5))
+
+
+def _gpt_block_class():
+    torch = _torch()
+    nn = torch.nn
+
+    class TinyGPT(nn.Module):
+        """Embedding + positions, one pre-LN block (causal attention, GELU MLP), tied head."""
+
+        def __init__(self, vocab=23, d=16, heads=2, ctx=8, dropout=0.0):
+            super().__init__()
+            self.heads = heads
+            self.wte = nn.Embedding(vocab, d)
+            self.wpe = nn.Embedding(ctx, d)
+            self.ln1 = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.ln2 = nn.LayerNorm(d)
+            self.fc = nn.Linear(d, 4 * d)
+            self.out = nn.Linear(4 * d, d)
+            self.drop = nn.Dropout(dropout)
+            self.lnf = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            self.head.weight = self.wte.weight            # tied
+            self.register_buffer("causal", torch.tril(torch.ones(ctx, ctx, dtype=torch.bool)))
+
+        def forward(self, idx):
+            b, t = idx.shape
+            pos = torch.arange(t, device=idx.device)
+            x = self.drop(self.wte(idx) + self.wpe(pos))
+            q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
+            q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, -1)
+            x = x + self.drop(self.proj(y))
+            x = x + self.drop(self.out(torch.nn.functional.gelu(self.fc(self.ln2(x)))))
+            return self.head(self.lnf(x))
+
+    return TinyGPT
+
+
+def _ce(out):
+    torch = _torch()
+    target = torch.arange(out.shape[0]) % out.shape[-1]
+    return torch.nn.functional.cross_entropy(out, target)
+
+
+# -- tests -------------------------------------------------------------------------------------------
+
+def test_import_ortagent_does_not_import_torch():
+    code = "import sys, ortagent; ortagent.TrainingAgent; ortagent.from_dlpack; " \
+           "import ortagent.training; assert 'torch' not in sys.modules, 'torch imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=REPO_ROOT), timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_mlp_matches_eager_and_grads_accumulate():
+    torch = _torch()
+    x = torch.randn(6, 20)
+    eager, bridged, errors = _compare(_mlp, lambda step: (x,), _ce)
+    inner = bridged.module
+    first = [p.grad.clone() for p in inner.parameters()]
+    _train_step(bridged, (x,), _ce)            # a second backward adds, as in torch
+    for p, g in zip(inner.parameters(), first):
+        _close(p.grad, 2 * g, "accumulated grad")
+    bridged.zero_grad()
+    assert all(p.grad is None or not p.grad.any() for p in inner.parameters())
+    assert bridged.exported_graphs == 1
+    # input gradients, through a second signature (x requires grad)
+    xe = x.clone().requires_grad_()
+    xb = x.clone().requires_grad_()
+    _ce(eager(xe)).backward()
+    _ce(bridged(xb)).backward()
+    _close(xb.grad, xe.grad, "input grad")
+    assert bridged.exported_graphs == 1         # one export; a second training graph from it
+    assert errors["grad"] < 1e-6
+
+
+def test_param_grad_is_the_buffer_onnxruntime_wrote():
+    """Zero copy: the first backward's parameter gradient is taken over by AccumulateGrad, and
+    the forward output shares memory with what the agent returned (no torch copy in between)."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    model = ORTModule(torch.nn.Linear(4, 3))
+    out = model(torch.randn(2, 4))
+    out.sum().backward()
+    grad = model.module.weight.grad
+    assert grad is not None and grad.is_contiguous()
+    # a tensor from DLPack over an OrtValue: torch did not allocate it
+    before = grad.data_ptr()
+    model(torch.randn(2, 4)).sum().backward()
+    assert model.module.weight.grad.data_ptr() == before     # accumulated in place
+
+
+def test_cnn_batchnorm_train_and_eval():
+    torch = _torch()
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randn(4, 3, 8, 8, generator=gen) for _ in range(2)]
+    eager, bridged, errors = _compare(_cnn, lambda step: (batches[step],), _ce, steps=2)
+    inner = bridged.module
+    assert inner[1].num_batches_tracked.item() == 2
+    assert not torch.equal(inner[1].running_mean, torch.zeros(8))      # the running stats moved
+    eager.eval()
+    bridged.eval()
+    with torch.no_grad():
+        _close(bridged(batches[0]), eager(batches[0]), "eval output")
+    # eval with grad enabled: a training graph with the running statistics as inputs
+    x = batches[1]
+    _ce(eager(x)).backward()
+    _ce(bridged(x)).backward()
+    for (name, pe), pb in zip(eager.named_parameters(), inner.parameters()):
+        _close(pb.grad, pe.grad, f"eval-mode grad {name}")
+    assert errors["loss"] <= RTOL
+
+
+def test_transformer_encoder_layer_no_dropout():
+    torch = _torch()
+    x = torch.randn(2, 5, 16)
+    make = lambda: torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)  # noqa: E731
+    _, _, errors = _compare(make, lambda step: (x,), lambda out: (out ** 2).mean())
+    assert errors["grad"] < 1e-5
+
+
+def test_transformer_encoder_layer_with_dropout():
+    """Dropout modules (dropout, dropout1, dropout2) draw the same masks as eager under one
+    seed; attention-weight dropout (inside MultiheadAttention) is refused."""
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    x = torch.randn(2, 5, 16)
+
+    def make():
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True)
+        layer.self_attn.dropout = 0.0
+        return layer
+
+    _compare(make, lambda step: (x,), lambda out: (out ** 2).mean(), steps=2)
+    refused = ORTModule(torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True))
+    with pytest.raises(OrtNotImplemented, match="MultiheadAttention"):
+        refused(x)
+    assert isinstance(OrtNotImplemented("x"), NotImplementedError)
+
+
+def test_gpt_block_tied_head():
+    torch = _torch()
+    gpt = _gpt_block_class()
+    idx = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(1))
+
+    def loss(logits):
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.roll(idx, -1, 1).reshape(-1))
+
+    eager, bridged, errors = _compare(lambda: gpt(dropout=0.1), lambda step: (idx,), loss, steps=2)
+    assert bridged.module.head.weight is bridged.module.wte.weight
+    assert errors["grad"] < 1e-5
+
+
+def test_dropout_statistics_and_seed_reproducibility():
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    p = 0.3
+    model = ORTModule(torch.nn.Dropout(p))
+    x = torch.ones(200, 100, requires_grad=True)
+    torch.manual_seed(7)
+    y = model(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.01
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())        # d(x * mask)/dx = mask
+    torch.manual_seed(7)
+    again = model(x)
+    assert torch.equal(again, y)
+    torch.manual_seed(7)
+    assert torch.equal(torch.nn.functional.dropout(x, p), y)       # eager's own draw
+    model.eval()
+    assert torch.equal(model(x), x)
+
+
+def test_twenty_optimizer_steps_track_eager():
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(32, 20, generator=gen)
+    y = torch.randint(0, 10, (32,), generator=gen)
+    torch.manual_seed(0)
+    eager = _mlp()
+    bridged = ORTModule(copy.deepcopy(eager))
+    losses = []
+    for model in (eager, bridged):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        curve = []
+        for _ in range(20):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        losses.append(curve)
+    for step, (le, lb) in enumerate(zip(*losses)):
+        assert abs(le - lb) <= RTOL * abs(le), (step, le, lb)
+    assert losses[1][-1] < 0.5 * losses[1][0]
+    sd_e, sd_b = eager.state_dict(), bridged.state_dict()
+    assert list(sd_e) == list(sd_b)
+    for key in sd_e:
+        _close(sd_b[key], sd_e[key], f"state_dict {key}", rtol=1e-3)
+
+
+def test_no_grad_and_eval_outputs_equal_eager():
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    torch.manual_seed(0)
+    eager = _cnn()
+    bridged = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():                  # train mode, no grad: batch statistics, stats updated
+        out_b = bridged(x)
+        out_e = eager(x)
+    assert not out_b.requires_grad
+    _close(out_b, out_e, "no_grad train-mode output")
+    _close(bridged.module[1].running_var, eager[1].running_var, "running_var after no_grad")
+    eager.eval()
+    bridged.eval()
+    _close(bridged(x), eager(x), "eval output")
+
+
+def test_several_outputs_kwargs_and_integer_outputs():
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    class Heads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(6, 8)
+            self.a = torch.nn.Linear(8, 3)
+            self.frozen = torch.nn.Linear(8, 2)
+            self.frozen.requires_grad_(False)
+
+        def forward(self, x, *, scale=None, double=False):
+            h = torch.relu(self.body(x))
+            h = h * scale if scale is not None else h
+            h += 1.0                                              # in place
+            logits = self.a(h) * (2.0 if double else 1.0)
+            return {"logits": logits, "pred": logits.argmax(-1), "aux": (self.frozen(h), h)}
+
+    torch.manual_seed(0)
+    eager = Heads()
+    bridged = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(4, 6)
+    scale = torch.rand(4, 8)
+    results = []
+    for model in (eager, bridged):
+        out = model(x, scale=scale, double=True)
+        assert out["pred"].dtype == torch.int64
+        (out["logits"].square().mean() + out["aux"][0].sum() + out["aux"][1].mean()).backward()
+        results.append(out)
+    assert torch.equal(results[0]["pred"], results[1]["pred"])
+    assert not results[1]["pred"].requires_grad
+    for (name, pe), pb in zip(eager.named_parameters(), bridged.module.parameters()):
+        if pe.grad is None:
+            assert pb.grad is None, name
+        else:
+            _close(pb.grad, pe.grad, name)
+    assert bridged.module.frozen.weight.grad is None
+
+
+def test_refusals_are_clear():
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class FunctionalDropout(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.nn.functional.dropout(self.lin(x), 0.5, self.training)
+
+    class FunctionalBatchNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+            self.b = torch.nn.Parameter(torch.zeros(4))
+
+        def forward(self, x):
+            return torch.nn.functional.batch_norm(x, None, None, self.w, self.b, training=True)
+
+    x = torch.randn(3, 4)
+    with pytest.raises(OrtNotImplemented, match="functional.dropout"):
+        ORTModule(FunctionalDropout())(x)
+    with pytest.raises(OrtNotImplemented, match="functional.batch_norm"):
+        ORTModule(FunctionalBatchNorm())(x)
+    with pytest.raises(OrtNotImplemented, match="Dropout2d"):
+        ORTModule(torch.nn.Sequential(torch.nn.Dropout2d(0.5)))(torch.randn(2, 3, 4, 4))
+    # eval mode: the functional dropout is the identity, the module exports
+    model = ORTModule(FunctionalDropout()).eval()
+    assert model(x).shape == (3, 4)
+    model = ORTModule(torch.nn.Linear(4, 4))
+    out = model(x)
+    loss = out.sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(Exception, match="already ran"):
+        loss.backward()
