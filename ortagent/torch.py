@@ -337,11 +337,12 @@ def _export(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version
     if len(model.graph.output) != len(output_names):
         raise OrtNotImplemented(f"ORTModule: the exported graph has {len(model.graph.output)} outputs, "
                                 f"expected {len(output_names)}")
+    mutations = _mutation_outputs(program, model, input_names, flat, set(params))
     info = {
         "model": model,
         "input_names": [name for name in input_names if name in onnx_inputs],
         "output_names": [value.name for value in model.graph.output],
-        "stat_outputs": list(range(n_outputs, n_outputs + n_stats)),
+        "stat_outputs": list(range(n_outputs, n_outputs + n_stats + len(mutations))),
         "dropout_masks": dropouts,
     }
     layout = {
@@ -351,11 +352,53 @@ def _export(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version
         "n_outputs": n_outputs,
         "output_template": output_template,
         "stat_modules": stat_modules,
+        "n_stats": n_stats,
+        "mutated_inputs": mutations,
         "used": [name in onnx_inputs for name in input_names],
         "output_dtypes": [onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
                           for value in model.graph.output],
     }
     return info, layout
+
+
+def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: list[torch.Tensor],
+                      param_names: set[str]) -> list[int]:
+    """In-place updates of inputs or buffers (``self.count += 1``): torch.export turns them into
+    extra results that the ONNX graph drops. Make each one a graph output (after the others) and
+    return the flat indices of the updated inputs, in that order; the caller copies the new values
+    back. Parameters updated in place, or other extra results, are refused."""
+    from onnx import helper
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    signature = program.exported_program.graph_signature
+    placeholders = [spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    graph = model.graph
+    produced = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
+    types = {value.name: value.type for value in graph.input}
+    mutated = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_OUTPUT:
+            continue
+        if spec.kind != OutputKind.USER_INPUT_MUTATION or spec.target not in placeholders:
+            raise OrtNotImplemented(f"ORTModule: the exported program has a {spec.kind.name} result, "
+                                    "which the bridge cannot apply")
+        index = placeholders.index(spec.target)
+        name = input_names[index]
+        if name in param_names or flat[index].requires_grad:
+            raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place in its forward; "
+                                    "in-place updates of parameters or of inputs that require grad are "
+                                    "not supported")
+        source = spec.arg.name
+        if source not in produced or name not in types:
+            raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place, and the exported "
+                                    "graph lost the new value")
+        target = f"updated_{index}"
+        graph.node.append(helper.make_node("Identity", [source], [target], name=f"ortagent_{target}"))
+        value = graph.output.add()
+        value.name = target
+        value.type.CopyFrom(types[name])
+        mutated.append(index)
+    return mutated
 
 
 def _check_exported(model, training: bool) -> None:
@@ -606,9 +649,13 @@ class ORTModule(nn.Module):
         else:
             outputs = graph.run_inference(feeds)
         n_out = layout["n_outputs"]
-        stats = outputs[n_out:]
-        if stats:
-            self._update_running_stats(layout["stat_modules"], stats)
+        n_stats = layout["n_stats"]
+        if n_stats:
+            self._update_running_stats(layout["stat_modules"], outputs[n_out:n_out + n_stats])
+        if layout["mutated_inputs"]:
+            with torch.no_grad():
+                for index, value in zip(layout["mutated_inputs"], outputs[n_out + n_stats:]):
+                    everything[index].copy_(value)
         return _unflatten(layout["output_template"], outputs[:n_out])
 
     @staticmethod

@@ -402,3 +402,34 @@ def test_refusals_are_clear():
     loss.backward(retain_graph=True)
     with pytest.raises(Exception, match="already ran"):
         loss.backward()
+
+
+def test_in_place_updates_of_buffers_and_inputs():
+    """torch.export turns `self.count.add_(1)` and `acc.mul_(2)` into extra results the ONNX graph
+    would drop; the bridge returns them and copies them back, as eager mutates."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    class Counting(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x, acc):
+            self.count.add_(1)
+            acc.mul_(2)
+            return torch.relu_(self.lin(x)) * self.count + acc.sum()
+
+    eager = Counting()
+    bridged = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 3)
+    for _ in range(3):
+        acc_e, acc_b = torch.ones(3), torch.ones(3)
+        out_e, out_b = eager(x, acc_e), bridged(x, acc_b)
+        out_e.sum().backward()
+        out_b.sum().backward()
+        _close(out_b, out_e, "output")
+        assert torch.equal(acc_b, acc_e)
+    assert bridged.module.count.item() == eager.count.item() == 3
+    _close(bridged.module.lin.weight.grad, eager.lin.weight.grad, "grad")
