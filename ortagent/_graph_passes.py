@@ -1,0 +1,172 @@
+"""Exact rewrites that make generated training graphs cheaper to run (used by build_training_graph).
+
+* :func:`flatten_batched_matmuls` (forward, before differentiation): ``MatMul(A[..., K], B[K, N])``
+  with ``A`` of rank 3 or more becomes ``Reshape(MatMul(Reshape(A, [-1, K]), B), [..., N])``.
+  onnx-ad's reverse rule for a batched ``MatMul`` against a 2-D weight builds the batched outer
+  product and reduces it; for the 2-D product the weight gradient is one ``A^T @ G``.
+* :func:`simplify_copies` (after differentiation): nodes that copy a whole tensor without moving
+  any element become views -- a ``Transpose`` whose permutation moves only axes of size 1
+  (onnx-ad's size-1 seed axis) becomes a ``Reshape``, an ``Expand`` to the shape its input has
+  already becomes an ``Identity``, and a ``Transpose`` of a ``Transpose`` that undoes it becomes an
+  ``Identity`` of the original; nodes whose results nobody reads are dropped.
+
+Both need static shapes: they rewrite a node only where ONNX shape inference knows every
+dimension involved, and leave everything else alone. Values keep their names (consumers in
+nested subgraphs are unaffected); no element changes, so gradients are unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper, numpy_helper
+
+from ._onnx_graph import NameAllocator, all_value_names, consumed_names
+
+__all__ = ["flatten_batched_matmuls", "simplify_copies", "static_shapes"]
+
+
+def static_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str, list[int]]:
+    """Fully known shapes of the values of ``model``'s main graph (from ONNX shape inference).
+    ``stand_ins`` maps a node (by name) to replacement nodes used only for the inference (a node
+    that the ONNX checker cannot infer, e.g. the YieldOp)."""
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    if stand_ins:
+        nodes = []
+        for node in model.graph.node:
+            nodes.extend(stand_ins.get(node.name, [node]) if node.name else [node])
+        del probe.graph.node[:]
+        probe.graph.node.extend(nodes)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+    except Exception:
+        return {}
+    shapes: dict[str, list[int]] = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            continue
+        dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
+        if all(dim is not None for dim in dims):
+            shapes[value.name] = [int(dim) for dim in dims]
+    for init in graph.initializer:
+        shapes[init.name] = list(init.dims)
+    return shapes
+
+
+def _constant(names: NameAllocator, stem: str, values: list[int]):
+    name = names.fresh(stem)
+    return name, numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
+    """Rewrite, in place, batched MatMuls against 2-D right operands as 2-D MatMuls; returns how
+    many. Needs opset 5+ (Reshape with a shape input)."""
+    if opset < 5:
+        return 0
+    graph = model.graph
+    shapes = static_shapes(model)
+    names = NameAllocator(all_value_names(graph))
+    rewritten = 0
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        a_shape, b_shape = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if a_shape is None or b_shape is None or len(a_shape) < 3 or len(b_shape) != 2 \
+                or a_shape[-1] != b_shape[0] or 0 in a_shape:
+            nodes.append(node)
+            continue
+        rows = int(np.prod(a_shape[:-1]))
+        flat_shape, flat_init = _constant(names, "ortagent_mm_rows", [rows, a_shape[-1]])
+        out_shape, out_init = _constant(names, "ortagent_mm_shape", a_shape[:-1] + [b_shape[1]])
+        flat_a = names.fresh(f"{node.input[0]}_2d")
+        flat_y = names.fresh(f"{node.output[0]}_2d")
+        graph.initializer.extend([flat_init, out_init])
+        nodes.append(helper.make_node("Reshape", [node.input[0], flat_shape], [flat_a]))
+        nodes.append(helper.make_node("MatMul", [flat_a, node.input[1]], [flat_y], name=node.name))
+        nodes.append(helper.make_node("Reshape", [flat_y, out_shape], [node.output[0]]))
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return rewritten
+
+
+def _moves_only_unit_axes(shape: list[int], perm: list[int]) -> bool:
+    """True when transposing by ``perm`` keeps the order of the axes longer than 1 (the data in
+    memory is then unchanged: the transpose is a reshape)."""
+    kept = [axis for axis in perm if shape[axis] != 1]
+    return kept == sorted(kept)
+
+
+def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset()) -> int:
+    """Rewrite, in place, full-tensor copies that move no element into views (see the module
+    docstring) and drop dead nodes; returns the number of nodes rewritten or dropped. Nodes of
+    the op types in ``keep`` are never dropped."""
+    graph = model.graph
+    shapes = static_shapes(model, stand_ins)
+    names = NameAllocator(all_value_names(graph))
+    producers = {out: node for node in graph.node for out in node.output if out}
+    count = 0
+    nodes = []
+    for node in graph.node:
+        replacement = None
+        if node.domain in ("", "ai.onnx") and node.op_type == "Transpose" and node.input[0] in shapes:
+            in_shape = shapes[node.input[0]]
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"),
+                        list(range(len(in_shape)))[::-1])
+            inner = producers.get(node.input[0])
+            inner_perm = None
+            if inner is not None and inner.op_type == "Transpose" and inner.domain in ("", "ai.onnx"):
+                inner_perm = next((list(a.ints) for a in inner.attribute if a.name == "perm"), None)
+            if inner_perm is not None and len(inner_perm) == len(perm) and \
+                    [inner_perm[axis] for axis in perm] == list(range(len(perm))):
+                replacement = helper.make_node("Identity", [inner.input[0]], list(node.output))
+            elif _moves_only_unit_axes(in_shape, perm):
+                out_shape = [in_shape[axis] for axis in perm]
+                shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
+                graph.initializer.append(init)
+                replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Expand" and node.input[0] in shapes \
+                and node.output[0] in shapes:
+            in_shape, out_shape = shapes[node.input[0]], shapes[node.output[0]]
+            if in_shape == out_shape:
+                replacement = helper.make_node("Identity", [node.input[0]], list(node.output))
+            elif int(np.prod(in_shape)) == int(np.prod(out_shape)):
+                shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
+                graph.initializer.append(init)
+                replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
+        if replacement is not None:
+            replacement.name = node.name
+            nodes.append(replacement)
+            count += 1
+        else:
+            nodes.append(node)
+    count += _drop_dead(graph, nodes, keep)
+    return count
+
+
+def _drop_dead(graph, nodes, keep) -> int:
+    """Keep the nodes whose results reach a graph output (or that are in ``keep``)."""
+    needed = {value.name for value in graph.output}
+    alive = []
+    for node in reversed(nodes):
+        if node.op_type in keep or any(out in needed for out in node.output if out):
+            alive.append(node)
+            needed.update(consumed_names(node))
+    alive.reverse()
+    dropped = len(nodes) - len(alive)
+    del graph.node[:]
+    graph.node.extend(alive)
+    used = {name for node in alive for name in consumed_names(node)} | {v.name for v in graph.output} \
+        | {v.name for v in graph.input}
+    kept_inits = [init for init in graph.initializer if init.name in used]
+    if len(kept_inits) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept_inits)
+    return dropped
+
