@@ -433,3 +433,19 @@ def test_in_place_updates_of_buffers_and_inputs():
         assert torch.equal(acc_b, acc_e)
     assert bridged.module.count.item() == eager.count.item() == 3
     _close(bridged.module.lin.weight.grad, eager.lin.weight.grad, "grad")
+
+
+def test_ddp_over_ortmodule_matches_single_process(tmp_path):
+    """DistributedDataParallel(ORTModule(model)), 2 processes, gloo on 127.0.0.1: each rank's
+    half-batch gradients, averaged by DDP's hooks (fired by AccumulateGrad), equal one process
+    on the whole batch."""
+    torch = _torch()
+    out = tmp_path / "ddp.pt"
+    result = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "tests", "torch_ddp_worker.py"), str(out)],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, PYTHONPATH=REPO_ROOT))
+    assert result.returncode == 0, result.stderr[-4000:]
+    saved = torch.load(out)
+    assert saved["second_step_ok"]
+    for name, grad in saved["single"].items():
+        _close(saved["ddp"][name], grad, f"DDP grad {name}")
