@@ -111,6 +111,8 @@ class _Recorder(threading.local):
 
 
 _recorder = _Recorder()
+# traces patch torch.nn.functional (process-wide): one at a time
+_EXPORT_LOCK = threading.RLock()
 
 
 def _batch_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -186,6 +188,14 @@ class _Patched:
         self.saved: dict[str, Callable] = {}
 
     def __enter__(self) -> _Patched:
+        try:
+            self._patch()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _patch(self) -> None:
         for name, sub in self.module.named_modules():
             if isinstance(sub, nn.SyncBatchNorm) and sub.training:
                 raise OrtNotImplemented(f"ORTModule: SyncBatchNorm '{name}' in training mode is not supported")
@@ -217,7 +227,6 @@ class _Patched:
         _recorder.mask_index = 0
         _recorder.stats = []
         _recorder.stat_modules = []
-        return self
 
     def __exit__(self, *exc_info: Any) -> None:
         for sub in self.patched:
@@ -296,6 +305,11 @@ def _discover(module: nn.Module, state: dict[str, torch.Tensor], args: Any, kwar
 
 
 def _export(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version: int):
+    with _EXPORT_LOCK:
+        return _export_unlocked(module, args, kwargs, opset, ir_version)
+
+
+def _export_unlocked(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version: int):
     import onnx
 
     leaves: list[torch.Tensor] = []
@@ -535,7 +549,7 @@ class _ORTFunction(torch.autograd.Function):
         ctx.non_diff = non_diff
         ctx.grad_slots = grad_slots
         ctx.n_feeds = len(feeds)
-        ctx.output_meta = [(r.shape, r.dtype) for r in results]
+        ctx.output_meta = [(r.shape, r.dtype, r.device) for r in results]
         ctx.mark_non_differentiable(*[results[i] for i in non_diff])
         return results
 
@@ -552,8 +566,8 @@ class _ORTFunction(torch.autograd.Function):
             if index in non_diff:
                 continue
             if grad is None:
-                shape, dtype = ctx.output_meta[index]
-                grad = torch.zeros(shape, dtype=dtype)
+                shape, dtype, device = ctx.output_meta[index]
+                grad = torch.zeros(shape, dtype=dtype, device=device)
             grads.append(_to_ort(grad))
         fetches: list = []
         ctx.agent.run_backward(grads, fetches, state)
@@ -622,7 +636,7 @@ class ORTModule(nn.Module):
             # the export must not move torch's generators: the masks drawn below are then the
             # ones eager would draw from the same seed
             cuda = [device.index or 0] if device.type == "cuda" else []
-            with torch.random.fork_rng(devices=cuda):
+            with _EXPORT_LOCK, torch.random.fork_rng(devices=cuda):
                 info, layout = _export(module, args, kwargs, OPSET, IR_VERSION)
             graph = _Graph(info, layout, self, device)
             self._graphs[key] = graph

@@ -235,6 +235,11 @@ def test_transformer_encoder_layer_with_dropout():
     refused = ORTModule(torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True))
     with pytest.raises(OrtNotImplemented, match="MultiheadAttention"):
         refused(x)
+    # the refusal left the module as it was (no patched forward, torch.nn.functional restored)
+    assert all("forward" not in sub.__dict__ for sub in refused.modules())
+    assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"
+    refused.module.self_attn.dropout = 0.0
+    assert refused(x).shape == x.shape
     assert isinstance(OrtNotImplemented("x"), NotImplementedError)
 
 
