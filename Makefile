@@ -1,6 +1,7 @@
 # ortagent: every target sets itself up (virtual environments, packages) on a fresh machine.
 #   make test    build the extension and run the test suite (what .ci/run calls)
 #   make demo    train a small classifier end to end with TrainingAgent
+#   make demo-torch  train a small char-level GPT through ortagent.torch.ORTModule next to eager
 #   make bench   run the benchmarks side by side with onnxruntime and the C floor
 # Variables: PYTHON (interpreter for the venvs), ORT_PACKAGE (the onnxruntime wheel to test
 # against), TORCH=1 (also install torch's CPU build so the torch tests run), PYTEST_ARGS.
@@ -16,7 +17,7 @@ REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
 
-.PHONY: all test build venv refagent demo bench bench-quick fuzz asan dist-check clean
+.PHONY: all test build venv refagent demo demo-torch bench bench-quick fuzz asan dist-check clean
 
 all: test
 
@@ -97,6 +98,18 @@ demo: build
 		echo "installing the demo's packages: $(DEMO_PACKAGES)"; \
 		$(PY) -m pip install -q --disable-pip-version-check $(DEMO_PACKAGES); }
 	$(PY) demo/train_digits.py --out build/demo/digits_loss.png $(DEMO_ARGS)
+
+# A char-level GPT trained through ortagent.torch.ORTModule next to torch eager, on the source of
+# a standard-library module (nothing downloaded). Installs torch (CPU build) and onnxscript like
+# TORCH=1, and tqdm + matplotlib. DEMO_TORCH_ARGS passes options, e.g. DEMO_TORCH_ARGS="--steps 600".
+DEMO_TORCH_ARGS ?=
+
+demo-torch: TORCH := 1
+demo-torch: build
+	@$(PY) -c "import matplotlib, tqdm" 2>/dev/null || { \
+		echo "installing the demo's packages: matplotlib tqdm"; \
+		$(PY) -m pip install -q --disable-pip-version-check matplotlib tqdm; }
+	$(PY) demo/train_char_gpt.py --out build/demo/char_gpt_loss.png $(DEMO_TORCH_ARGS)
 
 # Build the sdist and wheel, check their contents, install the sdist into a fresh venv and run it.
 dist-check: build

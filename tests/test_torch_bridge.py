@@ -454,3 +454,16 @@ def test_ddp_over_ortmodule_matches_single_process(tmp_path):
     assert saved["second_step_ok"]
     for name, grad in saved["single"].items():
         _close(saved["ddp"][name], grad, f"DDP grad {name}")
+
+
+def test_char_gpt_demo_tracks_eager():
+    """demo/train_char_gpt.py (make demo-torch), a few steps: the bridge's loss curve is eager's."""
+    from conftest import load_file_module
+
+    demo = load_file_module("train_char_gpt", os.path.join(REPO_ROOT, "demo", "train_char_gpt.py"))
+    text = demo.load_text("textwrap")[:4000]
+    result = demo.train(text, steps=4, batch=4, ctx=16, d=32, layers=1)
+    assert len(result.bridge_losses) == len(result.eager_losses) == 4
+    for bridge, eager in zip(result.bridge_losses, result.eager_losses):
+        assert abs(bridge - eager) <= RTOL * abs(eager), (bridge, eager)
+    assert len(result.sample) == 60
