@@ -8,7 +8,9 @@
   any element become views -- a ``Transpose`` whose permutation moves only axes of size 1
   (onnx-ad's size-1 seed axis) becomes a ``Reshape``, an ``Expand`` to the shape its input has
   already becomes an ``Identity``, and a ``Transpose`` of a ``Transpose`` that undoes it becomes an
-  ``Identity`` of the original; nodes whose results nobody reads are dropped.
+  ``Identity`` of the original; nodes whose results nobody reads are dropped; one-element
+  operands of broadcasting operators get the rank of the result (``[..., 1] * [1]`` is ~100x
+  slower in onnxruntime's CPU kernels than ``[..., 1] * [1, ..., 1]``).
 
 Both need static shapes: they rewrite a node only where ONNX shape inference knows every
 dimension involved, and leave everything else alone. Values keep their names (consumers in
@@ -111,6 +113,7 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
     shapes = static_shapes(model, stand_ins)
     names = NameAllocator(all_value_names(graph))
     producers = {out: node for node in graph.node for out in node.output if out}
+    initializers = {init.name: init for init in graph.initializer}
     count = 0
     nodes = []
     for node in graph.node:
@@ -140,6 +143,8 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
                 shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
                 graph.initializer.append(init)
                 replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
+        if replacement is None and node.domain in ("", "ai.onnx") and node.op_type in _BROADCASTING:
+            count += _full_rank_scalars(node, shapes, names, graph, initializers, nodes)
         if replacement is not None:
             replacement.name = node.name
             nodes.append(replacement)
@@ -148,6 +153,41 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
             nodes.append(node)
     count += _drop_dead(graph, nodes, keep)
     return count
+
+
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where",
+                           "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"})
+
+
+def _full_rank_scalars(node, shapes, names, graph, initializers, nodes) -> int:
+    """Give one-element operands of a broadcasting node the rank of its result: onnxruntime's CPU
+    broadcasting is ~100x slower for ``[..., 1] * [1]`` (or a rank-0 scalar) than for
+    ``[..., 1] * [1, ..., 1]``, and onnx-ad's seed axis makes every gradient end in a 1. The
+    values are unchanged; a constant gets a reshaped copy, a computed value a Reshape view."""
+    ranks = [len(shapes[name]) for name in node.input if name in shapes]
+    if len(ranks) != len([name for name in node.input if name]) or not ranks:
+        return 0
+    rank = max(ranks)
+    changed = 0
+    for position, name in enumerate(node.input):
+        shape = shapes.get(name)
+        if shape is None or len(shape) >= rank or int(np.prod(shape)) != 1:
+            continue
+        if name in initializers:
+            new_name = names.fresh(f"{name}_rank{rank}")
+            array = numpy_helper.to_array(initializers[name]).reshape([1] * rank)
+            init = numpy_helper.from_array(array, new_name)
+            graph.initializer.append(init)
+            initializers[new_name] = init
+        else:
+            new_name = names.fresh(f"{name}_rank{rank}")
+            shape_name, init = _constant(names, "ortagent_view_shape", [1] * rank)
+            graph.initializer.append(init)
+            nodes.append(helper.make_node("Reshape", [name, shape_name], [new_name]))
+        shapes[new_name] = [1] * rank
+        node.input[position] = new_name
+        changed += 1
+    return changed
 
 
 def _drop_dead(graph, nodes, keep) -> int:
