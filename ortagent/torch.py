@@ -310,7 +310,13 @@ def _export(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version
 
 
 def _export_unlocked(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version: int):
+    import importlib.util
+
     import onnx
+
+    if importlib.util.find_spec("onnxscript") is None:
+        raise OrtNotImplemented("ORTModule exports with torch.onnx.export(dynamo=True), which needs the "
+                                "onnxscript package: pip install onnxscript (or ortagent[torch])")
 
     leaves: list[torch.Tensor] = []
     template = _flatten((tuple(args), dict(kwargs)), leaves, "an argument")
@@ -580,12 +586,15 @@ class _ORTFunction(torch.autograd.Function):
 
 # -- the module -------------------------------------------------------------------------------------
 
+_INNER = "_original_module"
+
+
 class ORTModule(nn.Module):
     """Run ``module``'s forward and backward in onnxruntime; see the module docstring.
 
     ``providers`` and ``session_options`` go to every session created (default: the CPU provider,
-    or the CUDA provider on the inputs' CUDA device). Parameters, buffers, ``state_dict`` and
-    ``load_state_dict`` are the wrapped module's own.
+    or the CUDA provider on the inputs' CUDA device). Parameters and buffers are the wrapped
+    module's own, and ``state_dict`` / ``load_state_dict`` use its keys.
     """
 
     def __init__(self, module: nn.Module, *, providers: Sequence[Any] | None = None,
@@ -596,6 +605,8 @@ class ORTModule(nn.Module):
             raise OrtInvalidArgument("the module is an ORTModule already")
         super().__init__()
         self._original_module = module
+        self.register_state_dict_post_hook(ORTModule._strip_prefix)
+        self.register_load_state_dict_pre_hook(ORTModule._add_prefix)
         self._providers = providers
         self._session_options = session_options
         self._graphs: dict[tuple, _Graph] = {}
@@ -605,11 +616,25 @@ class ORTModule(nn.Module):
         """The wrapped module."""
         return self._original_module
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._original_module.state_dict(*args, **kwargs)
+    # state_dict() and load_state_dict() use the wrapped module's keys (no "_original_module."),
+    # also when this ORTModule sits inside another module
+    @staticmethod
+    def _strip_prefix(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+        inner = prefix + _INNER + "."
+        items = list(state_dict.items())
+        state_dict.clear()
+        for key, value in items:
+            state_dict[prefix + key[len(inner):] if key.startswith(inner) else key] = value
 
-    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self._original_module.load_state_dict(*args, **kwargs)
+    @staticmethod
+    def _add_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+        inner = prefix + _INNER + "."
+        items = list(state_dict.items())
+        state_dict.clear()
+        for key, value in items:
+            if key.startswith(prefix) and not key.startswith(inner):
+                key = inner + key[len(prefix):]
+            state_dict[key] = value
 
     @property
     def exported_graphs(self) -> int:
