@@ -441,14 +441,16 @@ def _check_exported(model, training: bool) -> None:
 
 # -- the autograd function -------------------------------------------------------------------------
 
-def _to_ort(tensor: torch.Tensor):
+def _to_ort(tensor: torch.Tensor, stream: int | None = None):
+    """An OrtValue over the tensor's memory. For a CUDA tensor, ``stream`` is the stream
+    onnxruntime computes on: torch makes its pending work on the tensor visible to it."""
     from ortagent._dlpack import from_dlpack
 
     tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    if tensor.device.type == "cuda":
-        return from_dlpack(tensor, stream=torch.cuda.current_stream(tensor.device).cuda_stream)
+    if stream is not None and tensor.device.type == "cuda":
+        return from_dlpack(tensor, stream=stream)
     return from_dlpack(tensor)
 
 
@@ -467,14 +469,30 @@ class _Graph:
         self.session = None
         self.agents: dict[tuple, Any] = {}
         self.used = layout["used"]
+        # CUDA: onnxruntime computes on torch's current stream of the device (captured now), and
+        # torch orders its work on the tensors it hands over before that stream (DLPack's
+        # stream argument). With the caller's own providers the stream is not known: torch's
+        # current stream is synchronized before each run instead.
+        self.stream: int | None = None
+        if device.type == "cuda" and owner._providers is None:
+            self.stream = torch.cuda.current_stream(device).cuda_stream
 
     def _providers(self) -> list:
         if self.owner._providers is not None:
             return list(self.owner._providers)
         if self.device.type == "cuda":
-            return [("CUDAExecutionProvider", {"device_id": str(self.device.index or 0)}),
+            return [("CUDAExecutionProvider", {"device_id": str(self.device.index or 0),
+                                               "has_user_compute_stream": "1",
+                                               "user_compute_stream": str(self.stream)}),
                     "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
+
+    def before_run(self) -> None:
+        if self.device.type == "cuda" and self.stream is None:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def to_ort(self, tensor: torch.Tensor):
+        return _to_ort(tensor, self.stream)
 
     def _ort_device(self) -> str:
         return f"cuda:{self.device.index or 0}" if self.device.type == "cuda" else "cpu"
@@ -490,10 +508,11 @@ class _Graph:
     def run_inference(self, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
         session = self.inference_session()
         names = self.info["input_names"]
+        self.before_run()
         if self.device.type == "cuda":
             binding = session.io_binding()
             for name, tensor in zip(names, feeds):
-                binding.bind_ortvalue_input(name, _to_ort(tensor))
+                binding.bind_ortvalue_input(name, self.to_ort(tensor))
             for name in self.info["output_names"]:
                 binding.bind_output(name, "cuda", self.device.index or 0)
             session.run_with_iobinding(binding)
@@ -548,9 +567,12 @@ class _ORTFunction(torch.autograd.Function):
         agent, feed_order, non_diff, grad_slots = plan
         state = PartialGraphExecutionState()
         outputs: list = []
-        agent.run_forward([_to_ort(feeds[i]) for i in feed_order], outputs, state)
+        values = [graph.to_ort(feeds[i]) for i in feed_order]
+        graph.before_run()
+        agent.run_forward(values, outputs, state)
         results = tuple(_to_torch(value) for value in outputs)
         ctx.state = state
+        ctx.graph = graph
         ctx.agent = agent
         ctx.non_diff = non_diff
         ctx.grad_slots = grad_slots
@@ -574,8 +596,9 @@ class _ORTFunction(torch.autograd.Function):
             if grad is None:
                 shape, dtype, device = ctx.output_meta[index]
                 grad = torch.zeros(shape, dtype=dtype, device=device)
-            grads.append(_to_ort(grad))
+            grads.append(ctx.graph.to_ort(grad))
         fetches: list = []
+        ctx.graph.before_run()
         ctx.agent.run_backward(grads, fetches, state)
         ctx.state = None
         result: list = [None] * (2 + ctx.n_feeds)

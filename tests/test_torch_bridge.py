@@ -144,7 +144,7 @@ def _gpt_block_class():
 
 def _ce(out):
     torch = _torch()
-    target = torch.arange(out.shape[0]) % out.shape[-1]
+    target = torch.arange(out.shape[0], device=out.device) % out.shape[-1]
     return torch.nn.functional.cross_entropy(out, target)
 
 
@@ -190,8 +190,8 @@ def test_tensors_cross_without_copies(monkeypatch):
     fed, produced = [], []
     to_ort, to_torch = bridge._to_ort, bridge._to_torch
 
-    def spy_in(tensor):
-        value = to_ort(tensor)
+    def spy_in(tensor, *args):
+        value = to_ort(tensor, *args)
         if tensor.is_contiguous():     # out.sum()'s gradient is an expanded view: copied
             fed.append((tensor.data_ptr(), value.data_ptr()))
         return value
@@ -507,3 +507,18 @@ def test_char_gpt_demo_tracks_eager():
     for bridge, eager in zip(result.bridge_losses, result.eager_losses):
         assert abs(bridge - eager) <= RTOL * abs(eager), (bridge, eager)
     assert len(result.sample) == 60
+
+
+@pytest.mark.cuda
+def test_cuda_mlp_and_batchnorm_match_eager():
+    """The CUDA path (sessions on the inputs' device, onnxruntime computing on torch's current
+    stream): losses, gradients and running statistics against eager on the GPU."""
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    device = torch.device("cuda", 0)
+    gen = torch.Generator().manual_seed(2)
+    images = torch.randn(4, 3, 8, 8, generator=gen).to(device)
+    _compare(lambda: _cnn().to(device), lambda step: (images,), _ce, steps=2)
+    x = torch.randn(6, 20, generator=gen).to(device)
+    _compare(lambda: _mlp().to(device), lambda step: (x,), _ce)
