@@ -281,27 +281,28 @@ def export_forward_model(module: nn.Module, args: tuple = (), kwargs: dict | Non
 def _discover(module: nn.Module, state: dict[str, torch.Tensor], args: Any, kwargs: Any) -> list:
     """Run the module once with patched modules to learn the dropout calls (their order and input
     shapes) and to meet any refusal before the export. Tries meta tensors first (nothing is
-    computed, nothing is touched), then real ones under no_grad."""
-    def to_meta(value: Any) -> Any:
-        return value.to("meta") if isinstance(value, torch.Tensor) else value
+    computed, nothing is touched), then copies of the real ones under no_grad (so in-place
+    updates in the forward touch nothing of the caller's)."""
     leaves: list[torch.Tensor] = []
     template = _flatten((args, kwargs), leaves, "an argument")
-    for attempt in ("meta", "real"):
+    for kind in ("meta", "copy"):
         try:
             with _Patched(module, "discover"), torch.no_grad():
-                if attempt == "meta":
-                    meta_state = {name: to_meta(value) for name, value in state.items()}
-                    meta_args, meta_kwargs = _unflatten(template, [to_meta(leaf) for leaf in leaves])
-                    torch.func.functional_call(module, meta_state, tuple(meta_args), dict(meta_kwargs))
-                else:
-                    torch.func.functional_call(module, state, tuple(args), dict(kwargs))
+                traced_state = {name: _stand_in(value, kind) for name, value in state.items()}
+                traced_args, traced_kwargs = _unflatten(template, [_stand_in(leaf, kind) for leaf in leaves])
+                torch.func.functional_call(module, traced_state, tuple(traced_args), dict(traced_kwargs))
                 return list(_recorder.dropouts)
         except (OrtNotImplemented, OrtInvalidArgument):
             raise
         except Exception:
-            if attempt == "real":
+            if kind == "copy":
                 raise
     return []
+
+
+def _stand_in(tensor: torch.Tensor, kind: str) -> torch.Tensor:
+    """A tensor like ``tensor`` for a trace: on the meta device, or a detached copy."""
+    return tensor.detach().to("meta") if kind == "meta" else tensor.detach().clone()
 
 
 def _export(module: nn.Module, args: tuple, kwargs: dict, opset: int, ir_version: int):
@@ -330,8 +331,17 @@ def _export_unlocked(module: nn.Module, args: tuple, kwargs: dict, opset: int, i
         [f"dropout_mask_{i}" for i in range(len(masks))]
     flat = [leaf.detach() for leaf in leaves] + [value.detach() for value in state.values()] + masks
     # the output count is known only after a trace: one cheap traced call on meta tensors first
-    with _Patched(module, "export"), torch.no_grad():
-        functional(*[value.to("meta") for value in flat])
+    # (on copies when some operation has no meta kernel)
+    for kind in ("meta", "copy"):
+        try:
+            with _Patched(module, "export"), torch.no_grad():
+                functional(*[_stand_in(value, kind) for value in flat])
+            break
+        except (OrtNotImplemented, OrtInvalidArgument):
+            raise
+        except Exception:
+            if kind == "copy":
+                raise
     n_outputs = functional.n_outputs
     output_template = functional.output_template
     stat_modules = list(_recorder.stat_modules)
