@@ -21,19 +21,23 @@ Training semantics are decided before the export, never left to the exporter's d
   gradient, and ``running_mean``, ``running_var`` and ``num_batches_tracked`` are updated in
   the torch buffers with torch's rule (momentum, or the cumulative average when ``momentum``
   is None; the unbiased variance).
-* ``nn.Dropout`` in training mode is exported as ``x * mask``; the mask (0 or ``1/(1-p)``) is
-  an extra input drawn by torch's generator before each forward, in call order, the way torch
-  draws it on the CPU: under ``torch.manual_seed`` a CPU run draws the same masks as eager.
+* ``nn.Dropout``, ``F.dropout`` and ``scaled_dot_product_attention(dropout_p>0)`` (so also the
+  attention-weight dropout of ``nn.MultiheadAttention``, either path) in training mode are
+  exported as ``x * mask`` (attention: explicit softmax attention whose weights are masked);
+  the mask (0 or ``1/(1-p)``) is an extra input drawn by torch's generator before each forward,
+  in call order, the way torch draws it on the CPU (into ``empty_like(x)``): under
+  ``torch.manual_seed`` a CPU run draws the same masks as eager.
 * Anything the bridge cannot run faithfully is refused with :class:`~ortagent.OrtNotImplemented`
-  at the first call of a signature: dropout inside ``nn.MultiheadAttention`` or a functional
-  ``F.dropout`` / ``F.batch_norm`` / ``scaled_dot_product_attention(dropout_p>0)`` in training,
-  channel dropout modules, ``SyncBatchNorm``, instance norms with running statistics in
-  training, random operators or training-mode ``Dropout`` / ``BatchNormalization`` nodes left
-  in the exported graph, non-tensor outputs, double backward and ``retain_graph``.
+  at the first call of a signature: a functional ``F.batch_norm(training=True)``, channel and
+  alpha dropouts in training, ``SyncBatchNorm``, instance norms with running statistics in
+  training, grouped-query attention with dropout, random operators or training-mode
+  ``Dropout`` / ``BatchNormalization`` nodes left in the exported graph, in-place updates of
+  parameters, non-tensor outputs, double backward and ``retain_graph``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import types
 import warnings
@@ -138,23 +142,67 @@ def _batch_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def _dropout_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _dropout_site(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout of ``x`` as ``x * mask``, the mask an input of the exported graph. In discovery,
+    record the mask's shape, strides and dtype: torch draws into ``empty_like(x)``, which keeps
+    x's strides, and so does the bridge."""
     if _recorder.mode == "discover":
-        # torch draws into empty_like(x), which keeps x's strides: so does the mask
-        _recorder.dropouts.append((tuple(x.shape), torch.empty_like(x).stride(), x.dtype, float(self.p)))
+        _recorder.dropouts.append((tuple(x.shape), torch.empty_like(x).stride(), x.dtype, float(p)))
         return x
     mask = _recorder.masks[_recorder.mask_index]
     _recorder.mask_index += 1
     return x * mask
 
 
+def _dropout_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return _dropout_site(x, self.p)
+
+
+def _functional_dropout(original: Callable) -> Callable:
+    """``F.dropout`` in training mode (MultiheadAttention's attention weights with
+    ``need_weights=True``, user code) becomes a mask site; otherwise torch's own."""
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if training and p > 0:
+            return _dropout_site(input, p)
+        return original(input, p, training, inplace)
+    return dropout
+
+
+def _attention(original: Callable) -> Callable:
+    """``scaled_dot_product_attention`` with ``dropout_p > 0`` becomes explicit attention whose
+    weights are multiplied by a mask site ([..., L, S], drawn as torch's CPU math kernel draws
+    it); without dropout, torch's own."""
+    def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        if dropout_p <= 0:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa or query.shape[:-2] != key.shape[:-2]:
+            raise OrtNotImplemented("ORTModule: scaled_dot_product_attention with dropout needs query and "
+                                    "key of the same batch shape (no grouped-query attention)")
+        factor = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+        scores = (query @ key.transpose(-2, -1)) * factor
+        if is_causal:
+            causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+            scores = scores.masked_fill(~causal, float("-inf"))
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            else:
+                scores = scores + attn_mask
+        weights = _dropout_site(scores.softmax(dim=-1).contiguous(), dropout_p)
+        return weights @ value
+    return attention
+
+
 def _refusing(function: Callable, name: str, is_random: Callable[..., bool]) -> Callable:
     def guarded(*args: Any, **kwargs: Any) -> Any:
         if is_random(*args, **kwargs):
             raise OrtNotImplemented(
-                f"ORTModule: {name} in training mode is not supported outside nn.Dropout / "
-                "nn.BatchNorm modules (it would be exported with inference semantics or run "
-                "with another random generator); use the module, or set its probability to 0")
+                f"ORTModule: {name} in training mode is not supported (it would be exported with "
+                "inference semantics or run with another random generator); use nn.BatchNorm / "
+                "nn.Dropout modules or F.dropout")
         return function(*args, **kwargs)
     return guarded
 
@@ -166,15 +214,15 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any) -> Any:
 
 
 _FUNCTIONAL_GUARDS = {
-    "dropout": lambda *a, **k: bool(_arg(a, k, 2, "training", True)) and _arg(a, k, 1, "p", 0.5) > 0,
     "dropout1d": lambda *a, **k: bool(_arg(a, k, 2, "training", True)) and _arg(a, k, 1, "p", 0.5) > 0,
     "dropout2d": lambda *a, **k: bool(_arg(a, k, 2, "training", True)) and _arg(a, k, 1, "p", 0.5) > 0,
     "dropout3d": lambda *a, **k: bool(_arg(a, k, 2, "training", True)) and _arg(a, k, 1, "p", 0.5) > 0,
     "alpha_dropout": lambda *a, **k: bool(_arg(a, k, 2, "training", False)) and _arg(a, k, 1, "p", 0.5) > 0,
     "feature_alpha_dropout": lambda *a, **k: bool(_arg(a, k, 2, "training", False)) and _arg(a, k, 1, "p", 0.5) > 0,
     "batch_norm": lambda *a, **k: bool(_arg(a, k, 5, "training", False)),
-    "scaled_dot_product_attention": lambda *a, **k: _arg(a, k, 4, "dropout_p", 0.0) > 0,
 }
+# functional forms rewritten (not refused) during traces
+_FUNCTIONAL_REWRITES = {"dropout": _functional_dropout, "scaled_dot_product_attention": _attention}
 
 
 class _Patched:
@@ -209,11 +257,6 @@ class _Patched:
             elif isinstance(sub, nn.Dropout) and sub.training and sub.p > 0:
                 sub.forward = types.MethodType(_dropout_forward, sub)
                 self.patched.append(sub)
-            elif isinstance(sub, nn.MultiheadAttention) and sub.training and sub.dropout > 0:
-                raise OrtNotImplemented(
-                    f"ORTModule: nn.MultiheadAttention '{name}' has dropout={sub.dropout} in training "
-                    "mode; attention-weight dropout is not supported (set its .dropout to 0 or use "
-                    "eval mode)")
             elif isinstance(sub, _INSTANCE_NORMS) and sub.training and sub.track_running_stats:
                 raise OrtNotImplemented(
                     f"ORTModule: {type(sub).__name__} '{name}' with track_running_stats in training "
@@ -222,6 +265,10 @@ class _Patched:
             function = getattr(F, fname)
             self.saved[fname] = function
             setattr(F, fname, _refusing(function, f"torch.nn.functional.{fname}", is_random))
+        for fname, rewrite in _FUNCTIONAL_REWRITES.items():
+            function = getattr(F, fname)
+            self.saved[fname] = function
+            setattr(F, fname, rewrite(function))
         _recorder.mode = self.mode
         _recorder.dropouts = []
         _recorder.mask_index = 0

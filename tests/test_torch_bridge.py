@@ -251,29 +251,32 @@ def test_transformer_encoder_layer_no_dropout():
 
 
 def test_transformer_encoder_layer_with_dropout():
-    """Dropout modules (dropout, dropout1, dropout2) draw the same masks as eager under one
-    seed; attention-weight dropout (inside MultiheadAttention) is refused."""
+    """All three dropout modules and the attention-weight dropout (scaled_dot_product_attention's
+    dropout_p, inside MultiheadAttention) draw the same masks as eager under one seed."""
     torch = _torch()
-    from ortagent.errors import OrtNotImplemented
-    from ortagent.torch import ORTModule
 
     x = torch.randn(2, 5, 16)
-
-    def make():
-        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True)
-        layer.self_attn.dropout = 0.0
-        return layer
-
+    make = lambda: torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True)  # noqa: E731
     _compare(make, lambda step: (x,), lambda out: (out ** 2).mean(), steps=2)
-    refused = ORTModule(torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.2, batch_first=True))
-    with pytest.raises(OrtNotImplemented, match="MultiheadAttention"):
-        refused(x)
-    # the refusal left the module as it was (no patched forward, torch.nn.functional restored)
-    assert all("forward" not in sub.__dict__ for sub in refused.modules())
-    assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"
-    refused.module.self_attn.dropout = 0.0
-    assert refused(x).shape == x.shape
-    assert isinstance(OrtNotImplemented("x"), NotImplementedError)
+
+
+def test_functional_dropout_and_attention_weights():
+    """F.dropout in training mode (here MultiheadAttention's need_weights=True path, which drops
+    out the attention weights with it) is exported with a torch-drawn mask too."""
+    torch = _torch()
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(16, 2, dropout=0.3, batch_first=True)
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            out, weights = self.mha(x, x, x)
+            return torch.nn.functional.dropout(self.lin(out), 0.25, self.training), weights
+
+    x = torch.randn(2, 5, 16)
+    _compare(Attention, lambda step: (x,), lambda out: (out[0] ** 2).mean() + out[1].square().sum(), steps=2)
 
 
 def test_gpt_block_tied_head():
@@ -416,14 +419,6 @@ def test_refusals_are_clear():
     from ortagent.errors import OrtNotImplemented
     from ortagent.torch import ORTModule
 
-    class FunctionalDropout(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return torch.nn.functional.dropout(self.lin(x), 0.5, self.training)
-
     class FunctionalBatchNorm(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -434,15 +429,18 @@ def test_refusals_are_clear():
             return torch.nn.functional.batch_norm(x, None, None, self.w, self.b, training=True)
 
     x = torch.randn(3, 4)
-    with pytest.raises(OrtNotImplemented, match="functional.dropout"):
-        ORTModule(FunctionalDropout())(x)
     with pytest.raises(OrtNotImplemented, match="functional.batch_norm"):
         ORTModule(FunctionalBatchNorm())(x)
+    refused = ORTModule(torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Dropout2d(0.5)))
     with pytest.raises(OrtNotImplemented, match="Dropout2d"):
-        ORTModule(torch.nn.Sequential(torch.nn.Dropout2d(0.5)))(torch.randn(2, 3, 4, 4))
-    # eval mode: the functional dropout is the identity, the module exports
-    model = ORTModule(FunctionalDropout()).eval()
-    assert model(x).shape == (3, 4)
+        refused(torch.randn(2, 3, 4, 4))
+    assert isinstance(OrtNotImplemented("x"), NotImplementedError)
+    # the refusal left the module as it was (no patched forward, torch.nn.functional restored)
+    assert all("forward" not in sub.__dict__ for sub in refused.modules())
+    assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"
+    assert torch.nn.functional.batch_norm.__module__ == "torch.nn.functional"
+    refused.eval()
+    assert refused(torch.randn(2, 3, 4, 4)).shape == (2, 3, 4, 4)      # eval: nothing random
     model = ORTModule(torch.nn.Linear(4, 4))
     out = model(x)
     loss = out.sum()
