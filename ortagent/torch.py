@@ -667,6 +667,7 @@ class _ORTFunction(torch.autograd.Function):
 # -- the module -------------------------------------------------------------------------------------
 
 _INNER = "_original_module"
+_MANY_EXPORTS = 8          # warn once when this many input signatures have been exported
 
 
 class ORTModule(nn.Module):
@@ -745,6 +746,12 @@ class ORTModule(nn.Module):
                 info, layout = _export(module, args, kwargs, OPSET, IR_VERSION)
             graph = _Graph(info, layout, self, device)
             self._graphs[key] = graph
+            if len(self._graphs) == _MANY_EXPORTS:
+                warnings.warn(f"ORTModule has exported {_MANY_EXPORTS} graphs for "
+                              f"{type(module).__name__}: each new input shape (or dtype, device, "
+                              "non-tensor argument, training mode) exports and builds anew, and "
+                              "every graph stays cached; pad inputs to a few fixed shapes",
+                              RuntimeWarning, stacklevel=2)
         layout = graph.layout
         state = [value for _, value in module.named_parameters()] + [value for _, value in module.named_buffers()]
         masks = [self._draw_mask(shape, stride, dtype, p, graph.device)

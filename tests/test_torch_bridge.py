@@ -525,3 +525,18 @@ def test_cuda_mlp_and_batchnorm_match_eager():
     _compare(lambda: _cnn().to(device), lambda step: (images,), _ce, steps=2)
     x = torch.randn(6, 20, generator=gen).to(device)
     _compare(lambda: _mlp().to(device), lambda step: (x,), _ce)
+
+
+def test_many_input_shapes_warn_once(monkeypatch):
+    torch = _torch()
+    import ortagent.torch as bridge
+
+    monkeypatch.setattr(bridge, "_MANY_EXPORTS", 3)
+    model = bridge.ORTModule(torch.nn.Linear(3, 2))
+    with torch.no_grad():
+        model(torch.randn(1, 3))
+        model(torch.randn(2, 3))
+        with pytest.warns(RuntimeWarning, match="exported 3 graphs"):
+            model(torch.randn(3, 3))
+        model(torch.randn(1, 3))                # cached: no export, no warning
+    assert model.exported_graphs == 3
