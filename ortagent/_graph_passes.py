@@ -35,7 +35,7 @@ def static_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str,
     probe = ModelProto()
     probe.CopyFrom(model)
     if stand_ins:
-        nodes = []
+        nodes: list[onnx.NodeProto] = []
         for node in model.graph.node:
             nodes.extend(stand_ins.get(node.name, [node]) if node.name else [node])
         del probe.graph.node[:]
@@ -52,7 +52,7 @@ def static_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str,
             continue
         dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
         if all(dim is not None for dim in dims):
-            shapes[value.name] = [int(dim) for dim in dims]
+            shapes[value.name] = [int(dim or 0) for dim in dims]
     for init in graph.initializer:
         shapes[init.name] = list(init.dims)
     return shapes
@@ -115,7 +115,7 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
     producers = {out: node for node in graph.node for out in node.output if out}
     initializers = {init.name: init for init in graph.initializer}
     count = 0
-    nodes = []
+    nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         replacement = None
         if node.domain in ("", "ai.onnx") and node.op_type == "Transpose" and node.input[0] in shapes:
@@ -126,7 +126,7 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
             inner_perm = None
             if inner is not None and inner.op_type == "Transpose" and inner.domain in ("", "ai.onnx"):
                 inner_perm = next((list(a.ints) for a in inner.attribute if a.name == "perm"), None)
-            if inner_perm is not None and len(inner_perm) == len(perm) and \
+            if inner is not None and inner_perm is not None and len(inner_perm) == len(perm) and \
                     [inner_perm[axis] for axis in perm] == list(range(len(perm))):
                 replacement = helper.make_node("Identity", [inner.input[0]], list(node.output))
             elif _moves_only_unit_axes(in_shape, perm):

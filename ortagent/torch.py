@@ -119,7 +119,7 @@ _recorder = _Recorder()
 _EXPORT_LOCK = threading.RLock()
 
 
-def _batch_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _batch_norm_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     """BatchNorm with batch statistics, as explicit operations with exact gradients."""
     if x.dim() < 2:
         raise OrtInvalidArgument(f"BatchNorm expects an input of 2 or more dimensions, got {x.dim()}")
@@ -154,7 +154,7 @@ def _dropout_site(x: torch.Tensor, p: float) -> torch.Tensor:
     return x * mask
 
 
-def _dropout_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _dropout_forward(self: Any, x: torch.Tensor) -> torch.Tensor:
     return _dropout_site(x, self.p)
 
 
@@ -248,14 +248,14 @@ class _Patched:
             if isinstance(sub, nn.SyncBatchNorm) and sub.training:
                 raise OrtNotImplemented(f"ORTModule: SyncBatchNorm '{name}' in training mode is not supported")
             if isinstance(sub, _BATCH_NORMS) and (sub.training or not sub.track_running_stats):
-                sub.forward = types.MethodType(_batch_norm_forward, sub)
+                sub.forward = types.MethodType(_batch_norm_forward, sub)  # type: ignore[method-assign]
                 self.patched.append(sub)
             elif isinstance(sub, _CHANNEL_DROPOUTS) and sub.training and sub.p > 0:
                 raise OrtNotImplemented(
                     f"ORTModule: {type(sub).__name__} '{name}' in training mode is not supported "
                     "(only nn.Dropout is exported with a torch-drawn mask)")
             elif isinstance(sub, nn.Dropout) and sub.training and sub.p > 0:
-                sub.forward = types.MethodType(_dropout_forward, sub)
+                sub.forward = types.MethodType(_dropout_forward, sub)  # type: ignore[method-assign]
                 self.patched.append(sub)
             elif isinstance(sub, _INSTANCE_NORMS) and sub.training and sub.track_running_stats:
                 raise OrtNotImplemented(
@@ -407,6 +407,8 @@ def _export_unlocked(module: nn.Module, args: tuple, kwargs: dict, opset: int, i
     except Exception as exc:
         raise OrtNotImplemented(f"ORTModule: torch.onnx.export (dynamo) failed for "
                                 f"{type(module).__name__}: {type(exc).__name__}: {exc}") from exc
+    if program is None:
+        raise OrtNotImplemented(f"ORTModule: torch.onnx.export returned no program for {type(module).__name__}")
     model = program.model_proto
     model.ir_version = ir_version
     _check_exported(model, any(sub.training for sub in module.modules()))
@@ -523,7 +525,7 @@ class _Graph:
         self.layout = layout
         self.owner = owner
         self.device = device
-        self.session = None
+        self.session: Any = None
         self.agents: dict[tuple, Any] = {}
         self.used = layout["used"]
         # CUDA: onnxruntime computes on torch's current stream of the device (captured now), and
@@ -794,7 +796,7 @@ class ORTModule(nn.Module):
         return mask.bernoulli_(1 - p).div_(1 - p)
 
     @staticmethod
-    def _update_running_stats(modules: list[nn.Module], stats: Sequence[torch.Tensor]) -> None:
+    def _update_running_stats(modules: list[Any], stats: Sequence[torch.Tensor]) -> None:
         with torch.no_grad():
             for index, bn in enumerate(modules):
                 mean, var = stats[2 * index], stats[2 * index + 1]
