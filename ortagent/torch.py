@@ -372,7 +372,9 @@ def _export_unlocked(module: nn.Module, args: tuple, kwargs: dict, opset: int, i
     buffers = dict(module.named_buffers())
     state = {**params, **buffers}
     dropouts = _discover(module, state, args, kwargs)
-    masks = [torch.ones(shape, dtype=dtype) for shape, _, dtype, _ in dropouts]
+    devices = [leaf.device for leaf in leaves] + [value.device for value in state.values()]
+    device = devices[0] if devices else torch.device("cpu")
+    masks = [torch.ones(shape, dtype=dtype, device=device) for shape, _, dtype, _ in dropouts]
     functional = _Functional(module, template, len(leaves), list(state), len(masks))
     input_names = [f"input_{i}" for i in range(len(leaves))] + list(state) + \
         [f"dropout_mask_{i}" for i in range(len(masks))]
