@@ -10,7 +10,11 @@
   already becomes an ``Identity``, and a ``Transpose`` of a ``Transpose`` that undoes it becomes an
   ``Identity`` of the original; nodes whose results nobody reads are dropped; one-element
   operands of broadcasting operators get the rank of the result (``[..., 1] * [1]`` is ~100x
-  slower in onnxruntime's CPU kernels than ``[..., 1] * [1, ..., 1]``).
+  slower in onnxruntime's CPU kernels than ``[..., 1] * [1, ..., 1]``); a transposed matrix
+  product ``Transpose(Reshape(MatMul(A, B)))`` becomes ``Reshape(MatMul(B^T, A^T))``, the
+  operand transposes being what onnxruntime folds into ``FusedMatMul`` (the same sums, possibly
+  added in another order); a graph output reached through views only is written by the node
+  that computes it (onnxruntime would copy the view into the output).
 
 Both need static shapes: they rewrite a node only where ONNX shape inference knows every
 dimension involved, and leave everything else alone. Values keep their names (consumers in
@@ -105,10 +109,22 @@ def _moves_only_unit_axes(shape: list[int], perm: list[int]) -> bool:
     return kept == sorted(kept)
 
 
-def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset()) -> int:
+def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),
+                    rounds: int = 3) -> int:
     """Rewrite, in place, full-tensor copies that move no element into views (see the module
-    docstring) and drop dead nodes; returns the number of nodes rewritten or dropped. Nodes of
-    the op types in ``keep`` are never dropped."""
+    docstring) and drop dead nodes, for up to ``rounds`` rounds (a rewrite can enable another:
+    a Transpose that became a Reshape completes a transposed product); returns the number of
+    nodes rewritten or dropped. Nodes of the op types in ``keep`` are never dropped."""
+    total = 0
+    for _ in range(rounds):
+        changed = _simplify_round(model, stand_ins, keep)
+        total += changed
+        if not changed:
+            break
+    return total
+
+
+def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) -> int:
     graph = model.graph
     shapes = static_shapes(model, stand_ins)
     names = NameAllocator(all_value_names(graph))
@@ -116,8 +132,19 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
     initializers = {init.name: init for init in graph.initializer}
     count = 0
     nodes: list[onnx.NodeProto] = []
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in consumed_names(node):
+            uses[name] = uses.get(name, 0) + 1
+    for value in graph.output:
+        uses[value.name] = uses.get(value.name, 0) + 1
     for node in graph.node:
         replacement = None
+        product = _transposed_product(node, shapes, producers, uses, names, graph)
+        if product:
+            nodes.extend(product)
+            count += 1
+            continue
         if node.domain in ("", "ai.onnx") and node.op_type == "Transpose" and node.input[0] in shapes:
             in_shape = shapes[node.input[0]]
             perm = next((list(a.ints) for a in node.attribute if a.name == "perm"),
@@ -151,8 +178,112 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
             count += 1
         else:
             nodes.append(node)
+    count += _produce_outputs_directly(graph, nodes, shapes, keep)
     count += _drop_dead(graph, nodes, keep)
     return count
+
+
+_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
+
+
+def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset) -> int:
+    """A graph output reached from a computed value through view operators only (Reshape,
+    Squeeze, Unsqueeze, Identity, Flatten), each value read once, with the output's shape
+    already: the computing node writes the graph output itself and the views go. onnxruntime
+    copies a view into a graph output's buffer (a weight gradient, every step); this way
+    nothing is copied. Returns the number of view nodes removed."""
+    producers = {out: node for node in nodes for out in node.output if out}
+    uses: dict[str, int] = {}
+    for node in nodes:
+        for name in consumed_names(node):
+            uses[name] = uses.get(name, 0) + 1
+    outputs = [value.name for value in graph.output]
+    for name in outputs:
+        uses[name] = uses.get(name, 0) + 1
+    graph_inputs = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    removed: set[int] = set()
+    for name in outputs:
+        if outputs.count(name) != 1 or name not in shapes:
+            continue
+        chain = []
+        current = producers.get(name)
+        while current is not None and current.op_type in _VIEWS and current.domain in ("", "ai.onnx"):
+            chain.append(current)
+            source = current.input[0]
+            if uses.get(source) != 1 or source in graph_inputs or source in outputs:
+                chain = []
+                break
+            current = producers.get(source)
+        if not chain or current is None or current.op_type in keep or current.op_type in _VIEWS:
+            continue
+        source = chain[-1].input[0]
+        if shapes.get(source) != shapes[name] or any(id(node) in removed for node in chain):
+            continue
+        for position, out in enumerate(current.output):
+            if out == source:
+                current.output[position] = name
+        removed.update(id(node) for node in chain)
+    if removed:
+        nodes[:] = [node for node in nodes if id(node) not in removed]
+    return len(removed)
+
+
+def _perm(node) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def _transposed_product(node, shapes, producers, uses, names, graph) -> list | None:
+    """``Transpose(Reshape(MatMul(A, B)))`` that only swaps the product's two matrix axes
+    (moving axes of size 1 aside) becomes ``Reshape(MatMul(B^T, A^T))``: the product written in
+    the layout wanted (a weight gradient ``[N, K]`` rather than ``[K, N]`` then transposed).
+    The operand transposes are what onnxruntime folds into ``FusedMatMul``. Applies when the
+    MatMul and the Reshape feed nothing else and all leading axes are 1."""
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    reshape = producers.get(node.input[0])
+    if reshape is None or reshape.op_type != "Reshape" or uses.get(reshape.output[0]) != 1:
+        return None
+    matmul = producers.get(reshape.input[0])
+    if matmul is None or matmul.op_type != "MatMul" or uses.get(matmul.output[0]) != 1:
+        return None
+    a_name, b_name = matmul.input[0], matmul.input[1]
+    a_shape, b_shape = shapes.get(a_name), shapes.get(b_name)
+    m_shape, r_shape, t_shape = (shapes.get(matmul.output[0]), shapes.get(reshape.output[0]),
+                                 shapes.get(node.output[0]))
+    if None in (a_shape, b_shape, m_shape, r_shape, t_shape) or min(len(a_shape), len(b_shape)) < 2:
+        return None
+    if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + m_shape[:-2]):
+        return None
+    rows, cols = m_shape[-2], m_shape[-1]
+    if rows == 1 or cols == 1:
+        return None
+    big = [axis for axis, dim in enumerate(r_shape) if dim != 1]
+    if [r_shape[axis] for axis in big] != [rows, cols]:
+        return None
+    perm = _perm(node) or list(range(len(r_shape)))[::-1]
+    if [axis for axis in perm if r_shape[axis] != 1] != [big[1], big[0]]:
+        return None
+    made = []
+    operands = []
+    for name, shape in ((b_name, b_shape), (a_name, a_shape)):
+        if len(shape) > 2:          # leading axes of 1: the 2-D matrix, as a view
+            matrix = names.fresh(f"{name}_2d")
+            flat_name, flat_init = _constant(names, "ortagent_view_shape", shape[-2:])
+            graph.initializer.append(flat_init)
+            made.append(helper.make_node("Reshape", [name, flat_name], [matrix]))
+            shapes[matrix] = shape[-2:]
+            name = matrix
+        swapped = names.fresh(f"{name}_T")
+        made.append(helper.make_node("Transpose", [name], [swapped], perm=[1, 0]))
+        shapes[swapped] = shapes[name][::-1]
+        operands.append(swapped)
+    product = names.fresh(f"{node.output[0]}_product")
+    made.append(helper.make_node("MatMul", operands, [product], name=matmul.name))
+    shapes[product] = [cols, rows]
+    shape_name, init = _constant(names, "ortagent_view_shape", t_shape)
+    graph.initializer.append(init)
+    made.append(helper.make_node("Reshape", [product, shape_name], list(node.output), name=node.name))
+    return made
 
 
 _BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where",

@@ -312,3 +312,20 @@ def onnx_shape_inference(model):
     yield_op = _yield(model)
     stand_in = [helper.make_node("Identity", [i], [o]) for i, o in zip(yield_op.input, yield_op.output)]
     return static_shapes(model, {yield_op.name: stand_in})
+
+
+def test_weight_gradient_is_written_by_its_matmul():
+    """The weight gradient of ``x @ W`` comes out of one MatMul in W's layout: no Transpose of
+    the product, and no view copied into the graph output (the MatMul writes W_grad itself)."""
+    d = np.float32
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 5)).astype(d)
+    forward = tg.make_model([helper.make_node("MatMul", ["x", "W"], ["y"])], [tg.tensor("x", d, [3, 4])],
+                            [tg.tensor("y", d, [3, 5])], [numpy_helper.from_array(w, "W")], ms_domain=False)
+    model = build_training_graph(forward, ["W"])
+    producer = next(node for node in model.graph.node if "W_grad" in node.output)
+    assert producer.op_type == "MatMul"
+    x = rng.standard_normal((3, 4)).astype(d)
+    g = rng.standard_normal((3, 5)).astype(d)
+    (w_grad,) = tg.SplitRunner(split_training_graph(model)).run({"x": x, "W": w}, [g])[1]
+    np.testing.assert_allclose(w_grad, x.T @ g, rtol=1e-5, atol=1e-6)
