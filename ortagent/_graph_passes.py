@@ -178,7 +178,7 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) 
             count += 1
         else:
             nodes.append(node)
-    count += _produce_outputs_directly(graph, nodes, shapes, keep)
+    count += _produce_outputs_directly(graph, nodes, shapes, keep, names)
     count += _drop_dead(graph, nodes, keep)
     return count
 
@@ -186,12 +186,14 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) 
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
 
 
-def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset) -> int:
+def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset, names) -> int:
     """A graph output reached from a computed value through view operators only (Reshape,
     Squeeze, Unsqueeze, Identity, Flatten), each value read once, with the output's shape
     already: the computing node writes the graph output itself and the views go. onnxruntime
     copies a view into a graph output's buffer (a weight gradient, every step); this way
-    nothing is copied. Returns the number of view nodes removed."""
+    nothing is copied. A MatMul whose operands and result have only leading axes of 1 beyond
+    the output's two becomes a 2-D MatMul of views of its operands for this. Returns the
+    number of view nodes removed."""
     producers = {out: node for node in nodes for out in node.output if out}
     uses: dict[str, int] = {}
     for node in nodes:
@@ -217,8 +219,11 @@ def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset)
         if not chain or current is None or current.op_type in keep or current.op_type in _VIEWS:
             continue
         source = chain[-1].input[0]
-        if shapes.get(source) != shapes[name] or any(id(node) in removed for node in chain):
+        if any(id(node) in removed for node in chain):
             continue
+        if shapes.get(source) != shapes[name]:
+            if not _matmul_to_2d(current, shapes, shapes[name], nodes, names, graph):
+                continue
         for position, out in enumerate(current.output):
             if out == source:
                 current.output[position] = name
@@ -226,6 +231,31 @@ def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset)
     if removed:
         nodes[:] = [node for node in nodes if id(node) not in removed]
     return len(removed)
+
+
+def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, graph) -> bool:
+    """Make ``node`` (a MatMul whose operands and result have only leading axes of 1) a 2-D
+    MatMul of 2-D views of its operands, when its 2-D result has the shape ``wanted``."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        return False
+    a_shape, b_shape = shapes.get(node.input[0]), shapes.get(node.input[1])
+    out_shape = shapes.get(node.output[0])
+    if a_shape is None or b_shape is None or out_shape is None or min(len(a_shape), len(b_shape)) < 2:
+        return False
+    if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + out_shape[:-2]) or out_shape[-2:] != wanted:
+        return False
+    position = nodes.index(node)
+    for index, shape in enumerate((a_shape, b_shape)):
+        if len(shape) == 2:
+            continue
+        matrix = names.fresh(f"{node.input[index]}_2d")
+        shape_name, init = _constant(names, "ortagent_view_shape", shape[-2:])
+        graph.initializer.append(init)
+        nodes.insert(position, helper.make_node("Reshape", [node.input[index], shape_name], [matrix]))
+        position += 1
+        shapes[matrix] = shape[-2:]
+        node.input[index] = matrix
+    return True
 
 
 def _perm(node) -> list[int] | None:
