@@ -69,11 +69,14 @@ def build_training_graph(
     ``full_shape_outputs`` defaults to every module output index (the generated backward reads
     each output gradient directly, so each must have the output's full shape).
     ``ir_version`` overrides the forward model's IR version.
-    ``optimize`` (default True) applies two exact rewrites where shapes are static (see
+    ``optimize`` (default True) applies rewrites where shapes are static (see
     :mod:`ortagent._graph_passes`): batched MatMuls against 2-D weights are flattened to 2-D
-    before differentiation, and full-tensor copies along onnx-ad's size-1 seed axis
-    (Transpose/Expand that move no element) become Reshape/Identity views. Gradients are the
-    same either way; False gives onnx-ad's graph as generated.
+    before differentiation; after it, full-tensor copies along onnx-ad's size-1 seed axis
+    (Transpose/Expand that move no element) become Reshape/Identity views, one-element
+    operands of broadcasts get the result's rank, transposed weight-gradient products are
+    computed in the weight's layout and write the gradient output themselves. Gradients are
+    the same up to the order of floating-point additions; False gives onnx-ad's graph as
+    generated.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
