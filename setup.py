@@ -13,13 +13,22 @@ import numpy
 from Cython.Build import cythonize
 from Cython.Compiler import Options
 
-# Cython warnings are errors: an unused or uninitialised name in a .pyx stops the build.
+# Cython warnings are errors: an unused, possibly uninitialised or unreachable name in a .pyx
+# stops the build (see the warn.* directives below).
 Options.warning_errors = True
 from setuptools import Extension, setup
 
 MODULES = ["_runtime", "_values", "_session", "_device", "_dlpack", "_agent"]
 
-extra_compile_args = ["-O2", "-Wno-unused-function"] + shlex.split(os.environ.get("ORTAGENT_CFLAGS", ""))
+# The C warnings that mean a declaration is wrong are errors: a `.pxd` signature that disagrees
+# with the ABI header (include/ortagent/ort_abi.h) is an incompatible pointer type where the call
+# goes through the header's typed slot; an int passed as a pointer, an undeclared function or a
+# const dropped the same. (-Wno-unused-function: Cython emits helpers a module may not use.)
+STRICT_C_WARNINGS = ["-Werror=incompatible-pointer-types", "-Werror=int-conversion",
+                     "-Werror=implicit-function-declaration", "-Werror=discarded-qualifiers",
+                     "-Werror=return-type"]
+extra_compile_args = (["-O2", "-Wno-unused-function", *STRICT_C_WARNINGS]
+                      + shlex.split(os.environ.get("ORTAGENT_CFLAGS", "")))
 extra_link_args = shlex.split(os.environ.get("ORTAGENT_LDFLAGS", ""))
 
 extensions = [
@@ -35,7 +44,6 @@ extensions = [
         libraries=["dl"],
     )
     for name in MODULES
-    if os.path.exists(f"ortagent/{name}.pyx")
 ]
 
 setup(
@@ -46,13 +54,17 @@ setup(
             "embedsignature": True,
             "autotestdict": False,
             "binding": False,
-            "boundscheck": False,
-            "wraparound": False,
+            # Bounds checks and negative indexing stay on (Cython's defaults) everywhere: the
+            # hot paths index C arrays, which Cython never checks. Measured with callgrind,
+            # instructions per call counted inside the call: run() on Identity 13,862 with the
+            # checks on, 13,862 with them off globally; the agent's run of one half 31,366 on,
+            # 31,369 off. Should a function ever show a difference, turn them off there alone
+            # (@cython.boundscheck(False)).
             "cdivision": True,
             "warn.undeclared": False,
             "warn.unreachable": True,
-            "warn.maybe_uninitialized": False,
-            "warn.unused": False,
+            "warn.maybe_uninitialized": True,
+            "warn.unused": True,
         },
         include_path=["."],
     ),

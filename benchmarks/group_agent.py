@@ -3,8 +3,11 @@ TrainingAgent vs one run of the same graph without its YieldOp vs onnxruntime-tr
 own agent.
 
 Cases: the tiny graph ``out = x * w + bias`` (tests/training_graphs.py ``mul_add_case``,
-float32) and an MLP 784-512-10 at batch 64 (forward MatMul/Add/Relu/MatMul/Add, training graph
-from ``ortagent.training.build_training_graph``). Contenders per case, every round, random order:
+float32), an MLP 784-512-10 at batch 64 (forward MatMul/Add/Relu/MatMul/Add, training graph
+from ``ortagent.training.build_training_graph``), and two training graphs written by
+onnxruntime-training 1.19.2's own ORTModule graph builder (an MLP 784-512-10 and a transformer
+layer, benchmarks/models.py), whose training-only ops ortagent lowers to standard ops while the
+1.19.2 agent runs them with its training kernels. Contenders per case, every round, random order:
 
 * ortagent ``TrainingAgent``, state API: ``run_forward(feeds, fetches, state)`` then
   ``run_backward(grads, fetches, state)`` with a fresh ``PartialGraphExecutionState`` per step
@@ -39,7 +42,9 @@ MLP_SIZES = (64, 784, 512, 10)          # batch, in, hidden, out
 
 
 def mlp_training_graph(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The training graph and the parameters' initial values."""
+    """The training graph and the parameters' initial values (tests/training_graphs.py's MLP
+    forward, at MNIST's sizes)."""
+    import training_graphs
     from ortagent.training import build_training_graph
 
     batch, n_in, hidden, n_out = MLP_SIZES
@@ -50,13 +55,8 @@ def mlp_training_graph(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.nda
         numpy_helper.from_array((rng.standard_normal((hidden, n_out)) / np.sqrt(hidden)).astype(np.float32), "W2"),
         numpy_helper.from_array(np.zeros(n_out, np.float32), "b2"),
     ]
-    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h0"]),
-             helper.make_node("Add", ["h0", "b1"], ["h"]),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "W2"], ["z"]),
-             helper.make_node("Add", ["z", "b2"], ["logits"])]
     graph = helper.make_graph(
-        nodes, "mlp_784_512_10",
+        training_graphs.mlp_forward_nodes(argmax=False), "mlp_784_512_10",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, n_in])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, n_out])], inits)
     forward = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
@@ -118,7 +118,37 @@ def _cases(settings):
                  for n in mlp_inputs]
     mlp_grads = [rng.standard_normal((batch, n_out)).astype(np.float32)]
     return [("tiny", "x*w+bias", tiny.model, tiny_feeds, tiny_grads),
-            ("mlp", "MLP 784-512-10 b64", mlp, mlp_feeds, mlp_grads)]
+            ("mlp", "MLP 784-512-10 b64", mlp, mlp_feeds, mlp_grads), *_ortmodule_cases(settings)]
+
+
+ORTMODULE_CASES = (("om-mlp", "ORTModule MLP 784-512-10 b64", "ortmodule_mlp", "ORTMODULE_MLP_FEED"),
+                   ("om-layer", "ORTModule transformer layer d128 b8 s32", "transformer_layer",
+                    "TRANSFORMER_FEED"))
+
+
+def _ortmodule_cases(settings):
+    """Training graphs written by onnxruntime-training 1.19.2's ORTModule graph builder (training
+    ops: ReluGrad; LayerNormalizationGrad, SoftmaxGrad_13, GeluGrad, ConcatTraining), which
+    ortagent lowers to standard ops. Built in .venv-refagent; none without it."""
+    import models
+    from reference_agent.client import build_ortmodule_training_graph, reference_python
+
+    if reference_python() is None:
+        return []
+    rng = np.random.default_rng(settings.seed + 1)
+    cases = []
+    for tag, title, builder, feed_shape in ORTMODULE_CASES:
+        forward = getattr(models, builder)()
+        params = {i.name: numpy_helper.to_array(i) for i in forward.graph.initializer}
+        graph = build_ortmodule_training_graph(forward, list(params))
+        known = {"x": rng.standard_normal(getattr(models, feed_shape)).astype(np.float32), **params}
+        feeds = [np.ascontiguousarray(known[v.name]) for v in graph.graph.input]
+        output_shape = list(getattr(models, feed_shape))
+        if builder == "ortmodule_mlp":
+            output_shape[-1] = 10
+        grads = [rng.standard_normal(output_shape).astype(np.float32)]
+        cases.append((tag, title, graph, feeds, grads))
+    return cases
 
 
 def _strip_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -134,8 +164,13 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
     import ortagent
     from ortagent import OrtDevice, OrtValue, PartialGraphExecutionState, TrainingAgent
 
+    from ortagent.training_ops import lower_training_ops
+
+    # the agents get the graph as it is (an ORTModule graph is lowered inside); the plain
+    # sessions below and the C floor get its lowered form
     model = _strip_initializers(model)
     model_bytes = model.SerializeToString()
+    lowered = lower_training_ops(model)
     input_names = [v.name for v in model.graph.input]
     output_names = [v.name for v in model.graph.output]
     (yield_node,) = [n for n in model.graph.node if n.op_type == "YieldOp"]
@@ -168,7 +203,7 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
         _, run_id = agent.run_forward(binding, None)
         agent.run_backward(grad_values, run_id)
 
-    cut = cut_yield(model)
+    cut = cut_yield(lowered)
     cut_bytes = cut.SerializeToString()
     cut_inputs = [v.name for v in cut.graph.input]
     cut_outputs = [v.name for v in cut.graph.output]
@@ -330,5 +365,10 @@ def run(settings) -> Group:
             "the cut MLP graph runs slower than its two halves: with the whole graph in one "
             "session ORT's optimiser fuses the Transposes of the backward into FusedMatMul nodes "
             "that are slower here; the single run is not a lower bound for the step")
+    for tag, title, _, _ in ORTMODULE_CASES:
+        if f"{tag}/ref" in samples:
+            group.ratio_target(f"{tag}_vs_ref_agent",
+                               f"ortagent step on the lowered {title} graph <= 1.1x the 1.19.2 agent "
+                               "on the original", f"{tag}/oa-state", f"{tag}/ref", 1.1)
     group.seconds = time.perf_counter() - started
     return group

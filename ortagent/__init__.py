@@ -43,6 +43,7 @@ _LAZY = {
     # training
     "TrainingAgent": "ortagent.agent",
     "PartialGraphExecutionState": "ortagent.agent",
+    "lower_training_ops": "ortagent.training_ops",
 }
 
 __all__ = sorted([*_LAZY, *_error_names, "__version__"])
@@ -83,3 +84,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._values import from_dlpack as from_dlpack
     from ortagent.agent import PartialGraphExecutionState as PartialGraphExecutionState
     from ortagent.agent import TrainingAgent as TrainingAgent
+    from ortagent.training_ops import lower_training_ops as lower_training_ops

@@ -29,7 +29,10 @@ from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, tensor_for_feed,
     tensor_type_name, memory_kind_of,
 )
-from ortagent._session cimport InferenceSession, RunOptions
+from ortagent._session cimport (
+    InferenceSession, RunOptions, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
+    run_nogil, run_binding_nogil, end_run_call, check_run_status,
+)
 from ortagent._values import as_device
 from ortagent.errors import (
     OrtError, OrtInvalidArgument, OrtInvalidType, RunStateError, ObjectClosedError,
@@ -37,9 +40,6 @@ from ortagent.errors import (
 
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
-
-cdef enum:
-    STACK_SLOTS = 32
 
 cdef enum RunPhase:
     PHASE_NEW = 0           # not used yet
@@ -452,9 +452,9 @@ cdef int _hold_aliased_inputs(list outputs, ort.OrtValue** in_values, list holde
     """Outputs sharing a feed's buffer keep the feed's owner alive (see keep_aliased_feeds_alive);
     outputs written into the caller's own values are left alone."""
     cdef Py_ssize_t n_in = len(holders), j
-    cdef void* stack[STACK_SLOTS]
+    cdef void* stack[RUN_STACK_SLOTS]
     cdef void** in_data = stack
-    if n_in > STACK_SLOTS:
+    if n_in > RUN_STACK_SLOTS:
         in_data = <void**>malloc(n_in * sizeof(void*))
         if in_data == NULL:
             raise MemoryError()
@@ -471,114 +471,73 @@ cdef int _hold_aliased_inputs(list outputs, ort.OrtValue** in_values, list holde
             free(in_data)
 
 
-cdef int _end_interruptible(ort.OrtRunOptions* used, bint registered, ort.OrtStatus* status) except -1:
-    """interruptible_end; the run's status is released when a KeyboardInterrupt replaces it."""
-    try:
-        interruptible_end(used, registered)
-    except BaseException:
-        if status != NULL:
-            ort.ReleaseStatus(status)
-        raise
-    return 0
-
-
-cdef int _check_run(ort.OrtStatus* status, list feeds, char** input_names, int* input_types) except -1:
-    """check(status); when onnxruntime refuses a feed's type (its message does not name the
-    input), raise naming the OrtValue feed of the wrong type instead."""
-    if status == NULL:
-        return 0
-    cdef Py_ssize_t i
-    cdef OrtValue value
-    try:
-        check(status)
-    except OrtInvalidArgument as exc:
-        for i in range(len(feeds)):
-            if type(feeds[i]) is not OrtValue or input_types[i] < 0:
-                continue
-            value = feeds[i]
-            value.describe()
-            if value.is_tensor_value and value.elem_type != input_types[i]:
-                raise OrtInvalidArgument(
-                    f"input {input_names[i].decode()!r} expects {tensor_type_name(input_types[i])}, got an "
-                    f"OrtValue of {tensor_type_name(value.elem_type)}") from exc
-        raise
-    return 0
+cdef list _names(char** names, Py_ssize_t count):
+    return [names[i].decode() for i in range(count)]
 
 
 cdef list _run(InferenceSession session, char** input_names, list feeds, int* input_types,
                char** output_names, Py_ssize_t n_out, object preallocated, object run_options):
-    """OrtApi::Run over prepared names: outputs come back as OrtValues on the CPU (or written
-    into the caller's values given in `preallocated`)."""
+    """OrtApi::Run over prepared names (the session layer's run core): outputs come back as
+    OrtValues on the CPU (or written into the caller's values given in `preallocated`)."""
     cdef Py_ssize_t n_in = len(feeds), i, n_ready = 0
-    cdef ort.OrtValue* in_stack[STACK_SLOTS]
-    cdef char created_stack[STACK_SLOTS]
-    cdef ort.OrtValue* out_stack[STACK_SLOTS]
-    cdef ort.OrtValue** in_values = in_stack
-    cdef char* created = created_stack
-    cdef ort.OrtValue** out_values = out_stack
+    cdef RunStack stack
+    cdef RunArrays a
     cdef ort.OrtRunOptions* run_options_c = NULL
     cdef bint registered = False
     cdef ort.OrtStatus* status
-    cdef ort.OrtSession* handle
     cdef list keep = []
     cdef list holders = [None] * n_in      # what keeps each feed's memory alive
+    cdef list used = []                    # the caller's values this run reads or writes
     cdef Py_ssize_t kept
-    cdef OrtValue value
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
-    if n_in > STACK_SLOTS:
-        in_values = <ort.OrtValue**>malloc(n_in * sizeof(void*))
-        created = <char*>malloc(n_in)
-    if n_out > STACK_SLOTS:
-        out_values = <ort.OrtValue**>malloc(n_out * sizeof(void*))
+    a.heap = NULL
     session.begin_run()
     try:
-        if in_values == NULL or created == NULL or out_values == NULL:
-            raise MemoryError()
+        run_arrays_init(&a, &stack, n_in, n_out)
         for i in range(n_in):
+            a.in_names[i] = input_names[i]
             feed = feeds[i]
             if type(feed) is OrtValue:
-                (<OrtValue>feed).require_handle()
-                in_values[i] = (<OrtValue>feed).handle
-                created[i] = 0
+                (<OrtValue>feed).begin_use()            # close() waits for this run
+                used.append(feed)
+                a.in_values[i] = (<OrtValue>feed).handle
+                a.in_created[i] = 0
                 holders[i] = feed
             else:
                 kept = len(keep)
-                in_values[i] = tensor_for_feed(feed, input_names[i].decode(), input_types[i], keep)
-                created[i] = 1
+                a.in_values[i] = tensor_for_feed(feed, input_names[i].decode(), input_types[i], keep)
+                a.in_created[i] = 1
                 holders[i] = keep[len(keep) - 1] if len(keep) > kept else feed
             n_ready += 1
         for i in range(n_out):
-            out_values[i] = NULL
+            a.out_names[i] = output_names[i]
+            a.out_values[i] = NULL
             if preallocated is not None and preallocated[i] is not None \
                     and type(preallocated[i]) is OrtValue:
-                (<OrtValue>preallocated[i]).require_handle()
-                out_values[i] = (<OrtValue>preallocated[i]).handle
-        handle = session.handle
+                (<OrtValue>preallocated[i]).begin_use()
+                used.append(preallocated[i])
+                a.out_values[i] = (<OrtValue>preallocated[i]).handle
         run_options_c = interruptible_begin(run_options_c, &registered)
-        with nogil:
-            status = ort.Run(handle, run_options_c, <const char* const*>input_names,
-                             <const ort.OrtValue* const*>in_values, <size_t>n_in,
-                             <const char* const*>output_names, <size_t>n_out, out_values)
+        status = run_nogil(session.handle, run_options_c, &a, n_in, n_out)
         results = [None] * n_out
         for i in range(n_out):
             if preallocated is not None and type(preallocated[i]) is OrtValue:
                 results[i] = preallocated[i]
-            elif out_values[i] != NULL:
-                results[i] = wrap_value(out_values[i], session)
-        _end_interruptible(run_options_c, registered, status)
-        _check_run(status, feeds, input_names, input_types)
-        _hold_aliased_inputs(results, in_values, holders, session, preallocated)
+            elif a.out_values[i] != NULL:
+                results[i] = wrap_value(a.out_values[i], None, session)
+        end_run_call(run_options_c, registered, status)
+        if status != NULL:
+            check_run_status(status, session, _names(input_names, n_in), feeds)
+        _hold_aliased_inputs(results, a.in_values, holders, session, preallocated)
         return results
     finally:
         for i in range(n_ready):
-            if created[i]:
-                ort.ReleaseValue(in_values[i])
-        if in_values != in_stack:
-            free(in_values)
-            free(created)
-        if out_values != out_stack:
-            free(out_values)
+            if a.in_created[i]:
+                ort.ReleaseValue(a.in_values[i])
+        for value in used:
+            (<OrtValue>value).end_use()
+        run_arrays_release(&a)
         session.end_run()
 
 
@@ -606,10 +565,10 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     cdef ort.OrtRunOptions* run_options_c = NULL
     cdef bint registered = False
     cdef ort.OrtStatus* status
-    cdef ort.OrtSession* handle
     cdef list created = []
     cdef list bound = []            # the OrtValue bound for each feed
-    cdef ort.OrtValue* in_stack[STACK_SLOTS]
+    cdef list used = []             # the caller's values this run reads or writes
+    cdef ort.OrtValue* in_stack[RUN_STACK_SLOTS]
     cdef ort.OrtValue** in_values = in_stack
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
@@ -625,7 +584,8 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
                         f"input {input_names[i].decode()!r} expects {tensor_type_name(input_types[i])}, "
                         f"got {(<OrtValue>feed).data_type()}")
                 created.append(feed)
-            (<OrtValue>feed).require_handle()
+            (<OrtValue>feed).begin_use()                # close() waits for this run
+            used.append(feed)
             check(ort.BindInput(binding, input_names[i], (<OrtValue>feed).handle))
             bound.append(feed)
         # A name listed twice (a module output the backward also reads) is bound once, to the
@@ -640,18 +600,16 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             if isinstance(target, OrtDevice):
                 check(ort.BindOutputToDevice(binding, name, (<OrtDevice>target).memory_info()))
             else:
-                (<OrtValue>target).require_handle()
+                (<OrtValue>target).begin_use()
+                used.append(target)
                 check(ort.BindOutput(binding, name, (<OrtValue>target).handle))
-        handle = session.handle
         run_options_c = interruptible_begin(run_options_c, &registered)
-        with nogil:
-            status = ort.RunWithBinding(handle, run_options_c, binding)
-            if status == NULL:
-                status = ort.SynchronizeBoundOutputs(binding)
-        _end_interruptible(run_options_c, registered, status)
-        _check_run(status, feeds, input_names, input_types)
+        status = run_binding_nogil(session.handle, run_options_c, binding, True)
+        end_run_call(run_options_c, registered, status)
+        if status != NULL:
+            check_run_status(status, session, _names(input_names, len(feeds)), feeds)
         by_name = dict(zip(order, bound_output_values(binding, session)))
-        if len(bound) > STACK_SLOTS:
+        if len(bound) > RUN_STACK_SLOTS:
             in_values = <ort.OrtValue**>malloc(len(bound) * sizeof(void*))
             if in_values == NULL:
                 raise MemoryError()
@@ -674,4 +632,6 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             free(in_values)
         if binding != NULL:
             ort.ReleaseIoBinding(binding)
+        for value in used:
+            (<OrtValue>value).end_use()
         session.end_run()

@@ -12,10 +12,11 @@ Pinned memory is host memory and is copied with NumPy.
 
 cimport cython
 from ortagent cimport _capi as ort
+from ortagent._element_types cimport ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_ALLOCATOR
 from ortagent._values cimport (
     OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, value_to_numpy,
-    copy_tensors, ensure_numpy,
+    copy_tensors, ensure_numpy, allocate_with,
 )
 from ortagent._session cimport InferenceSession
 from ortagent._values import as_device, _element_type_from
@@ -45,6 +46,7 @@ def _identity_model(int elem_type):
 
 
 @cython.final
+@cython.no_gc_clear          # __dealloc__ releases the allocator before its session goes
 cdef class _Allocator:
     """An OrtAllocator created for a session; tensors it allocated keep it (and the session)
     alive, since onnxruntime only holds a plain pointer to it."""
@@ -105,11 +107,10 @@ def allocate(dims, int elem_type, OrtDevice device):
     """A new tensor allocated by onnxruntime on a CUDA device or in pinned host memory."""
     if device.kind not in (MEMORY_CUDA, MEMORY_CUDA_PINNED):
         raise OrtNotImplemented(f"ortagent cannot allocate on {device!r}")
-    if elem_type == 8:
+    if elem_type == ORTAGENT_ELEM_STRING:
         raise OrtInvalidArgument("string tensors live on the CPU only")
     cdef _Allocator allocator = _cuda_device(device.index).allocator_for(device)
-    from ortagent._values import _allocate_with_allocator_address
-    return _allocate_with_allocator_address(<size_t>allocator.handle, dims, elem_type, allocator)
+    return allocate_with(allocator.handle, list(dims), elem_type, allocator)
 
 
 cdef int _copy_with_binding(OrtValue source, OrtValue destination, int device_index) except -1:

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=True
+# cython: language_level=3
 """DLPack exchange for OrtValue: ``__dlpack__``, ``__dlpack_device__`` and ``from_dlpack``.
 
 Both directions are zero-copy and O(1): a capsule describes the value's own memory, and an
@@ -85,9 +85,10 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, strcmp, strncmp
 
 from ortagent cimport _capi as ort
+from ortagent._element_types cimport *
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_DLPACK_EXPORT
 from ortagent._values cimport (
-    OrtValue, OrtDevice, wrap_value, export_guard, value_to_numpy, copy_tensors,
+    OrtValue, OrtDevice, wrap_value, export_guard, value_to_numpy, copy_tensors, tensor_type_name,
     MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED,
 )
 
@@ -153,18 +154,8 @@ cdef extern from *:
 
 # ---- element types ---------------------------------------------------------------------------
 
-# ONNX element type -> DLPack (code, bits); bits 0: no DLPack 1.0 equivalent.
-cdef uint8_t _DL_CODE[24]
-cdef uint8_t _DL_BITS[24]
-# Byte size of each ONNX element type that DLPack can carry.
-cdef size_t _ITEM_SIZE[24]
-_ONNX_NAMES = {
-    1: "float", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    8: "string", 9: "bool", 10: "float16", 11: "double", 12: "uint32", 13: "uint64",
-    14: "complex64", 15: "complex128", 16: "bfloat16", 17: "float8e4m3fn",
-    18: "float8e4m3fnuz", 19: "float8e5m2", 20: "float8e5m2fnuz", 21: "uint4", 22: "int4",
-    23: "float4e2m1",
-}
+# The element types' DLPack codes, bits and sizes come from the one table
+# (include/ortagent/element_types.h, through ortagent._element_types).
 _DL_CODE_NAMES = {0: "kDLInt", 1: "kDLUInt", 2: "kDLFloat", 3: "kDLOpaqueHandle",
                   4: "kDLBfloat", 5: "kDLComplex", 6: "kDLBool"}
 _DL_DEVICE_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL", 7: "kDLVulkan",
@@ -172,51 +163,17 @@ _DL_DEVICE_NAMES = {1: "kDLCPU", 2: "kDLCUDA", 3: "kDLCUDAHost", 4: "kDLOpenCL",
                     13: "kDLCUDAManaged", 14: "kDLOneAPI", 15: "kDLWebGPU", 16: "kDLHexagon",
                     17: "kDLMAIA"}
 
-cdef void _map(int onnx_type, uint8_t code, uint8_t bits) noexcept:
-    _DL_CODE[onnx_type] = code
-    _DL_BITS[onnx_type] = bits
-    _ITEM_SIZE[onnx_type] = bits // 8
-
-cdef int _i
-for _i in range(24):
-    _DL_CODE[_i] = 0
-    _DL_BITS[_i] = 0
-    _ITEM_SIZE[_i] = 0
-_map(1, ORTAGENT_DL_FLOAT, 32)
-_map(2, ORTAGENT_DL_UINT, 8)
-_map(3, ORTAGENT_DL_INT, 8)
-_map(4, ORTAGENT_DL_UINT, 16)
-_map(5, ORTAGENT_DL_INT, 16)
-_map(6, ORTAGENT_DL_INT, 32)
-_map(7, ORTAGENT_DL_INT, 64)
-_map(9, ORTAGENT_DL_BOOL, 8)
-_map(10, ORTAGENT_DL_FLOAT, 16)
-_map(11, ORTAGENT_DL_FLOAT, 64)
-_map(12, ORTAGENT_DL_UINT, 32)
-_map(13, ORTAGENT_DL_UINT, 64)
-_map(14, ORTAGENT_DL_COMPLEX, 64)
-_map(15, ORTAGENT_DL_COMPLEX, 128)
-_map(16, ORTAGENT_DL_BFLOAT, 16)
-
 
 cdef inline int _onnx_type_for(ortagent_dl_data_type dtype) noexcept nogil:
     """The ONNX element type of a DLPack data type, -1 when ortagent has none for it."""
+    cdef int elem_type
+    cdef const ortagent_element_info* info
     if dtype.lanes != 1:
         return -1
-    if dtype.code == ORTAGENT_DL_FLOAT:
-        return 1 if dtype.bits == 32 else 11 if dtype.bits == 64 else 10 if dtype.bits == 16 else -1
-    if dtype.code == ORTAGENT_DL_INT:
-        return (7 if dtype.bits == 64 else 6 if dtype.bits == 32 else 5 if dtype.bits == 16
-                else 3 if dtype.bits == 8 else -1)
-    if dtype.code == ORTAGENT_DL_UINT:
-        return (13 if dtype.bits == 64 else 12 if dtype.bits == 32 else 4 if dtype.bits == 16
-                else 2 if dtype.bits == 8 else -1)
-    if dtype.code == ORTAGENT_DL_BOOL:
-        return 9 if dtype.bits == 8 else -1
-    if dtype.code == ORTAGENT_DL_BFLOAT:
-        return 16 if dtype.bits == 16 else -1
-    if dtype.code == ORTAGENT_DL_COMPLEX:
-        return 14 if dtype.bits == 64 else 15 if dtype.bits == 128 else -1
+    for elem_type in range(1, <int>ORTAGENT_ELEM_COUNT):
+        info = ortagent_element_info_of(elem_type)
+        if info.dl_bits != 0 and info.dl_bits == dtype.bits and info.dl_code == dtype.code:
+            return elem_type
     return -1
 
 
@@ -315,8 +272,9 @@ cdef object _new_capsule(void* data, int device_type, int device_id, int ndim,
     tensor.device.device_type = <ortagent_dl_device_type>device_type
     tensor.device.device_id = device_id
     tensor.ndim = ndim
-    tensor.dtype.code = _DL_CODE[elem_type]
-    tensor.dtype.bits = _DL_BITS[elem_type]
+    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
+    tensor.dtype.code = info.dl_code
+    tensor.dtype.bits = info.dl_bits
     tensor.dtype.lanes = 1
     tensor.shape = shape
     tensor.strides = strides
@@ -351,7 +309,7 @@ cdef inline size_t _byte_size(OrtValue value) noexcept:
     cdef int i
     for i in range(value.ndim):
         count *= <size_t>value.dims[i]
-    return count * _ITEM_SIZE[value.elem_type]
+    return count * <size_t>ortagent_element_info_of(value.elem_type).item_size
 
 
 cdef object _host_copy(OrtValue value, void** data):
@@ -362,8 +320,12 @@ cdef object _host_copy(OrtValue value, void** data):
     if buffer.data == NULL:
         raise MemoryError()
     if nbytes:
-        with nogil:
-            memcpy(buffer.data, value.data, nbytes)
+        value.begin_use()                # close() on another thread waits for the copy
+        try:
+            with nogil:
+                memcpy(buffer.data, value.data, nbytes)
+        finally:
+            value.end_use()
     data[0] = buffer.data
     return buffer
 
@@ -452,9 +414,9 @@ def export_value(value, *, stream=None, max_version=None, dl_device=None, copy=N
     cdef bint to_host = False
     cdef uint64_t flags = 0
     cdef void* data = v.data
-    if v.elem_type < 0 or v.elem_type >= 24 or _DL_BITS[v.elem_type] == 0:
-        raise DLPackError(f"tensor({_ONNX_NAMES.get(v.elem_type, v.elem_type)}) has no DLPack "
-                          "data type")
+    cdef const ortagent_element_info* info = ortagent_element_info_of(v.elem_type)
+    if info == NULL or info.dl_bits == 0:
+        raise DLPackError(f"{tensor_type_name(v.elem_type)} has no DLPack data type")
     _check_stream(stream, v.memory_kind)
     if max_version is not None:
         try:
@@ -668,7 +630,7 @@ cdef OrtValue _import_capsule(object capsule):
     if ndim < 0 or (ndim > 0 and tensor.shape == NULL):
         raise DLPackError(f"malformed DLPack tensor (ndim {ndim}, shape "
                           f"{'NULL' if tensor.shape == NULL else 'set'})")
-    cdef size_t item = _ITEM_SIZE[elem_type]
+    cdef size_t item = <size_t>ortagent_element_info_of(elem_type).item_size
     cdef size_t count = 1
     cdef int64_t expected = 1
     cdef bint empty = False
@@ -727,7 +689,7 @@ cdef OrtValue _import_capsule(object capsule):
     holder.versioned = versioned
     cdef OrtValue value
     try:
-        value = wrap_value(handle, holder)
+        value = wrap_value(handle, holder, None)
     except BaseException:
         ort.ReleaseValue(handle)
         raise

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=True
+# cython: language_level=3
 """The loaded onnxruntime: finding and dlopen-ing the library, API version negotiation, the one
 process-wide OrtEnv, the status checker and the live-handle counters.
 
@@ -272,7 +272,6 @@ def get_available_providers():
     ensure_loaded()
     cdef char** names = NULL
     cdef int count = 0
-    cdef int i
     check(ort.GetAvailableProviders(&names, &count))
     try:
         return [names[i].decode() for i in range(count)]

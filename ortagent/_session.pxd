@@ -14,6 +14,57 @@ cdef struct FixedOutput:
     int64_t dims[MAX_INLINE_DIMS]
 
 
+cdef enum:
+    # The one stack-size constant: a run with up to this many inputs and as many outputs keeps
+    # its C arrays on the stack (RunStack); a larger one makes one heap allocation.
+    RUN_STACK_SLOTS = 16
+
+
+# A run's C arrays, per input and per output, in one place: on the stack for small runs,
+# else one heap block (`heap`). run_arrays_init sets them up, run_arrays_release frees them.
+cdef struct RunArrays:
+    const char** in_names
+    ort.OrtValue** in_values
+    Py_ssize_t* in_created         # per input: what the run did for it (FEED_* in _session.pyx)
+    PyObject** in_refs             # a reference of ours to each feed while the GIL is released
+    void** in_data                 # each feed tensor's data pointer (to spot outputs aliasing it)
+    PyObject** in_holders          # what owns each feed's memory
+    const char** out_names
+    ort.OrtValue** out_values
+    Py_ssize_t* out_positions      # per requested output: its position in the model
+    PyObject** out_arrays          # per output: the NumPy array written into, or NULL
+    void* heap
+
+
+cdef struct RunStack:
+    const char* in_names[RUN_STACK_SLOTS]
+    ort.OrtValue* in_values[RUN_STACK_SLOTS]
+    Py_ssize_t in_created[RUN_STACK_SLOTS]
+    PyObject* in_refs[RUN_STACK_SLOTS]
+    void* in_data[RUN_STACK_SLOTS]
+    PyObject* in_holders[RUN_STACK_SLOTS]
+    const char* out_names[RUN_STACK_SLOTS]
+    ort.OrtValue* out_values[RUN_STACK_SLOTS]
+    Py_ssize_t out_positions[RUN_STACK_SLOTS]
+    PyObject* out_arrays[RUN_STACK_SLOTS]
+
+
+cdef int run_arrays_init(RunArrays* arrays, RunStack* stack, Py_ssize_t n_in, Py_ssize_t n_out) except -1
+cdef void run_arrays_release(RunArrays* arrays) noexcept
+# OrtApi::Run with the GIL released, between interruptible_begin and end_run_call.
+cdef ort.OrtStatus* run_nogil(ort.OrtSession* session, ort.OrtRunOptions* options, RunArrays* arrays,
+                              Py_ssize_t n_in, Py_ssize_t n_out) noexcept
+# OrtApi::RunWithBinding with the GIL released (then SynchronizeBoundOutputs when asked).
+cdef ort.OrtStatus* run_binding_nogil(ort.OrtSession* session, ort.OrtRunOptions* options,
+                                      ort.OrtIoBinding* binding, bint synchronize) noexcept
+# After a run: Ctrl-C handling (interruptible_end), releasing `status` if that raises.
+cdef int end_run_call(ort.OrtRunOptions* used, bint registered, ort.OrtStatus* status) except -1
+# check(status); where onnxruntime refuses an OrtValue feed's type without naming the input,
+# raise naming it (`names` and `feeds`: the feeds given, in any order).
+cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, object names,
+                          object feeds) except -1
+
+
 cdef class SessionOptions:
     cdef object __weakref__
     cdef ort.OrtSessionOptions* handle
@@ -97,7 +148,12 @@ cdef class IOBinding:
     cdef bint outputs_stale                     # re-bind device outputs before the next run
     cdef bint inputs_verified                   # every required input is bound
     cdef bint outputs_unsynchronized            # last run disabled the end-of-run device sync
+    cdef Py_ssize_t runs_in_flight              # changed with the GIL held
+    cdef bint close_pending                     # close() asked for while a run was in flight
     cdef int require_open(self) except -1
+    cdef list begin_run(self)
+    cdef void end_run(self, list used) noexcept
+    cdef void _release(self) noexcept
     cdef bytes _input_name(self, object name)
     cdef bytes _output_name(self, object name)
     cdef _remember_output(self, _BoundOutput bound)

@@ -42,7 +42,6 @@ ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
 
 cdef enum:
-    STACK_NAMES = 16
     # Outputs larger than this are left to onnxruntime even when their shape is fixed. A new
     # NumPy array of a few MiB or more is a fresh mmap whose pages fault in on every run
     # (64 MiB: 10.4 ms a run against 4.7 ms with onnxruntime's arena reusing its memory);
@@ -475,9 +474,9 @@ cdef str _take_string(char* text, ort.OrtAllocator* allocator):
 
 
 cdef object _node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out):
-    cdef ort.ONNXType onnx_type
+    cdef ort.ONNXType onnx_type = ort.ONNX_TYPE_UNKNOWN
     cdef const ort.OrtTensorTypeAndShapeInfo* tensor_info = NULL
-    cdef ort.ONNXTensorElementDataType elem
+    cdef ort.ONNXTensorElementDataType elem = ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
     cdef size_t count = 0, i
     cdef int64_t* dims = NULL
     cdef const char** symbolic = NULL
@@ -547,6 +546,14 @@ _GENERIC_PROVIDER_NAMES = {
 }
 
 
+def _settings_for(list requested, str name):
+    """The options of the first provider called `name` in `requested` ([(name, options)]), or {}."""
+    for provider, settings in requested:
+        if provider == name:
+            return settings
+    return {}
+
+
 def _normalise_providers(providers, provider_options):
     """[(name, {str: str})] from onnxruntime's accepted spellings."""
     if providers is None:
@@ -566,7 +573,7 @@ def _normalise_providers(providers, provider_options):
         if len(provider_options) != len(providers):
             raise OrtInvalidArgument(f"{len(providers)} providers but {len(provider_options)} "
                                      "provider_options entries")
-        if any(not isinstance(p, str) for p in providers):
+        if any([not isinstance(p, str) for p in providers]):
             raise OrtInvalidArgument("when provider_options is given, providers must be names only")
     result = []
     for i, entry in enumerate(providers):
@@ -581,7 +588,7 @@ def _normalise_providers(providers, provider_options):
             options = {}
         if not isinstance(options, dict):
             raise OrtInvalidType(f"options of {name} must be a dict, got {type(options).__name__}")
-        if any(n == name for n, _ in result):
+        if any([n == name for n, _ in result]):
             raise OrtInvalidArgument(f"provider {name} is listed twice")
         result.append((name, {str(k): _option_text(v) for k, v in options.items()}))
     return result
@@ -700,9 +707,100 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested):
         except Exception as exc:
             raise ProviderError(f"cannot use execution provider {name}: {exc}") from exc
         registered.append((name, settings))
-    cpu_settings = next((s for n, s in requested if n == _CPU), {})
+    cpu_settings = _settings_for(requested, _CPU)
     registered.append((_CPU, cpu_settings))
     return registered
+
+
+# ---- the run core (shared by InferenceSession, IOBinding and the agent engine) ----------------------
+
+cdef int run_arrays_init(RunArrays* arrays, RunStack* stack, Py_ssize_t n_in, Py_ssize_t n_out) except -1:
+    arrays.heap = NULL
+    if n_in <= RUN_STACK_SLOTS and n_out <= RUN_STACK_SLOTS:
+        arrays.in_names = stack.in_names
+        arrays.in_values = stack.in_values
+        arrays.in_created = stack.in_created
+        arrays.in_refs = stack.in_refs
+        arrays.in_data = stack.in_data
+        arrays.in_holders = stack.in_holders
+        arrays.out_names = stack.out_names
+        arrays.out_values = stack.out_values
+        arrays.out_positions = stack.out_positions
+        arrays.out_arrays = stack.out_arrays
+        return 0
+    # every array holds pointer-sized items: carve them from one block
+    cdef size_t n_i = <size_t>max(n_in, 1), n_o = <size_t>max(n_out, 1)
+    cdef char** block = <char**>malloc((6 * n_i + 4 * n_o) * sizeof(void*))
+    if block == NULL:
+        raise MemoryError()
+    arrays.heap = block
+    arrays.in_names = <const char**>block
+    arrays.in_values = <ort.OrtValue**>(block + n_i)
+    arrays.in_created = <Py_ssize_t*>(block + 2 * n_i)
+    arrays.in_refs = <PyObject**>(block + 3 * n_i)
+    arrays.in_data = <void**>(block + 4 * n_i)
+    arrays.in_holders = <PyObject**>(block + 5 * n_i)
+    arrays.out_names = <const char**>(block + 6 * n_i)
+    arrays.out_values = <ort.OrtValue**>(block + 6 * n_i + n_o)
+    arrays.out_positions = <Py_ssize_t*>(block + 6 * n_i + 2 * n_o)
+    arrays.out_arrays = <PyObject**>(block + 6 * n_i + 3 * n_o)
+    return 0
+
+
+cdef void run_arrays_release(RunArrays* arrays) noexcept:
+    free(arrays.heap)
+    arrays.heap = NULL
+
+
+cdef ort.OrtStatus* run_nogil(ort.OrtSession* session, ort.OrtRunOptions* options, RunArrays* arrays,
+                              Py_ssize_t n_in, Py_ssize_t n_out) noexcept:
+    cdef ort.OrtStatus* status
+    with nogil:
+        status = ort.Run(session, options, arrays.in_names, <const ort.OrtValue* const*>arrays.in_values,
+                         <size_t>n_in, arrays.out_names, <size_t>n_out, arrays.out_values)
+    return status
+
+
+cdef ort.OrtStatus* run_binding_nogil(ort.OrtSession* session, ort.OrtRunOptions* options,
+                                      ort.OrtIoBinding* binding, bint synchronize) noexcept:
+    cdef ort.OrtStatus* status
+    with nogil:
+        status = ort.RunWithBinding(session, options, binding)
+        if status == NULL and synchronize:
+            status = ort.SynchronizeBoundOutputs(binding)
+    return status
+
+
+cdef int end_run_call(ort.OrtRunOptions* used, bint registered, ort.OrtStatus* status) except -1:
+    try:
+        interruptible_end(used, registered)
+    except BaseException:
+        if status != NULL:
+            ort.ReleaseStatus(status)
+        raise
+    return 0
+
+
+cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, object names,
+                          object feeds) except -1:
+    if status == NULL:
+        return 0
+    cdef OrtValue value
+    try:
+        check(status)
+    except OrtInvalidArgument as exc:
+        for name, feed in zip(names, feeds):
+            position = session.input_index.get(name)
+            if type(feed) is not OrtValue or position is None:
+                continue
+            value = feed
+            value.describe()
+            expected = session.input_elem_types[<Py_ssize_t>position]
+            if expected >= 0 and value.is_tensor_value and value.elem_type != expected:
+                raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got an "
+                                         f"OrtValue of {tensor_type_name(value.elem_type)}") from exc
+        raise
+    return 0
 
 
 # ---- InferenceSession ----------------------------------------------------------------------------
@@ -766,7 +864,7 @@ cdef class InferenceSession:
         cdef size_t data_len
         cdef ort.OrtStatus* status
         try:
-            cpu_settings = next((s for n, s in requested if n == _CPU), {})
+            cpu_settings = _settings_for(requested, _CPU)
             if cpu_settings.get("use_arena") in ("0", "False", "false"):
                 check(ort.DisableCpuMemArena(options))
             registered = _configure_providers(options, requested)
@@ -1093,63 +1191,27 @@ cdef class InferenceSession:
                 raise OrtInvalidType(f"output_names must be a list of names or None, got "
                                      f"{type(output_names).__name__}") from None
         cdef Py_ssize_t n_out_capacity = self.n_outputs if output_names is None else len(output_names)
-        cdef const char* in_names_stack[STACK_NAMES]
-        cdef ort.OrtValue* in_values_stack[STACK_NAMES]
-        cdef Py_ssize_t in_created_stack[STACK_NAMES]
-        cdef PyObject* in_refs_stack[STACK_NAMES]
-        cdef const char* out_names_stack[STACK_NAMES]
-        cdef ort.OrtValue* out_values_stack[STACK_NAMES]
-        cdef Py_ssize_t out_positions_stack[STACK_NAMES]
-        # per requested output: the NumPy array onnxruntime writes it into (a reference of
-        # ours), or NULL where onnxruntime allocates the output itself
-        cdef PyObject* out_arrays_stack[STACK_NAMES]
-        cdef const char** in_names = in_names_stack
-        cdef ort.OrtValue** in_values = in_values_stack
-        cdef Py_ssize_t* in_created = in_created_stack
-        cdef PyObject** in_refs = in_refs_stack
-        cdef void* in_data_stack[STACK_NAMES]
-        cdef void** in_data = in_data_stack
-        cdef PyObject* in_holders_stack[STACK_NAMES]
-        cdef PyObject** in_holders = in_holders_stack
+        cdef RunStack stack
+        cdef RunArrays a
         cdef object item_object
         cdef Py_ssize_t kept
         cdef bint from_cache = False
         cdef bint registered = False
-        cdef const char** out_names = out_names_stack
-        cdef ort.OrtValue** out_values = out_values_stack
-        cdef Py_ssize_t* out_positions = out_positions_stack
-        cdef PyObject** out_arrays = out_arrays_stack
         cdef Py_ssize_t n_preallocated = 0
         cdef FixedOutput* fixed
         cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
         cdef ort.OrtStatus* status = NULL
-        cdef ort.OrtSession* session
-        cdef PyObject* key
-        cdef PyObject* item
+        cdef PyObject* key = NULL
+        cdef PyObject* item = NULL
         cdef PyObject* position
         cdef list keep = None
         cdef list results
         cdef OrtValue value
 
         self.begin_run()
+        a.heap = NULL
         try:
-            if n_in > STACK_NAMES:
-                in_names = <const char**>malloc(n_in * sizeof(char*))
-                in_values = <ort.OrtValue**>malloc(n_in * sizeof(ort.OrtValue*))
-                in_created = <Py_ssize_t*>malloc(n_in * sizeof(Py_ssize_t))
-                in_refs = <PyObject**>malloc(n_in * sizeof(PyObject*))
-                in_data = <void**>malloc(n_in * sizeof(void*))
-                in_holders = <PyObject**>malloc(n_in * sizeof(PyObject*))
-                if (in_names == NULL or in_values == NULL or in_created == NULL or in_refs == NULL
-                        or in_data == NULL or in_holders == NULL):
-                    raise MemoryError()
-            if n_out_capacity > STACK_NAMES:
-                out_names = <const char**>malloc(n_out_capacity * sizeof(char*))
-                out_values = <ort.OrtValue**>malloc(n_out_capacity * sizeof(ort.OrtValue*))
-                out_positions = <Py_ssize_t*>malloc(n_out_capacity * sizeof(Py_ssize_t))
-                out_arrays = <PyObject**>malloc(n_out_capacity * sizeof(PyObject*))
-                if out_names == NULL or out_values == NULL or out_positions == NULL or out_arrays == NULL:
-                    raise MemoryError()
+            run_arrays_init(&a, &stack, n_in, n_out_capacity)
             # Every feed is held by a reference of ours while the GIL is released, so another
             # thread changing the caller's dict cannot free an array ORT is reading.
             while n_ready < n_in and PyDict_Next(input_feed, &cursor, &key, &item):
@@ -1170,45 +1232,42 @@ cdef class InferenceSession:
                         self.feed_key_positions[n_ready] = i
                 if i < self.n_inputs:
                     n_required += 1
-                in_names[n_ready] = self.input_names_c[i]
+                a.in_names[n_ready] = self.input_names_c[i]
                 Py_INCREF(<object>item)
-                in_refs[n_held] = item
+                a.in_refs[n_held] = item
                 n_held += 1
                 if type(<object>item) is OrtValue:
-                    (<OrtValue>item).require_handle()
-                    in_values[n_ready] = (<OrtValue>item).handle
-                    in_created[n_ready] = FEED_BORROWED
-                    in_holders[n_ready] = item
+                    (<OrtValue>item).begin_use()        # close() waits for this run
+                    a.in_values[n_ready] = (<OrtValue>item).handle
+                    a.in_created[n_ready] = FEED_BORROWED
+                    a.in_holders[n_ready] = item
                 else:
                     if keep is None:
                         keep = []
                     kept = len(keep)
-                    in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
-                                                   self.input_elem_types[i], keep, &from_cache)
-                    in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
+                    a.in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
+                                                     self.input_elem_types[i], keep, &from_cache)
+                    a.in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
                     # what owns the memory the tensor describes: the array, or its copy (kept
                     # alive by `keep` until this call returns)
-                    in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
+                    a.in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
                 n_ready += 1
             if n_required < self.n_inputs:
                 self._raise_missing_inputs(input_feed)
-            n_out = self.output_positions(output_names, out_names, out_positions, n_out_capacity)
+            n_out = self.output_positions(output_names, a.out_names, a.out_positions, n_out_capacity)
             for i in range(n_out):
-                out_values[i] = NULL
-                out_arrays[i] = NULL
+                a.out_values[i] = NULL
+                a.out_arrays[i] = NULL
             if as_numpy and self.cpu_only and self.preallocate_outputs:
-                n_preallocated = self._preallocate_outputs(out_positions, n_out, output_names is None,
-                                                           out_values, out_arrays)
-            session = self.handle
+                n_preallocated = self._preallocate_outputs(a.out_positions, n_out, output_names is None,
+                                                           a.out_values, a.out_arrays)
             run_options_c = interruptible_begin(run_options_c, &registered)
-            with nogil:
-                status = ort.Run(session, run_options_c, in_names, <const ort.OrtValue* const*>in_values,
-                                 <size_t>n_ready, out_names, <size_t>n_out, out_values)
+            status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
             if n_preallocated > 0:
                 for i in range(n_out):
-                    if out_arrays[i] != NULL:
-                        ort.ReleaseValue(out_values[i])
-                        out_values[i] = NULL
+                    if a.out_arrays[i] != NULL:
+                        ort.ReleaseValue(a.out_values[i])
+                        a.out_values[i] = NULL
                 if status != NULL:
                     # Run again the plain way: if that works, the model's declared output types
                     # or shapes do not hold, and this session stops preallocating. (onnxruntime
@@ -1216,81 +1275,59 @@ cdef class InferenceSession:
                     # feed; a bad feed fails again, in validation, before any node runs.)
                     ort.ReleaseStatus(status)
                     for i in range(n_out):
-                        Py_XDECREF(out_arrays[i])
-                        out_arrays[i] = NULL
+                        Py_XDECREF(a.out_arrays[i])
+                        a.out_arrays[i] = NULL
                     n_preallocated = 0
-                    with nogil:
-                        status = ort.Run(session, run_options_c, in_names,
-                                         <const ort.OrtValue* const*>in_values, <size_t>n_ready,
-                                         out_names, <size_t>n_out, out_values)
+                    status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
                     if status == NULL:
                         self.preallocate_outputs = False
             # Own every output before anything can raise, so none leaks.
             results = PyList_New(n_out)
             for i in range(n_out):
-                item_object = wrap_value(out_values[i], self) if out_values[i] != NULL else None
+                item_object = wrap_value(a.out_values[i], None, self) if a.out_values[i] != NULL else None
                 Py_INCREF(item_object)
                 PyList_SET_ITEM(results, i, item_object)
-                out_values[i] = NULL
+                a.out_values[i] = NULL
             if status == NULL:
                 if self.cpu_only:
                     for i in range(n_out):
                         if results[i] is not None:
                             value = results[i]
                             value.describe_as(MEMORY_CPU)
-                            fixed = &self.fixed_outputs[out_positions[i]]
+                            fixed = &self.fixed_outputs[a.out_positions[i]]
                             if fixed.elem_type >= 0 and not fixed.confirmed:
                                 self._confirm_fixed_output(fixed, value)
                 if n_preallocated < n_out:      # preallocated outputs never share a feed's memory
                     for i in range(n_ready):
-                        in_data[i] = tensor_data(in_values[i])
-                    keep_aliased_feeds_alive_c(results, in_data, in_holders, n_ready, self, None)
-            try:
-                interruptible_end(run_options_c, registered)
-            except BaseException:
-                if status != NULL:
-                    ort.ReleaseStatus(status)
-                raise
+                        a.in_data[i] = tensor_data(a.in_values[i])
+                    keep_aliased_feeds_alive_c(results, a.in_data, a.in_holders, n_ready, self, None)
+            end_run_call(run_options_c, registered, status)
             if status != NULL:
-                try:
-                    check(status)
-                except OrtInvalidArgument as exc:
-                    # onnxruntime does not say which input has the wrong type: find it.
-                    self._raise_for_ortvalue_feed_types(input_feed, exc)
-                    raise
+                check_run_status(status, self, list(input_feed), list(input_feed.values()))
             if as_numpy:
                 for i in range(n_out):
-                    if out_arrays[i] != NULL:
-                        results[i] = <object>out_arrays[i]
+                    if a.out_arrays[i] != NULL:
+                        results[i] = <object>a.out_arrays[i]
                     else:
                         value = results[i]
                         results[i] = value_to_numpy(value, False)
             return results
         finally:
             for i in range(n_ready):
-                if in_created[i] == FEED_CREATED:
-                    ort.ReleaseValue(in_values[i])
-                elif in_created[i] >= FEED_CACHED:
-                    release_feed_view(&self.feed_views[in_created[i] - FEED_CACHED])
+                if a.in_created[i] == FEED_CREATED:
+                    ort.ReleaseValue(a.in_values[i])
+                elif a.in_created[i] >= FEED_CACHED:
+                    release_feed_view(&self.feed_views[a.in_created[i] - FEED_CACHED])
+                else:                                   # FEED_BORROWED: the caller's OrtValue
+                    (<OrtValue>a.in_holders[i]).end_use()
             for i in range(n_held):
-                Py_DECREF(<object>in_refs[i])
-            if in_names != in_names_stack:
-                free(in_names)
-                free(in_values)
-                free(in_created)
-                free(in_refs)
-                free(in_data)
-                free(in_holders)
+                Py_DECREF(<object>a.in_refs[i])
             for i in range(n_out):
-                if out_arrays[i] != NULL:
-                    if out_values[i] != NULL:
-                        ort.ReleaseValue(out_values[i])
-                    Py_DECREF(<object>out_arrays[i])
-            if out_names != out_names_stack:
-                free(out_names)
-                free(out_values)
-                free(out_positions)
-                free(out_arrays)
+                if a.out_arrays[i] != NULL:
+                    if a.out_values[i] != NULL:
+                        ort.ReleaseValue(a.out_values[i])
+                    Py_DECREF(<object>a.out_arrays[i])
+            run_arrays_release(&a)
             self.end_run()
 
     def io_binding(self, bint reuse_output_buffers=False):
@@ -1322,22 +1359,20 @@ cdef class InferenceSession:
             bound.inputs_verified = True
         cdef bint rebound = bound.rebind_device_outputs(False)
         cdef ort.OrtIoBinding* binding = bound.handle
-        cdef ort.OrtSession* session
-        cdef ort.OrtStatus* status
+        cdef ort.OrtStatus* status = NULL
         cdef bint registered = False
         self.begin_run()
+        cdef list used
         try:
-            session = self.handle
+            used = bound.begin_run()            # close() of the binding or its values waits
+        except BaseException:
+            self.end_run()
+            raise
+        try:
             while True:
                 run_options_c = interruptible_begin(run_options_c, &registered)
-                with nogil:
-                    status = ort.RunWithBinding(session, run_options_c, binding)
-                try:
-                    interruptible_end(run_options_c, registered)
-                except BaseException:
-                    if status != NULL:
-                        ort.ReleaseStatus(status)
-                    raise
+                status = run_binding_nogil(self.handle, run_options_c, binding, False)
+                end_run_call(run_options_c, registered, status)
                 if (status != NULL and not rebound and bound.has_device_outputs()
                         and ort.GetErrorCode(status) == ort.ORT_INVALID_ARGUMENT):
                     # An output kept from the last run may no longer fit (a data-dependent
@@ -1348,21 +1383,9 @@ cdef class InferenceSession:
                 break
             check(status)
         finally:
+            bound.end_run(used)
             self.end_run()
         bound.outputs_unsynchronized = _disables_sync(run_options)
-
-    def _raise_for_ortvalue_feed_types(self, input_feed, cause):
-        cdef OrtValue value
-        for name, item in input_feed.items():
-            position = self.input_index.get(name)
-            if type(item) is not OrtValue or position is None:
-                continue
-            value = item
-            value.describe()
-            expected = self.input_elem_types[<Py_ssize_t>position]
-            if expected >= 0 and value.is_tensor_value and value.elem_type != expected:
-                raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got an "
-                                         f"OrtValue of {tensor_type_name(value.elem_type)}") from cause
 
     def _raise_missing_inputs(self, input_feed):
         missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
@@ -1389,6 +1412,7 @@ cdef class _BoundOutput:
 
 
 @cython.final
+@cython.no_gc_clear          # __dealloc__ releases the binding before its session goes
 cdef class IOBinding:
     """Inputs and outputs bound to a session once and reused across runs
     (onnxruntime.IOBinding's names and behaviour).
@@ -1422,19 +1446,54 @@ cdef class IOBinding:
             _live[<int>HANDLE_IO_BINDING] -= 1
 
     cdef int require_open(self) except -1:
-        if self.handle == NULL:
+        if self.handle == NULL or self.close_pending:
             raise ObjectClosedError("this IOBinding has been closed")
         self.session.require_open()
         return 0
 
-    def close(self):
-        """Release the binding and the values it keeps alive."""
+    cdef list begin_run(self):
+        """A run starts: the binding and every value bound to it stay alive until end_run
+        (close() of either waits); a value closed since it was bound is an ObjectClosedError."""
+        cdef list used = []
+        cdef OrtValue value
+        try:
+            for item in self.bound_inputs.values():
+                value = item
+                value.begin_use()
+                used.append(value)
+            for item in self.bound_outputs:
+                if (<_BoundOutput>item).value is not None:
+                    value = (<_BoundOutput>item).value
+                    value.begin_use()
+                    used.append(value)
+        except BaseException:
+            for item in used:
+                (<OrtValue>item).end_use()
+            raise
+        self.runs_in_flight += 1
+        return used
+
+    cdef void end_run(self, list used) noexcept:
+        for item in used:
+            (<OrtValue>item).end_use()
+        self.runs_in_flight -= 1
+        if self.close_pending and self.runs_in_flight == 0:
+            self._release()
+
+    cdef void _release(self) noexcept:
         if self.handle != NULL:
             ort.ReleaseIoBinding(self.handle)
             self.handle = NULL
             _live[<int>HANDLE_IO_BINDING] -= 1
         self.bound_inputs = {}
         self.bound_outputs = []
+
+    def close(self):
+        """Release the binding and the values it keeps alive. A run using the binding on
+        another thread finishes first."""
+        self.close_pending = True
+        if self.runs_in_flight == 0:
+            self._release()
 
     cdef bytes _input_name(self, object name):
         if name not in self.session.input_index:

@@ -24,9 +24,13 @@ cdef class OrtValue:
     cdef object __weakref__
     # The one owner of `handle` (released in __dealloc__ / _release()).
     cdef ort.OrtValue* handle
-    # Whatever keeps the memory under `handle` valid: a NumPy array, a DLPack import, the
-    # session whose allocator produced it, or None when ORT owns the memory outright.
-    cdef object owner
+    # What keeps the memory under `handle` valid when onnxruntime does not own it: the NumPy
+    # array (or its contiguous copy) viewed, the DLPack import, the device allocator that made
+    # it, or the owner of a feed whose memory this output shares; None when ORT owns it.
+    cdef object memory_owner
+    # The InferenceSession (or None) whose run produced this value: its allocators and arena
+    # may hold the memory, so the session stays alive as long as the value.
+    cdef object session
     # Tensor facts, read once by describe(): elem_type < 0 means "not read yet".
     cdef int elem_type
     cdef int ndim
@@ -40,6 +44,9 @@ cdef class OrtValue:
     # Views and DLPack capsules handed out over this value's memory. close() with exports
     # outstanding only marks the value closed; the handle goes when the last export does.
     cdef Py_ssize_t exports
+    # Runs in flight that read or write this value (feeds, bound inputs and outputs, caller
+    # buffers). close() during a run only marks the value closed; the run's end releases it.
+    cdef Py_ssize_t in_use
     cdef bint close_requested
 
     cdef int describe(self) except -1
@@ -47,11 +54,19 @@ cdef class OrtValue:
     cdef bint _reserve_dims(self, size_t count) noexcept
     cdef ort.OrtStatus* _type_and_shape(self, ort.ONNXTensorElementDataType* elem, size_t* count) noexcept
     cdef int require_handle(self) except -1
+    cdef int begin_use(self) except -1
+    cdef void end_use(self) noexcept
+    cdef void _release_if_unused(self) noexcept
     cdef void _release(self) noexcept
 
 
-# Take ownership of `handle` (a value produced by ORT) and wrap it; `owner` is kept alive.
-cdef OrtValue wrap_value(ort.OrtValue* handle, object owner)
+# A new tensor of `dims` and `onnx_type` from `allocator`; `owner` (what keeps the allocator
+# alive) becomes the value's memory owner.
+cdef OrtValue allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner)
+
+# Take ownership of `handle` and wrap it; `memory_owner` and `session` (see OrtValue) are
+# kept alive with it.
+cdef OrtValue wrap_value(ort.OrtValue* handle, object memory_owner, object session)
 
 # A new ORT tensor over a NumPy array's memory (or over a contiguous copy, appended to `keep`).
 # `expected_type` (ONNX element type, or -1) is checked first and reported with `name`.

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=True
+# cython: language_level=3
 """OrtValue and OrtDevice: tensors owned by onnxruntime or viewed over caller memory.
 
 NumPy arrays go in and come out without copies on the CPU: a C-contiguous, aligned, native-order
@@ -17,6 +17,7 @@ from operator import index as _index
 
 from ortagent cimport _capi as ort
 from ortagent cimport _numpy as npc
+from ortagent._element_types cimport *
 from ortagent._runtime cimport (
     check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE, HANDLE_MEMORY_INFO,
 )
@@ -30,50 +31,26 @@ cdef Py_ssize_t* _live = live_handle_counts()
 
 # ---- element types ---------------------------------------------------------------------------
 
-# ONNX element type -> (type name used in 'tensor(<name>)', NumPy dtype name or None, item size)
-_ELEMENT_TYPES = {
-    1: ("float", "float32", 4),
-    2: ("uint8", "uint8", 1),
-    3: ("int8", "int8", 1),
-    4: ("uint16", "uint16", 2),
-    5: ("int16", "int16", 2),
-    6: ("int32", "int32", 4),
-    7: ("int64", "int64", 8),
-    8: ("string", "object", 0),
-    9: ("bool", "bool", 1),
-    10: ("float16", "float16", 2),
-    11: ("double", "float64", 8),
-    12: ("uint32", "uint32", 4),
-    13: ("uint64", "uint64", 8),
-    14: ("complex64", "complex64", 8),
-    15: ("complex128", "complex128", 16),
-    16: ("bfloat16", "bfloat16", 2),
-    17: ("float8e4m3fn", "float8_e4m3fn", 1),
-    18: ("float8e4m3fnuz", "float8_e4m3fnuz", 1),
-    19: ("float8e5m2", "float8_e5m2", 1),
-    20: ("float8e5m2fnuz", "float8_e5m2fnuz", 1),
-    21: ("uint4", None, 0),
-    22: ("int4", None, 0),
-}
-# Element types provided by ml_dtypes rather than NumPy itself.
-_ML_DTYPES = {16: "bfloat16", 17: "float8_e4m3fn", 18: "float8_e4m3fnuz", 19: "float8_e5m2",
-              20: "float8_e5m2fnuz"}
+# Every element type's facts come from the one table (include/ortagent/element_types.h).
+
+cdef str element_type_name(int elem_type):
+    """'float' for 1, ...; '' when `elem_type` is not an element type."""
+    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
+    return info.name.decode() if info != NULL else ""
+
 
 cdef str tensor_type_name(int elem_type):
-    entry = _ELEMENT_TYPES.get(elem_type)
-    return f"tensor({entry[0]})" if entry is not None else f"tensor(undefined:{elem_type})"
+    cdef str name = element_type_name(elem_type)
+    return f"tensor({name})" if name else f"tensor(undefined:{elem_type})"
 
 
-cdef int[24] _ELEM_SIZE
+def _tensor_type_names():
+    """{'tensor(float)': 1, ...} for every element type."""
+    return {f"tensor({element_type_name(t)})": t for t in range(1, <int>ORTAGENT_ELEM_COUNT)}
 
 
-def _fill_element_sizes():
-    for number, entry in _ELEMENT_TYPES.items():
-        _ELEM_SIZE[number] = entry[2]
-    _ELEM_SIZE[0] = 0
+_TENSOR_TYPES = _tensor_type_names()
 
-
-_fill_element_sizes()
 
 # ---- NumPy bridge ------------------------------------------------------------------------------
 
@@ -82,7 +59,7 @@ _np = None
 # NumPy type number -> ONNX element type, for NumPy's own types.
 cdef int[32] _NPY_TO_ONNX
 # ONNX element type -> NumPy type number (-1: not a builtin NumPy type).
-cdef int[24] _ONNX_TO_NPY
+cdef int[<int>ORTAGENT_ELEM_COUNT] _ONNX_TO_NPY
 # ml_dtypes: type number (dynamic) -> ONNX type, and ONNX type -> dtype object.
 _user_type_to_onnx = {}
 _onnx_to_user_dtype = {}
@@ -99,22 +76,27 @@ cdef int ensure_numpy() except -1:
     cdef int i
     for i in range(32):
         _NPY_TO_ONNX[i] = -1
-    for i in range(24):
+    for i in range(<int>ORTAGENT_ELEM_COUNT):
         _ONNX_TO_NPY[i] = -1
     pairs = (
-        (npc.NPY_FLOAT, 1), (npc.NPY_UINT8, 2), (npc.NPY_INT8, 3), (npc.NPY_UINT16, 4),
-        (npc.NPY_INT16, 5), (npc.NPY_INT32, 6), (npc.NPY_INT64, 7), (npc.NPY_BOOL, 9),
-        (npc.NPY_HALF, 10), (npc.NPY_DOUBLE, 11), (npc.NPY_UINT32, 12), (npc.NPY_UINT64, 13),
-        (npc.NPY_CFLOAT, 14), (npc.NPY_CDOUBLE, 15),
+        (npc.NPY_FLOAT, ORTAGENT_ELEM_FLOAT), (npc.NPY_UINT8, ORTAGENT_ELEM_UINT8),
+        (npc.NPY_INT8, ORTAGENT_ELEM_INT8), (npc.NPY_UINT16, ORTAGENT_ELEM_UINT16),
+        (npc.NPY_INT16, ORTAGENT_ELEM_INT16), (npc.NPY_INT32, ORTAGENT_ELEM_INT32),
+        (npc.NPY_INT64, ORTAGENT_ELEM_INT64), (npc.NPY_BOOL, ORTAGENT_ELEM_BOOL),
+        (npc.NPY_HALF, ORTAGENT_ELEM_FLOAT16), (npc.NPY_DOUBLE, ORTAGENT_ELEM_DOUBLE),
+        (npc.NPY_UINT32, ORTAGENT_ELEM_UINT32), (npc.NPY_UINT64, ORTAGENT_ELEM_UINT64),
+        (npc.NPY_CFLOAT, ORTAGENT_ELEM_COMPLEX64), (npc.NPY_CDOUBLE, ORTAGENT_ELEM_COMPLEX128),
     )
     for npy, onnx_type in pairs:
         _NPY_TO_ONNX[npy] = onnx_type
         _ONNX_TO_NPY[onnx_type] = npy
     # C long / long long are both 64 bits here: map the one NPY_INT64 is not.
-    _NPY_TO_ONNX[<int>npc.NPY_LONG] = 7 if numpy.dtype("long").itemsize == 8 else 6
-    _NPY_TO_ONNX[<int>npc.NPY_ULONG] = 13 if numpy.dtype("ulong").itemsize == 8 else 12
-    _NPY_TO_ONNX[<int>npc.NPY_LONGLONG] = 7
-    _NPY_TO_ONNX[<int>npc.NPY_ULONGLONG] = 13
+    _NPY_TO_ONNX[<int>npc.NPY_LONG] = (ORTAGENT_ELEM_INT64 if numpy.dtype("long").itemsize == 8
+                                       else ORTAGENT_ELEM_INT32)
+    _NPY_TO_ONNX[<int>npc.NPY_ULONG] = (ORTAGENT_ELEM_UINT64 if numpy.dtype("ulong").itemsize == 8
+                                        else ORTAGENT_ELEM_UINT32)
+    _NPY_TO_ONNX[<int>npc.NPY_LONGLONG] = ORTAGENT_ELEM_INT64
+    _NPY_TO_ONNX[<int>npc.NPY_ULONGLONG] = ORTAGENT_ELEM_UINT64
     _numpy_ready = True
     return 0
 
@@ -122,7 +104,7 @@ cdef int ensure_numpy() except -1:
 cdef inline int _npy_type_of(int elem_type) noexcept:
     """NumPy's builtin type number for an ONNX element type, -1 if NumPy has none."""
     cdef unsigned int index = <unsigned int>elem_type
-    if index >= 24:
+    if index >= <unsigned int>ORTAGENT_ELEM_COUNT:
         return -1
     return _ONNX_TO_NPY[index]
 
@@ -135,8 +117,11 @@ cdef object _ml_dtypes():
             _ml_dtypes_state[0] = False
         else:
             _ml_dtypes_state[0] = ml_dtypes
-            for onnx_type, attr in _ML_DTYPES.items():
-                dtype = _np.dtype(getattr(ml_dtypes, attr))
+            for onnx_type in range(1, <int>ORTAGENT_ELEM_COUNT):
+                info = ortagent_element_info_of(onnx_type)
+                if not info.from_ml_dtypes:
+                    continue
+                dtype = _np.dtype(getattr(ml_dtypes, info.numpy_name.decode()))
                 _user_type_to_onnx[dtype.num] = onnx_type
                 _onnx_to_user_dtype[onnx_type] = dtype
     return _ml_dtypes_state[0]
@@ -148,7 +133,7 @@ cdef int onnx_type_of_array(npc.PyArrayObject* arr) except -2:
     if type_num < 32 and _NPY_TO_ONNX[type_num] >= 0:
         return _NPY_TO_ONNX[type_num]
     if type_num == npc.NPY_OBJECT or type_num == npc.NPY_UNICODE or type_num == npc.NPY_STRING:
-        return 8
+        return ORTAGENT_ELEM_STRING
     if type_num >= npc.NPY_USERDEF and _ml_dtypes():
         return _user_type_to_onnx.get(type_num, -1)
     return -1
@@ -156,11 +141,10 @@ cdef int onnx_type_of_array(npc.PyArrayObject* arr) except -2:
 
 cdef object numpy_dtype_for(int elem_type):
     ensure_numpy()
-    if _npy_type_of(elem_type) >= 0:
-        return _np.dtype(_ELEMENT_TYPES[elem_type][1])
-    if elem_type == 8:
-        return _np.dtype(object)
-    if elem_type in _ML_DTYPES:
+    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
+    if _npy_type_of(elem_type) >= 0 or elem_type == ORTAGENT_ELEM_STRING:
+        return _np.dtype(info.numpy_name.decode())
+    if info != NULL and info.from_ml_dtypes:
         if not _ml_dtypes():
             raise OrtNotImplemented(
                 f"{tensor_type_name(elem_type)} values need the ml_dtypes package for NumPy: "
@@ -176,13 +160,12 @@ def _element_type_from(element_type):
         raise OrtInvalidType("element_type is required: a NumPy dtype, an ONNX type number or "
                              "'tensor(...)', got None")
     if isinstance(element_type, int) and not isinstance(element_type, bool):
-        if element_type in _ELEMENT_TYPES:
+        if ortagent_element_info_of(element_type) != NULL:
             return element_type
         raise OrtInvalidArgument(f"unknown ONNX element type {element_type}")
     if isinstance(element_type, str) and element_type.startswith("tensor("):
-        for key, entry in _ELEMENT_TYPES.items():
-            if f"tensor({entry[0]})" == element_type:
-                return key
+        if element_type in _TENSOR_TYPES:
+            return _TENSOR_TYPES[element_type]
         raise OrtInvalidArgument(f"unknown tensor type {element_type!r}")
     ensure_numpy()
     try:
@@ -423,7 +406,7 @@ def _bad_cpu_index(device):
 cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1:
     cdef const char* name = NULL
     cdef int mem_id = 0
-    cdef ort.OrtMemType mem_type
+    cdef ort.OrtMemType mem_type = ort.OrtMemTypeDefault
     check(ort.MemoryInfoGetName(info, &name))
     check(ort.MemoryInfoGetId(info, &mem_id))
     check(ort.MemoryInfoGetMemType(info, &mem_type))
@@ -443,6 +426,7 @@ cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1
 
 @cython.final
 @cython.freelist(64)
+@cython.no_gc_clear          # __dealloc__ releases the handle before memory_owner and session go
 cdef class OrtValue:
     """An onnxruntime value (tensor) owned by this object.
 
@@ -470,12 +454,28 @@ cdef class OrtValue:
         if self.dims != self.dims_inline and self.dims != NULL:
             free(self.dims)
         self.dims = self.dims_inline
-        self.owner = None
+        self.memory_owner = None
+        self.session = None
 
     cdef int require_handle(self) except -1:
         if self.handle == NULL or self.close_requested:
             raise ObjectClosedError("this OrtValue has been released")
         return 0
+
+    cdef int begin_use(self) except -1:
+        """A run is about to read or write this value: close() waits for end_use()."""
+        self.require_handle()
+        self.in_use += 1
+        return 0
+
+    cdef void end_use(self) noexcept:
+        self.in_use -= 1
+        self._release_if_unused()
+
+    cdef void _release_if_unused(self) noexcept:
+        """Release now if close() was asked for and nothing (view, export, run) uses the value."""
+        if self.close_requested and self.exports == 0 and self.in_use == 0:
+            self._release()
 
     cdef int describe(self) except -1:
         """Read and cache element type, shape, data pointer and device of the tensor."""
@@ -518,7 +518,7 @@ cdef class OrtValue:
         if self.elem_type >= 0:
             return 0
         cdef int is_tensor = 0
-        cdef ort.ONNXTensorElementDataType elem
+        cdef ort.ONNXTensorElementDataType elem = ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
         cdef size_t count = 0
         cdef const int64_t* shape = NULL
         cdef const ort.OrtMemoryInfo* mem = NULL
@@ -570,7 +570,7 @@ cdef class OrtValue:
         cdef list keep = []
         cdef ort.OrtValue* handle = tensor_for_feed(numpy_obj, None, -1, keep)
         owner = keep[len(keep) - 1] if keep else numpy_obj
-        cdef OrtValue value = wrap_value(handle, owner)
+        cdef OrtValue value = wrap_value(handle, owner, None)
         if npc.PyArray_Check(owner):
             value.readonly = (npc.PyArray_FLAGS(<npc.PyArrayObject*>owner) & npc.NPY_ARRAY_WRITEABLE) == 0
         return value
@@ -582,13 +582,13 @@ cdef class OrtValue:
         (strings: empty)."""
         device = as_device(device_type, device_id)
         cdef int onnx_type = _element_type_from(element_type)
-        dims = _checked_shape(shape, _ELEM_SIZE[onnx_type])
+        dims = _checked_shape(shape, element_size(onnx_type))
         if (<OrtDevice>device).kind != MEMORY_CPU:
             return _allocate_device_value(dims, onnx_type, device)
         ensure_loaded()
         cdef ort.OrtAllocator* allocator = NULL
         check(ort.GetAllocatorWithDefaultOptions(&allocator))
-        return _allocate_with(allocator, dims, onnx_type, None)
+        return allocate_with(allocator, dims, onnx_type, None)
 
     # -- inspection --------------------------------------------------------------------------------
 
@@ -643,7 +643,7 @@ cdef class OrtValue:
         """Size of the tensor's data in bytes (0 for strings)."""
         self.describe()
         self._require_tensor()
-        return _element_count(self) * _ELEM_SIZE[self.elem_type]
+        return _element_count(self) * element_size(self.elem_type)
 
     def _require_tensor(self):
         if not self.is_tensor_value:
@@ -666,7 +666,7 @@ cdef class OrtValue:
         if source.shape != target.shape:
             raise OrtInvalidArgument(f"update_inplace: shape {source.shape} does not match the "
                                      f"value's shape {target.shape}")
-        if self.elem_type == 8:
+        if self.elem_type == ORTAGENT_ELEM_STRING:
             # numpy() of a string tensor is a copy: refill the tensor itself.
             if self.readonly:
                 raise OrtInvalidArgument("update_inplace: this value is read-only")
@@ -684,8 +684,9 @@ cdef class OrtValue:
 
     def close(self):
         """Release the ORT value. Views and DLPack capsules taken earlier stay valid: the memory
-        is released when the last of them goes. Later calls on this object raise."""
-        if self.exports > 0:
+        is released when the last of them goes; a run reading or writing the value on another
+        thread finishes first. Later calls on this object raise."""
+        if self.exports > 0 or self.in_use > 0:
             self.close_requested = True
         else:
             self._release()
@@ -739,10 +740,11 @@ cdef inline Py_ssize_t _element_count(OrtValue value):
     return count
 
 
-cdef OrtValue wrap_value(ort.OrtValue* handle, object owner):
+cdef OrtValue wrap_value(ort.OrtValue* handle, object memory_owner, object session):
     cdef OrtValue value = OrtValue.__new__(OrtValue)
     value.handle = handle
-    value.owner = owner
+    value.memory_owner = memory_owner
+    value.session = session
     _live[<int>HANDLE_VALUE] += 1
     return value
 
@@ -765,13 +767,13 @@ def _checked_shape(shape, item_size=0):
         if d < 0:
             raise OrtInvalidArgument(f"shape {dims} has a negative dimension")
         count *= d
-    if count * max(item_size, 1) > _INT64_MAX or any(d > _INT64_MAX for d in dims):
+    if count * max(item_size, 1) > _INT64_MAX or any([d > _INT64_MAX for d in dims]):
         raise OrtInvalidArgument(f"shape {dims} is too large: a tensor holds at most 2**63 - 1 "
                                  "elements and bytes")
     return dims
 
 
-cdef OrtValue _allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner):
+cdef OrtValue allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_type, object owner):
     cdef int64_t stack_dims[MAX_INLINE_DIMS]
     cdef int64_t* shape_ptr = stack_dims
     cdef Py_ssize_t n = len(dims), i
@@ -797,7 +799,7 @@ cdef OrtValue _allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_ty
             # onnxruntime's own words (bad_alloc, an overflow) do not say which tensor.
             raise type(exc)(f"cannot allocate a {tensor_type_name(onnx_type)} tensor of shape "
                             f"{dims}: {exc}", exc.code) from exc
-    return wrap_value(handle, owner)
+    return wrap_value(handle, owner, None)
 
 
 cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL:
@@ -819,7 +821,7 @@ cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, 
         raise OrtInvalidArgument(
             f"input {name!r} expects {tensor_type_name(expected_type)}, got a NumPy array of "
             f"{feed.dtype} ({tensor_type_name(onnx_type)})")
-    if onnx_type == 8:
+    if onnx_type == ORTAGENT_ELEM_STRING:
         return _string_tensor(feed)
     cdef int flags = npc.PyArray_FLAGS(arr)
     if ((flags & npc.NPY_ARRAY_C_CONTIGUOUS) == 0 or (flags & npc.NPY_ARRAY_ALIGNED) == 0
@@ -896,9 +898,9 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
     return handle
 
 
-cdef list bound_output_values(ort.OrtIoBinding* binding, object owner):
-    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) kept by
-    `owner`, in binding order."""
+cdef list bound_output_values(ort.OrtIoBinding* binding, object session):
+    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) that keep
+    `session` alive, in binding order."""
     cdef ort.OrtAllocator* allocator = NULL
     cdef ort.OrtValue** values = NULL
     cdef size_t count = 0, i
@@ -907,7 +909,7 @@ cdef list bound_output_values(ort.OrtIoBinding* binding, object owner):
     cdef list result = []
     try:
         for i in range(count):
-            result.append(wrap_value(values[i], owner))
+            result.append(wrap_value(values[i], None, session))
             values[i] = NULL
     finally:
         for i in range(count):
@@ -949,7 +951,7 @@ cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** h
         for j in range(n_feeds):
             if feed_data[j] == data and holders[j] != NULL:
                 holder = <object>holders[j]
-                value.owner = (session, holder)
+                value.memory_owner = holder
                 if type(holder) is OrtValue:
                     value.readonly = value.readonly or (<OrtValue>holder).readonly
                 elif _numpy_ready and npc.PyArray_Check(holder) and (
@@ -987,9 +989,9 @@ cdef void clear_feed_view(FeedView* cache) noexcept:
 cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevice device,
                                 object owner, bint readonly):
     """A tensor over caller memory at `data` on `device` (never dereferenced here)."""
-    if elem_type == 8 or elem_type not in _ELEMENT_TYPES or _ELEM_SIZE[elem_type] == 0:
+    if element_size(elem_type) == 0:             # strings, sub-byte and unknown types
         raise OrtInvalidArgument(f"cannot view memory as {tensor_type_name(elem_type)}")
-    dims = _checked_shape(dims, _ELEM_SIZE[elem_type])
+    dims = _checked_shape(dims, element_size(elem_type))
     if data == NULL and 0 not in dims:
         raise OrtInvalidArgument(f"cannot create a {tensor_type_name(elem_type)} tensor of shape "
                                  f"{dims} over a NULL data pointer")
@@ -1007,13 +1009,13 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
     for i in range(n):
         shape_ptr[i] = dims[i]
         count *= <size_t>dims[i]
-    status = ort.CreateTensorWithDataAsOrtValue(info, data, count * _ELEM_SIZE[elem_type], shape_ptr,
+    status = ort.CreateTensorWithDataAsOrtValue(info, data, count * element_size(elem_type), shape_ptr,
                                                 <size_t>n, <ort.ONNXTensorElementDataType>elem_type,
                                                 &handle)
     if shape_ptr != stack_dims:
         free(shape_ptr)
     check(status)
-    cdef OrtValue value = wrap_value(handle, owner)
+    cdef OrtValue value = wrap_value(handle, owner, None)
     value.readonly = readonly
     return value
 
@@ -1059,7 +1061,7 @@ cdef ort.OrtValue* _string_tensor(object arr) except NULL:
     encoded = _encoded_strings(arr)
     cdef ort.OrtAllocator* allocator = NULL
     check(ort.GetAllocatorWithDefaultOptions(&allocator))
-    cdef OrtValue value = _allocate_with(allocator, list(arr.shape), 8, None)
+    cdef OrtValue value = allocate_with(allocator, list(arr.shape), ORTAGENT_ELEM_STRING, None)
     _fill_strings(value.handle, encoded)
     # Hand the handle over to the caller.
     cdef ort.OrtValue* handle = value.handle
@@ -1070,7 +1072,7 @@ cdef ort.OrtValue* _string_tensor(object arr) except NULL:
 
 cdef object _strings_to_numpy(OrtValue value):
     cdef size_t total = 0
-    cdef Py_ssize_t count = _element_count(value), i
+    cdef Py_ssize_t count = _element_count(value)
     check(ort.GetStringTensorDataLength(value.handle, &total))
     cdef char* buffer = <char*>malloc(total + 1)
     cdef size_t* offsets = <size_t*>malloc((count + 1) * sizeof(size_t))
@@ -1093,6 +1095,7 @@ cdef object _strings_to_numpy(OrtValue value):
 
 @cython.final
 @cython.freelist(64)
+@cython.no_gc_clear          # __dealloc__ reads the value
 cdef class _ExportGuard:
     """Base object of NumPy views (and context of DLPack exports) of an OrtValue."""
     cdef OrtValue value
@@ -1101,8 +1104,7 @@ cdef class _ExportGuard:
         cdef OrtValue value = self.value
         if value is not None:
             value.exports -= 1
-            if value.close_requested and value.exports == 0:
-                value._release()
+            value._release_if_unused()
 
 
 cdef object export_guard(OrtValue value):
@@ -1117,7 +1119,7 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     value.describe()
     if not value.is_tensor_value:
         raise OrtNotImplemented("this OrtValue is not a tensor; ortagent converts tensors only")
-    if value.elem_type == 8:
+    if value.elem_type == ORTAGENT_ELEM_STRING:
         return _strings_to_numpy(value)
     if value.memory_kind == MEMORY_CUDA or value.memory_kind == MEMORY_OTHER:
         return _device_value_to_numpy(value)
@@ -1139,6 +1141,7 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     for i in range(value.ndim):
         dims[i] = <npc.npy_intp>value.dims[i]
     cdef Py_ssize_t count = _element_count(value)
+    cdef object array = None
     try:
         if count == 0 or value.data == NULL:
             # Nothing to view: NumPy allocates an empty array of the right shape.
@@ -1161,8 +1164,9 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
 
 
 cdef int element_size(int elem_type) noexcept:
-    cdef unsigned int index = <unsigned int>elem_type
-    return _ELEM_SIZE[index] if index < 24 else 0
+    """Bytes per element; 0 for strings, sub-byte types and unknown numbers."""
+    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
+    return info.item_size if info != NULL else 0
 
 
 cdef bint has_builtin_numpy_type(int elem_type) noexcept:
@@ -1216,13 +1220,21 @@ cdef int copy_tensors(list sources, list destinations) except -1:
         free(src)
         free(dst)
         raise MemoryError()
-    for i in range(n):
-        src[i] = (<OrtValue>sources[i]).handle
-        dst[i] = (<OrtValue>destinations[i]).handle
-    with nogil:
-        status = ort.CopyTensors(env, src, dst, NULL, <size_t>n)
-    free(src)
-    free(dst)
+    cdef list used = []                 # close() of any of them waits for the copy
+    try:
+        for i in range(n):
+            for value in (sources[i], destinations[i]):
+                (<OrtValue>value).begin_use()
+                used.append(value)
+            src[i] = (<OrtValue>sources[i]).handle
+            dst[i] = (<OrtValue>destinations[i]).handle
+        with nogil:
+            status = ort.CopyTensors(env, src, dst, NULL, <size_t>n)
+    finally:
+        free(src)
+        free(dst)
+        for value in used:
+            (<OrtValue>value).end_use()
     check(status)
     return 0
 
@@ -1247,11 +1259,6 @@ def _device_module():
         from ortagent import _device
         _device_cache.append(_device)
     return _device_cache[0]
-
-
-def _allocate_with_allocator_address(size_t allocator_address, dims, int onnx_type, owner):
-    """A tensor allocated by the OrtAllocator at `allocator_address`; `owner` keeps it alive."""
-    return _allocate_with(<ort.OrtAllocator*>allocator_address, list(dims), onnx_type, owner)
 
 
 def numpy_dtype_for_element_type(int elem_type):

@@ -39,15 +39,16 @@ from typing import Any, overload
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine
 from ortagent._session import IOBinding, RunOptions, SessionOptions
-from ortagent._values import _ELEMENT_TYPES, OrtDevice, OrtValue, as_device
+from ortagent._values import OrtDevice, OrtValue, as_device
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,
     OrtInvalidType,
     UnknownRunError,
 )
-from ortagent._onnx_graph import name_list
+from ortagent._onnx_graph import load_model, name_list
 from ortagent.graph_split import TrainingGraphSplit, split_training_graph
+from ortagent.training_ops import lower_training_ops, needs_lowering
 
 __all__ = ["TrainingAgent", "PartialGraphExecutionState", "TrainingIOBinding"]
 
@@ -121,6 +122,11 @@ class TrainingAgent:
     module outputs (YieldOp inputs), backward feeds one gradient per YieldOp output and backward
     fetches all graph outputs.
 
+    Training-only operators of onnxruntime-training (``ReluGrad``, ``SoftmaxGrad_13``,
+    ``ConcatTraining``, ...) are first rewritten into standard operators
+    (:func:`ortagent.training_ops.lower_training_ops`); one that cannot be raises
+    :class:`~ortagent.UnsupportedTrainingOpError` naming the node.
+
     Invalid graphs raise :class:`~ortagent.TrainingGraphError` at construction (where
     onnxruntime's own agent crashes or misleads), misuse of runs raises
     :class:`~ortagent.RunStateError`.
@@ -128,7 +134,10 @@ class TrainingAgent:
 
     def __init__(self, path_or_bytes: Any, *args: Any, **kwargs: Any) -> None:
         named = _parse_arguments(args, kwargs)
-        self._split: TrainingGraphSplit = split_training_graph(path_or_bytes)
+        model = load_model(path_or_bytes)
+        if needs_lowering(model):          # an ORTModule graph with training-only operators
+            model = lower_training_ops(model)
+        self._split: TrainingGraphSplit = split_training_graph(model)
         split = self._split
         self._engine = _AgentEngine(split, named.get("session_options"), named.get("providers"),
                                     named.get("provider_options"))
@@ -462,8 +471,8 @@ class TrainingIOBinding:
         split = self._agent._split
         info = split.graph_output_types[split.graph_output_names.index(name)]
         if info is not None and value.element_type() != info.elem_type:
-            expected = _ELEMENT_TYPES.get(info.elem_type, (info.type_name,))[0]
-            raise OrtInvalidArgument(f"output {name!r} is tensor({expected}), got a value of {value.data_type()}")
+            raise OrtInvalidArgument(f"output {name!r} is tensor({info.type_name.lower()}), got a value of "
+                                     f"{value.data_type()}")
 
     def _check_output(self, name: str) -> None:
         split = self._agent._split

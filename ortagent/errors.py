@@ -34,6 +34,7 @@ __all__ = [
     "ProviderError",
     "DLPackError",
     "TrainingGraphError",
+    "UnsupportedTrainingOpError",
     "RunStateError",
     "UnknownRunError",
     "error_class_for_code",
@@ -171,6 +172,20 @@ class DLPackError(OrtError, BufferError):
 
 class TrainingGraphError(OrtInvalidGraph):
     """A training graph is not usable by TrainingAgent (YieldOp missing, repeated or malformed)."""
+
+
+class UnsupportedTrainingOpError(TrainingGraphError, NotImplementedError):
+    """A training graph holds a training-only operator that ortagent cannot lower to operators
+    stock onnxruntime runs (``PythonOp``, the LSTM/GRU training operators, an unknown one).
+    ``node_name`` and ``op_type`` name the node; the message says what to do."""
+
+    default_code = ORT_NOT_IMPLEMENTED
+
+    def __init__(self, message: str = "", code: int | None = None, *, node_name: str = "",
+                 op_type: str = "") -> None:
+        super().__init__(message, code)
+        self.node_name = node_name
+        self.op_type = op_type
 
 
 class RunStateError(OrtError, RuntimeError):

@@ -74,7 +74,7 @@ Feeding the halves (what an agent does)
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -506,87 +506,81 @@ class _Splitter:
 
     # -- the two closures --------------------------------------------------------------------
 
-    def _forward_closure(self) -> None:
-        forward_nodes: set[int] = set()
-        forward_inputs: set[str] = set()
-        forward_constants: set[str] = set()
+    def _closure(self, roots: Sequence[str], forward: bool,
+                 descend: Callable[[int, str], bool]) -> tuple[set[int], set[str], set[str]]:
+        """(nodes, graph inputs, constants) that `roots` need, walking back from them.
+
+        A YieldOp output ends the walk: an error on the forward side (a cycle through the
+        YieldOp), a leaf on the backward side. `descend(index, name)` decides whether the node
+        producing `name` joins the closure (its inputs are then walked too)."""
+        nodes: set[int] = set()
+        inputs: set[str] = set()
+        constants: set[str] = set()
         visited: set[str] = set()
-        stack = [(name, name) for name in reversed(self.module_outputs)]
+        stack = [(name, name) for name in reversed(roots)]
         while stack:
             name, origin = stack.pop()
             if name in visited:
                 continue
             visited.add(name)
             if name in self.gradient_set:
+                if not forward:
+                    continue
                 raise TrainingGraphError(
                     f"module output '{origin}' (a YieldOp input) depends on the YieldOp output "
                     f"'{name}': a cycle through the YieldOp, the forward part could only run "
                     "after the gradients it produces are known"
                 )
             if name in self.input_set:
-                forward_inputs.add(name)
+                inputs.add(name)
                 if name in self.constants:
-                    forward_constants.add(name)
+                    constants.add(name)
             elif name in self.constants:
-                forward_constants.add(name)
+                constants.add(name)
             elif name in self.producer:
                 index = self.producer[name]
-                if index not in forward_nodes:
-                    forward_nodes.add(index)
+                if index not in nodes and descend(index, name):
+                    nodes.add(index)
                     for used in reversed(consumed_names(self.nodes[index])):
                         stack.append((used, origin))
             else:
                 what = "it" if name == origin else f"it needs '{name}', which"
-                raise TrainingGraphError(
-                    f"module output '{origin}' (a YieldOp input) cannot be computed: {what} "
-                    "is not produced by any node and is neither a graph input nor an initializer"
-                )
-        self.forward_nodes = forward_nodes
-        self.forward_inputs = [name for name in self.input_names if name in forward_inputs]
-        self.forward_constants = forward_constants
-
-    def _backward_closure(self) -> None:
-        backward_nodes: set[int] = set()
-        backward_inputs: set[str] = set()
-        backward_constants: set[str] = set()
-        stash: set[str] = set()
-        visited: set[str] = set()
-        stack = [(name, name) for name in reversed(self.output_names)]
-        while stack:
-            name, origin = stack.pop()
-            if name in visited:
-                continue
-            visited.add(name)
-            if name in self.gradient_set:
-                continue
-            if name in self.input_set:
-                backward_inputs.add(name)
-                if name in self.constants:
-                    backward_constants.add(name)
-            elif name in self.constants:
-                backward_constants.add(name)
-            elif name in self.producer:
-                index = self.producer[name]
-                node = self.nodes[index]
-                if index in self.forward_nodes and not _is_constant_node(node):
-                    stash.add(name)
-                elif self._is_shape_of_forward_value(node):
-                    # Stash the small shape tensor rather than the tensor it describes.
-                    self.forward_nodes.add(index)
-                    stash.add(name)
-                elif index not in backward_nodes:
-                    backward_nodes.add(index)
-                    for used in reversed(consumed_names(node)):
-                        stack.append((used, origin))
-            else:
-                what = "it" if name == origin else f"it needs '{name}', which"
+                if forward:
+                    raise TrainingGraphError(
+                        f"module output '{origin}' (a YieldOp input) cannot be computed: {what} "
+                        "is not produced by any node and is neither a graph input nor an initializer"
+                    )
                 raise TrainingGraphError(
                     f"graph output '{origin}' cannot be computed: {what} is not produced by any "
                     "node and is neither a graph input, an initializer nor a YieldOp output"
                 )
-        self.backward_nodes = backward_nodes
-        self.backward_inputs = [name for name in self.input_names if name in backward_inputs]
-        self.backward_constants = backward_constants
+        return nodes, inputs, constants
+
+    def _forward_closure(self) -> None:
+        nodes, inputs, constants = self._closure(self.module_outputs, True, lambda index, name: True)
+        self.forward_nodes = nodes
+        self.forward_inputs = [name for name in self.input_names if name in inputs]
+        self.forward_constants = constants
+
+    def _backward_closure(self) -> None:
+        stash: set[str] = set()
+
+        def descend(index: int, name: str) -> bool:
+            node = self.nodes[index]
+            if index in self.forward_nodes and not _is_constant_node(node):
+                stash.add(name)             # computed by the forward: crosses the cut
+                return False
+            if self._is_shape_of_forward_value(node):
+                # Stash the small shape tensor rather than the tensor it describes.
+                self.forward_nodes.add(index)
+                stash.add(name)
+                return False
+            return True
+
+        nodes, inputs, constants = self._closure(self.output_names, False, descend)
+        self.backward_nodes = nodes
+        self.backward_inputs = [name for name in self.input_names if name in inputs]
+        self.backward_constants = constants
         self.stash_set = stash
 
     def _is_shape_of_forward_value(self, node: NodeProto) -> bool:

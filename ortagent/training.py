@@ -36,8 +36,9 @@ from ._onnx_graph import (
 )
 from .errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 from .graph_split import YIELD_OP_DOMAIN, YIELD_OP_TYPE
+from .training_ops import lower_training_ops
 
-__all__ = ["build_training_graph", "FLOAT_ELEMENT_TYPES"]
+__all__ = ["build_training_graph", "lower_training_ops", "FLOAT_ELEMENT_TYPES"]
 
 #: element types that carry a gradient.
 FLOAT_ELEMENT_TYPES = frozenset(

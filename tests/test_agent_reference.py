@@ -30,17 +30,8 @@ pytestmark = pytest.mark.skipif(
            "install onnxruntime-training-cpu==1.19.2 'numpy<2' onnx)",
 )
 
-# The hand-built graphs 1.19.2 can run (the others hit its limitations: FINDINGS.md and
-# test_reference_split.py::test_reference_agent_limitations).
-COMPARABLE = [
-    tg.mul_add_case,
-    tg.mlp_case,
-    tg.multi_output_case,
-    tg.repeated_output_case,
-    tg.constants_both_sides_case,
-    tg.backward_only_input_case,
-]
-KERNELS_CHANGED_SINCE_1192 = {"Tanh", "Sigmoid"}  # for double tensors
+COMPARABLE = tg.REFERENCE_COMPARABLE
+KERNELS_CHANGED_SINCE_1192 = tg.KERNELS_CHANGED_SINCE_1192
 DTYPES = [pytest.param(np.float32, id="float32"), pytest.param(np.float64, id="float64")]
 
 

@@ -148,3 +148,165 @@ def test_outputs_sharing_a_feed_buffer_keep_the_feed_alive(api, no_leaks):
     for out in outputs:
         np.testing.assert_array_equal(out.reshape(2, 3), expected)
     del junk, outputs, session
+
+
+# ---- close() while a run on another thread uses the object --------------------------------------
+#
+# A run releases the GIL, so another thread can close what it reads or writes. close() of a value
+# fed to the run, bound to an IOBinding or written by the run, and close() of the binding itself,
+# must wait for the run (the memory onnxruntime reads stays alive), and afterwards the closed
+# object refuses use with ObjectClosedError. Under `make asan` (CI runs this file there) a
+# use-after-free would be reported.
+
+SLOW_SIZE = 192
+_slow = {}
+
+
+def _slow_trips():
+    """Loop trips for a run of about 0.3 s here (measured once): long enough that close() from
+    another thread lands while it runs, short enough for CI."""
+    if "trips" not in _slow:
+        import time
+
+        trips = 50
+        x = np.eye(SLOW_SIZE, dtype=np.float32)
+        while True:
+            session = ortagent.InferenceSession(models.slow_loop(iterations=trips, size=SLOW_SIZE))
+            started = time.perf_counter()
+            session.run(None, {"x": x})
+            elapsed = time.perf_counter() - started
+            session.close()
+            if elapsed >= 0.1 or trips >= 50 * 2**8:
+                break
+            trips *= 2
+        _slow["trips"] = trips * 3
+        _slow["seconds"] = elapsed * 3
+    return _slow["trips"]
+
+
+def _slow_session():
+    return ortagent.InferenceSession(models.slow_loop(iterations=_slow_trips(), size=SLOW_SIZE))
+
+
+def _loop_reference(session, x):
+    return session.run(None, {"x": x})[0]
+
+
+def _close_during(run, close, started_event):
+    """Run `run` on a thread, call `close` once it has started (and is still running), and
+    return (run's result, whether the run was still going when close() returned)."""
+    import threading
+
+    box = {}
+
+    def target():
+        try:
+            box["result"] = run()
+        except BaseException as exc:      # reported below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    started_event()
+    close()
+    closed_while_running = thread.is_alive()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"], closed_while_running
+
+
+def _wait_running():
+    import time
+
+    _slow_trips()
+    time.sleep(_slow["seconds"] / 6)
+
+
+@pytest.mark.parametrize("how", ["run", "run_with_ort_values"])
+def test_value_fed_to_a_run_closed_from_another_thread(how, no_leaks):
+    session = _slow_session()
+    x = np.random.default_rng(0).standard_normal((SLOW_SIZE, SLOW_SIZE)).astype(np.float32) / SLOW_SIZE
+    expected = _loop_reference(session, x.copy())
+    value = ortagent.OrtValue.ortvalue_from_numpy(x.copy())
+    del x
+
+    def run():
+        outputs = getattr(session, how)(None, {"x": value})
+        return outputs[0] if how == "run" else outputs[0].numpy()
+
+    result, overlapped = _close_during(run, value.close, _wait_running)
+    assert overlapped, "the run ended before close(): make the loop longer"
+    np.testing.assert_array_equal(result, expected)
+    with pytest.raises(ortagent.ObjectClosedError):
+        value.numpy()
+    with pytest.raises(ortagent.ObjectClosedError):
+        session.run(None, {"x": value})
+
+
+def test_iobinding_closed_during_its_run(no_leaks):
+    session = _slow_session()
+    x = np.random.default_rng(1).standard_normal((SLOW_SIZE, SLOW_SIZE)).astype(np.float32) / SLOW_SIZE
+    expected = _loop_reference(session, x)
+    binding = session.io_binding()
+    binding.bind_cpu_input("x", x)
+    out = ortagent.OrtValue.ortvalue_from_shape_and_type([SLOW_SIZE, SLOW_SIZE], np.float32)
+    binding.bind_ortvalue_output("y", out)
+    _, overlapped = _close_during(lambda: session.run_with_iobinding(binding), binding.close, _wait_running)
+    assert overlapped
+    np.testing.assert_array_equal(out.numpy(), expected)     # the run completed into our buffer
+    with pytest.raises(ortagent.ObjectClosedError):
+        session.run_with_iobinding(binding)
+    with pytest.raises(ortagent.ObjectClosedError):
+        binding.bind_cpu_input("x", x)
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_bound_value_closed_during_and_after_a_run(which, no_leaks):
+    session = _slow_session()
+    x = np.random.default_rng(2).standard_normal((SLOW_SIZE, SLOW_SIZE)).astype(np.float32) / SLOW_SIZE
+    expected = _loop_reference(session, x)
+    binding = session.io_binding()
+    x_value = ortagent.OrtValue.ortvalue_from_numpy(x.copy())
+    out = ortagent.OrtValue.ortvalue_from_shape_and_type([SLOW_SIZE, SLOW_SIZE], np.float32)
+    binding.bind_ortvalue_input("x", x_value)
+    binding.bind_ortvalue_output("y", out)
+    target = x_value if which == "input" else out
+    kept = out.numpy() if which == "input" else None         # a view keeps the output readable
+    _, overlapped = _close_during(lambda: session.run_with_iobinding(binding), target.close, _wait_running)
+    assert overlapped
+    if kept is not None:
+        np.testing.assert_array_equal(kept, expected)
+    # the value stays bound but is closed: the next run refuses, it does not read freed memory
+    with pytest.raises(ortagent.ObjectClosedError):
+        session.run_with_iobinding(binding)
+
+
+def test_agent_feed_closed_during_forward(no_leaks):
+    from agent_driver import orthogonal, slow_training_graph
+
+    model, reference = slow_training_graph(size=SLOW_SIZE)
+    agent = ortagent.TrainingAgent(model.SerializeToString())
+    x = orthogonal(SLOW_SIZE, 3)
+    w = orthogonal(SLOW_SIZE, 4)
+    trips = np.array(_slow_trips(), np.int64)
+    values = {name: ortagent.OrtValue.ortvalue_from_numpy(array.copy())
+              for name, array in (("x", x), ("w", w), ("trips", trips))}
+    binding = agent.io_binding()
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+    binding.bind_output("x_grad")
+
+    def forward():
+        return agent.run_forward(binding, None)
+
+    (outputs, run_id), overlapped = _close_during(forward, values["x"].close, _wait_running)
+    assert overlapped
+    y_grad = np.ones((SLOW_SIZE, SLOW_SIZE), np.float32)
+    expected_y, expected_x_grad = reference(x, w, trips, y_grad)
+    np.testing.assert_allclose(outputs[0].numpy(), expected_y, rtol=1e-3, atol=1e-3)
+    agent.run_backward([y_grad], run_id)
+    np.testing.assert_allclose(binding.get_outputs()[0].numpy(), expected_x_grad, rtol=1e-3, atol=1e-3)
+    with pytest.raises(ortagent.ObjectClosedError):
+        values["x"].numpy()
+    agent.close()

@@ -23,16 +23,8 @@ pytestmark = pytest.mark.skipif(
            "onnxruntime-training-cpu==1.19.2 'numpy<2' onnx)",
 )
 
-# Hand-built cases the real agent can run (see test_reference_agent_limitations for the others).
-COMPARABLE = [
-    tg.mul_add_case,
-    tg.mlp_case,
-    tg.multi_output_case,
-    tg.repeated_output_case,
-    tg.constants_both_sides_case,
-    tg.backward_only_input_case,
-]
-KERNELS_CHANGED_SINCE_1192 = {"Tanh", "Sigmoid"}  # for double tensors
+COMPARABLE = tg.REFERENCE_COMPARABLE
+KERNELS_CHANGED_SINCE_1192 = tg.KERNELS_CHANGED_SINCE_1192
 
 
 def _levels(dtype):

@@ -23,17 +23,9 @@ def mlp_forward(dtype=np.float64, seed=0):
     rng = np.random.default_rng(seed)
     params = {"W1": rng.standard_normal((3, 5)), "b1": rng.standard_normal(5),
               "W2": rng.standard_normal((5, 2)), "b2": rng.standard_normal(2)}
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h0"]),
-        helper.make_node("Add", ["h0", "b1"], ["h"]),
-        helper.make_node("Relu", ["h"], ["r"]),
-        helper.make_node("MatMul", ["r", "W2"], ["z"]),
-        helper.make_node("Add", ["z", "b2"], ["logits"]),
-        helper.make_node("ArgMax", ["logits"], ["pred"], axis=1, keepdims=0),
-    ]
     elem = tg._ELEM[np.dtype(dtype)]
     model = tg.make_model(
-        nodes, [helper.make_tensor_value_info("x", elem, ["N", 3])],
+        tg.mlp_forward_nodes(), [helper.make_tensor_value_info("x", elem, ["N", 3])],
         [helper.make_tensor_value_info("logits", elem, ["N", 2]),
          helper.make_tensor_value_info("pred", TensorProto.INT64, ["N"])],
         [numpy_helper.from_array(v.astype(dtype), k) for k, v in params.items()], name="mlp", ms_domain=False)

@@ -158,16 +158,27 @@ def mul_add_case(dtype=np.float64) -> TrainingCase:
     )
 
 
-def mlp_case(dtype=np.float64) -> TrainingCase:
-    """Two-layer MLP with ReLU; outputs the logits and their argmax (int64, non-differentiable)."""
-    dtype = np.dtype(dtype)
+def mlp_forward_nodes(argmax: bool = True) -> list[onnx.NodeProto]:
+    """The forward of the two-layer MLP the tests and benchmarks train: x @ W1 + b1 -> h,
+    relu -> r, r @ W2 + b2 -> logits and, with `argmax`, their argmax ``pred`` [N] (int64).
+    Used by mlp_case, test_training_builder.py's forward model and benchmarks/group_agent.py."""
     nodes = [
         helper.make_node("MatMul", ["x", "W1"], ["h0"]),
         helper.make_node("Add", ["h0", "b1"], ["h"]),
         helper.make_node("Relu", ["h"], ["r"]),
         helper.make_node("MatMul", ["r", "W2"], ["z"]),
         helper.make_node("Add", ["z", "b2"], ["logits"]),
-        helper.make_node("ArgMax", ["logits"], ["pred"], axis=1, keepdims=0),
+    ]
+    if argmax:
+        nodes.append(helper.make_node("ArgMax", ["logits"], ["pred"], axis=1, keepdims=0))
+    return nodes
+
+
+def mlp_case(dtype=np.float64) -> TrainingCase:
+    """Two-layer MLP with ReLU; outputs the logits and their argmax (int64, non-differentiable)."""
+    dtype = np.dtype(dtype)
+    nodes = [
+        *mlp_forward_nodes(),
         yield_node(["logits", "pred"], ["logits_grad"], [0, 1], [1]),
         helper.make_node("Transpose", ["r"], ["rT"], perm=[1, 0]),
         helper.make_node("MatMul", ["rT", "logits_grad"], ["W2_grad"]),
@@ -515,6 +526,19 @@ HAND_BUILT = [
     passthrough_outputs_case,
     control_flow_case,
 ]
+
+# The hand-built cases onnxruntime-training 1.19.2's own agent can run (the others hit its
+# limitations: reference_agent/FINDINGS.md, test_reference_split.py::test_reference_agent_limitations);
+# test_reference_split.py and test_agent_reference.py compare ortagent with it on these.
+REFERENCE_COMPARABLE = [
+    mul_add_case,
+    mlp_case,
+    multi_output_case,
+    repeated_output_case,
+    constants_both_sides_case,
+    backward_only_input_case,
+]
+KERNELS_CHANGED_SINCE_1192 = {"Tanh", "Sigmoid"}  # for double tensors: not bit-identical with 1.19.2
 
 
 # -- the random family -----------------------------------------------------------------------

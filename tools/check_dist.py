@@ -28,6 +28,14 @@ model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opset
 out = ortagent.InferenceSession(model.SerializeToString()).run(None, {'a': np.ones(3, np.float32), 'b': np.ones(3, np.float32)})[0]
 assert out.tolist() == [2, 2, 2], out
 assert ortagent.__file__.startswith(__import__('sys').prefix), ortagent.__file__
+relu_grad = helper.make_model(helper.make_graph(
+    [helper.make_node('ReluGrad', ['dy', 'x'], ['dx'], domain='com.microsoft')], 'g',
+    [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ('dy', 'x')],
+    [helper.make_tensor_value_info('dx', TensorProto.FLOAT, [3])]), ir_version=10,
+    opset_imports=[helper.make_opsetid('', 17), helper.make_opsetid('com.microsoft', 1)])
+lowered = ortagent.lower_training_ops(relu_grad).SerializeToString()
+dx = ortagent.InferenceSession(lowered).run(None, {'dy': np.ones(3, np.float32), 'x': np.array([-1, 0, 2], np.float32)})[0]
+assert dx.tolist() == [0, 0, 1], dx
 print('installed ortagent', ortagent.__version__, 'runs on onnxruntime', ortagent.get_version_string())
 """
 
@@ -54,8 +62,9 @@ def main() -> int:
                 raise SystemExit(f"the sdist lacks {required}")
         with zipfile.ZipFile(wheel) as archive:
             wheel_names = archive.namelist()
-        for required in ("ortagent/_session.pyi", "ortagent/py.typed", "ortagent/agent.py", "ortagent/torch.py",
-                         "ortagent/_graph_passes.py"):
+        for required in ("ortagent/_session.pyi", "ortagent/py.typed", "ortagent/agent.py",
+                         "ortagent/training_ops/__init__.py", "ortagent/training_ops/aten.py",
+                         "ortagent/torch.py", "ortagent/_graph_passes.py"):
             if required not in wheel_names:
                 raise SystemExit(f"the wheel lacks {required}")
         if not any(name.startswith("ortagent/_session.") and name.endswith(".so") for name in wheel_names):

@@ -7,7 +7,8 @@ test process never imports it, it starts it in a subprocess (see ``client.py``):
 
 ``DIR`` holds ``model.onnx`` (a training graph with a com.microsoft:YieldOp), ``feeds.npz``
 (one array per graph input, in graph-input order, keys ``arr_0, arr_1, ...``) and
-``grads.npz`` (one array per YieldOp output, in order, same keys). The script builds the
+``grads.npz`` (one array per YieldOp output, in order, same keys; without it only the forward
+runs and no backward fetches are written). The script builds the
 C++ ``TrainingAgent`` over an ``InferenceSession`` on the CPU provider, runs forward until the
 YieldOp, then backward with the given gradients on the same ``PartialGraphExecutionState``,
 and writes ``outputs.npz``: ``forward_0000, ...`` (the forward fetches: the YieldOp inputs) and
@@ -92,7 +93,8 @@ def run(directory: str, optimization_level=None) -> None:
     fw_fetch_count = len(node.input) if node is not None else 0
     bw_fetch_names = [value.name for value in model.graph.output]
     feeds = load_ordered(os.path.join(directory, "feeds.npz"))
-    grads = load_ordered(os.path.join(directory, "grads.npz"))
+    grads_path = os.path.join(directory, "grads.npz")
+    grads = load_ordered(grads_path) if os.path.exists(grads_path) else None
 
     session, agent = make_agent(model_bytes, fw_feed_names, fw_fetch_count, bw_fetch_names, optimization_level)
     keep_alive: list = []
@@ -102,9 +104,12 @@ def run(directory: str, optimization_level=None) -> None:
     # Copy now: the fetches are views of buffers that the backward run may reuse (1.19.2 plans
     # the YieldOp inputs' memory as free once forward is over; see FINDINGS.md).
     forward = [np.array(forward_fetches[i].numpy(), copy=True) for i in range(len(forward_fetches))]
-    backward_fetches = C.OrtValueVector()
-    agent.run_backward(ort_values(grads, keep_alive), backward_fetches, state)
-    backward = [np.array(backward_fetches[i].numpy(), copy=True) for i in range(len(backward_fetches))]
+    if grads is None:       # forward only (the state is dropped unfinished)
+        backward = []
+    else:
+        backward_fetches = C.OrtValueVector()
+        agent.run_backward(ort_values(grads, keep_alive), backward_fetches, state)
+        backward = [np.array(backward_fetches[i].numpy(), copy=True) for i in range(len(backward_fetches))]
 
     arrays = {f"forward_{i:04d}": value for i, value in enumerate(forward)}
     arrays.update({f"backward_{i:04d}": value for i, value in enumerate(backward)})
