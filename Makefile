@@ -1,6 +1,7 @@
 # ortagent: every target sets itself up (virtual environments, packages) on a fresh machine.
 #   make test    build the extension and run the test suite (what .ci/run calls)
 #   make demo    train a small classifier end to end with TrainingAgent
+#   make demo-torch  train a small char-level GPT through ortagent.torch.ORTModule next to eager
 #   make bench   run the benchmarks side by side with onnxruntime and the C floor
 # Variables: PYTHON (interpreter for the venvs), ORT_PACKAGE (the onnxruntime wheel to test
 # against), TORCH=1 (also install torch's CPU build so the torch tests run), PYTEST_ARGS.
@@ -11,11 +12,12 @@ PY := $(VENV)/bin/python
 ORT_PACKAGE ?= onnxruntime-gpu==1.31.1
 TORCH ?= 0
 TORCH_PACKAGE ?= torch==2.13.0
+ONNXSCRIPT_PACKAGE ?= onnxscript>=0.3
 REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
 
-.PHONY: all test build venv refagent demo bench bench-quick fuzz asan dist-check clean
+.PHONY: all test build venv refagent demo demo-torch bench bench-quick fuzz asan dist-check clean
 
 all: test
 
@@ -30,6 +32,9 @@ venv: $(VENV)/.ready
 	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
 		echo "installing $(TORCH_PACKAGE) (CPU build) for the torch tests"; \
 		$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PACKAGE)"; fi
+	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import onnxscript" 2>/dev/null; then \
+		echo "installing $(ONNXSCRIPT_PACKAGE) (torch.onnx's dynamo exporter needs it)"; \
+		$(PY) -m pip install -q --disable-pip-version-check "$(ONNXSCRIPT_PACKAGE)"; fi
 
 build: venv
 	$(PY) setup.py -q build_ext --inplace
@@ -93,6 +98,18 @@ demo: build
 		echo "installing the demo's packages: $(DEMO_PACKAGES)"; \
 		$(PY) -m pip install -q --disable-pip-version-check $(DEMO_PACKAGES); }
 	$(PY) demo/train_digits.py --out build/demo/digits_loss.png $(DEMO_ARGS)
+
+# A char-level GPT trained through ortagent.torch.ORTModule next to torch eager, on the source of
+# a standard-library module (nothing downloaded). Installs torch (CPU build) and onnxscript like
+# TORCH=1, and tqdm + matplotlib. DEMO_TORCH_ARGS passes options, e.g. DEMO_TORCH_ARGS="--steps 600".
+DEMO_TORCH_ARGS ?=
+
+demo-torch: TORCH := 1
+demo-torch: build
+	@$(PY) -c "import matplotlib, tqdm" 2>/dev/null || { \
+		echo "installing the demo's packages: matplotlib tqdm"; \
+		$(PY) -m pip install -q --disable-pip-version-check matplotlib tqdm; }
+	$(PY) demo/train_char_gpt.py --out build/demo/char_gpt_loss.png $(DEMO_TORCH_ARGS)
 
 # Build the sdist and wheel, check their contents, install the sdist into a fresh venv and run it.
 dist-check: build

@@ -40,10 +40,10 @@ class Settings:
     def make(cls, quick: bool, workdir: Path, rounds_scale: float = 1.0,
              burst_ms: float | None = None, clock: str = "cpu") -> Settings:
         if quick:
-            rounds = {"calls": 7, "values": 7, "agent": 7, "threads": 7, "startup": 4}
+            rounds = {"calls": 7, "values": 7, "agent": 7, "threads": 7, "startup": 4, "torch": 5}
             burst = 0.01
         else:
-            rounds = {"calls": 41, "values": 31, "agent": 31, "threads": 31, "startup": 15}
+            rounds = {"calls": 41, "values": 31, "agent": 31, "threads": 31, "startup": 15, "torch": 21}
             burst = 0.03
         rounds = {k: max(2, int(round(v * rounds_scale))) for k, v in rounds.items()}
         return cls(quick, burst if burst_ms is None else burst_ms / 1e3, rounds, workdir,

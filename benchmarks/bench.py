@@ -1,6 +1,6 @@
 """Run ortagent's benchmarks side by side with onnxruntime, the C floor and the 1.19.2 agent.
 
-    python benchmarks/bench.py [--quick] [--groups calls,values,agent,threads,startup]
+    python benchmarks/bench.py [--quick] [--groups calls,values,agent,threads,startup,torch]
                                [--out DIR] [--rounds-scale F] [--burst-ms MS] [--no-plot]
 
 ``make bench`` (``make bench-quick`` for ``--quick``) sets up the environments and runs this.
@@ -30,7 +30,7 @@ import _common  # noqa: F401  (sets up sys.path)
 from _report import Group, markdown, plot
 
 # threads first: it is the one group that needs the wall clock, and so a quiet machine
-GROUPS = ("threads", "calls", "values", "agent", "startup")
+GROUPS = ("threads", "calls", "values", "agent", "startup", "torch")
 
 
 def machine() -> dict:

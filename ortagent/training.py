@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
+from ._graph_passes import flatten_batched_matmuls, simplify_copies
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
 )
@@ -55,6 +56,7 @@ def build_training_graph(
     non_differentiable_outputs: Sequence[int] | None = None,
     full_shape_outputs: Sequence[int] | None = None,
     ir_version: int | None = None,
+    optimize: bool = True,
 ) -> ModelProto:
     """A training graph (ORTModule layout) for ``forward_model``.
 
@@ -68,6 +70,14 @@ def build_training_graph(
     ``full_shape_outputs`` defaults to every module output index (the generated backward reads
     each output gradient directly, so each must have the output's full shape).
     ``ir_version`` overrides the forward model's IR version.
+    ``optimize`` (default True) applies rewrites where shapes are static (see
+    :mod:`ortagent._graph_passes`): batched MatMuls against 2-D weights are flattened to 2-D
+    before differentiation; after it, full-tensor copies along onnx-ad's size-1 seed axis
+    (Transpose/Expand that move no element) become Reshape/Identity views, one-element
+    operands of broadcasts get the result's rank, transposed weight-gradient products are
+    computed in the weight's layout and write the gradient output themselves. Gradients are
+    the same up to the order of floating-point additions; False gives onnx-ad's graph as
+    generated.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
@@ -216,6 +226,8 @@ def build_training_graph(
 
     import onnx_ad
 
+    if optimize:
+        flatten_batched_matmuls(model, _default_opset(model))
     try:
         adjoint = onnx_ad.reverse(
             model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
@@ -270,6 +282,12 @@ def build_training_graph(
     if not any(opset_id.domain == YIELD_OP_DOMAIN for opset_id in adjoint.opset_import):
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
     adjoint.ir_version = model.ir_version
+    if optimize:
+        # for shape inference only, the YieldOp passes each module output on as its gradient
+        # (full_shape_outputs: same shapes)
+        stand_in = [helper.make_node("Identity", [output], [gradient])
+                    for output, gradient in zip(seeded, yield_outputs)]
+        simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
     return adjoint
 
 

@@ -1,6 +1,7 @@
 """The README's Python blocks run, in order, in one namespace (as a reader would paste them).
 
-A block whose first line is ``# requires: torch`` or ``# requires: cuda`` is skipped, with the
+A block whose first line is ``# requires: torch``, ``# requires: ortmodule`` (torch and
+onnxscript) or ``# requires: cuda`` is skipped, with the
 reason, where that is unavailable; the other blocks still run.
 """
 
@@ -28,6 +29,11 @@ def unavailable(requirement: str) -> str | None:
         except ImportError:
             return "torch is not installed"
         return None
+    if requirement == "ortmodule":          # ortagent.torch: torch and the dynamo exporter's onnxscript
+        import importlib.util
+
+        missing = [name for name in ("torch", "onnxscript") if importlib.util.find_spec(name) is None]
+        return f"{' and '.join(missing)} not installed" if missing else None
     if requirement == "cuda":
         return cuda_unavailable_reason()
     return f"unknown requirement {requirement!r}"

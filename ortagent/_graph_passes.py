@@ -1,0 +1,376 @@
+"""Exact rewrites that make generated training graphs cheaper to run (used by build_training_graph).
+
+* :func:`flatten_batched_matmuls` (forward, before differentiation): ``MatMul(A[..., K], B[K, N])``
+  with ``A`` of rank 3 or more becomes ``Reshape(MatMul(Reshape(A, [-1, K]), B), [..., N])``.
+  onnx-ad's reverse rule for a batched ``MatMul`` against a 2-D weight builds the batched outer
+  product and reduces it; for the 2-D product the weight gradient is one ``A^T @ G``.
+* :func:`simplify_copies` (after differentiation): nodes that copy a whole tensor without moving
+  any element become views -- a ``Transpose`` whose permutation moves only axes of size 1
+  (onnx-ad's size-1 seed axis) becomes a ``Reshape``, an ``Expand`` to the shape its input has
+  already becomes an ``Identity``, and a ``Transpose`` of a ``Transpose`` that undoes it becomes an
+  ``Identity`` of the original; nodes whose results nobody reads are dropped; one-element
+  operands of broadcasting operators get the rank of the result (``[..., 1] * [1]`` is ~100x
+  slower in onnxruntime's CPU kernels than ``[..., 1] * [1, ..., 1]``); a transposed matrix
+  product ``Transpose(Reshape(MatMul(A, B)))`` becomes ``Reshape(MatMul(B^T, A^T))``, the
+  operand transposes being what onnxruntime folds into ``FusedMatMul`` (the same sums, possibly
+  added in another order); a graph output reached through views only is written by the node
+  that computes it (onnxruntime would copy the view into the output).
+
+Both need static shapes: they rewrite a node only where ONNX shape inference knows every
+dimension involved, and leave everything else alone. Graph inputs and outputs keep their
+names, and a value read by a nested subgraph is never removed or renamed. The view rewrites
+move no element; the MatMul rewrites compute the same sums, possibly adding in another order
+(float32 gradients of a TransformerEncoderLayer agree to 3e-7 relative; the tests hold them
+to 1e-6).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper, numpy_helper
+
+from ._onnx_graph import NameAllocator, all_value_names, consumed_names
+
+__all__ = ["flatten_batched_matmuls", "simplify_copies", "static_shapes"]
+
+
+def static_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str, list[int]]:
+    """Fully known shapes of the values of ``model``'s main graph (from ONNX shape inference).
+    ``stand_ins`` maps a node (by name) to replacement nodes used only for the inference (a node
+    that the ONNX checker cannot infer, e.g. the YieldOp)."""
+    probe = ModelProto()
+    probe.CopyFrom(model)
+    if stand_ins:
+        nodes: list[onnx.NodeProto] = []
+        for node in model.graph.node:
+            nodes.extend(stand_ins.get(node.name, [node]) if node.name else [node])
+        del probe.graph.node[:]
+        probe.graph.node.extend(nodes)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
+    except Exception:
+        return {}
+    shapes: dict[str, list[int]] = {}
+    graph = inferred.graph
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        tensor = value.type.tensor_type
+        if not tensor.HasField("shape"):
+            continue
+        dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
+        if all(dim is not None for dim in dims):
+            shapes[value.name] = [int(dim or 0) for dim in dims]
+    for init in graph.initializer:
+        shapes[init.name] = list(init.dims)
+    return shapes
+
+
+def _constant(names: NameAllocator, stem: str, values: list[int]):
+    name = names.fresh(stem)
+    return name, numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
+    """Rewrite, in place, batched MatMuls against 2-D right operands as 2-D MatMuls; returns how
+    many. Needs opset 5+ (Reshape with a shape input)."""
+    if opset < 5:
+        return 0
+    graph = model.graph
+    shapes = static_shapes(model)
+    names = NameAllocator(all_value_names(graph))
+    rewritten = 0
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        a_shape, b_shape = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if a_shape is None or b_shape is None or len(a_shape) < 3 or len(b_shape) != 2 \
+                or a_shape[-1] != b_shape[0] or 0 in a_shape:
+            nodes.append(node)
+            continue
+        rows = int(np.prod(a_shape[:-1]))
+        flat_shape, flat_init = _constant(names, "ortagent_mm_rows", [rows, a_shape[-1]])
+        out_shape, out_init = _constant(names, "ortagent_mm_shape", a_shape[:-1] + [b_shape[1]])
+        flat_a = names.fresh(f"{node.input[0]}_2d")
+        flat_y = names.fresh(f"{node.output[0]}_2d")
+        graph.initializer.extend([flat_init, out_init])
+        nodes.append(helper.make_node("Reshape", [node.input[0], flat_shape], [flat_a]))
+        nodes.append(helper.make_node("MatMul", [flat_a, node.input[1]], [flat_y], name=node.name))
+        nodes.append(helper.make_node("Reshape", [flat_y, out_shape], [node.output[0]]))
+        rewritten += 1
+    if rewritten:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return rewritten
+
+
+def _moves_only_unit_axes(shape: list[int], perm: list[int]) -> bool:
+    """True when transposing by ``perm`` keeps the order of the axes longer than 1 (the data in
+    memory is then unchanged: the transpose is a reshape)."""
+    kept = [axis for axis in perm if shape[axis] != 1]
+    return kept == sorted(kept)
+
+
+def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),
+                    rounds: int = 3) -> int:
+    """Rewrite, in place, full-tensor copies that move no element into views (see the module
+    docstring) and drop dead nodes, for up to ``rounds`` rounds (a rewrite can enable another:
+    a Transpose that became a Reshape completes a transposed product); returns the number of
+    nodes rewritten or dropped. Nodes of the op types in ``keep`` are never dropped."""
+    total = 0
+    for _ in range(rounds):
+        changed = _simplify_round(model, stand_ins, keep)
+        total += changed
+        if not changed:
+            break
+    return total
+
+
+def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) -> int:
+    graph = model.graph
+    shapes = static_shapes(model, stand_ins)
+    names = NameAllocator(all_value_names(graph))
+    producers = {out: node for node in graph.node for out in node.output if out}
+    initializers = {init.name: init for init in graph.initializer}
+    count = 0
+    nodes: list[onnx.NodeProto] = []
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in consumed_names(node):
+            uses[name] = uses.get(name, 0) + 1
+    for value in graph.output:
+        uses[value.name] = uses.get(value.name, 0) + 1
+    for node in graph.node:
+        replacement = None
+        product = _transposed_product(node, shapes, producers, uses, names, graph)
+        if product:
+            nodes.extend(product)
+            count += 1
+            continue
+        if node.domain in ("", "ai.onnx") and node.op_type == "Transpose" and node.input[0] in shapes:
+            in_shape = shapes[node.input[0]]
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"),
+                        list(range(len(in_shape)))[::-1])
+            inner = producers.get(node.input[0])
+            inner_perm = None
+            if inner is not None and inner.op_type == "Transpose" and inner.domain in ("", "ai.onnx"):
+                inner_perm = next((list(a.ints) for a in inner.attribute if a.name == "perm"), None)
+            if inner is not None and inner_perm is not None and len(inner_perm) == len(perm) and \
+                    [inner_perm[axis] for axis in perm] == list(range(len(perm))):
+                replacement = helper.make_node("Identity", [inner.input[0]], list(node.output))
+            elif _moves_only_unit_axes(in_shape, perm):
+                out_shape = [in_shape[axis] for axis in perm]
+                shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
+                graph.initializer.append(init)
+                replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
+        elif node.domain in ("", "ai.onnx") and node.op_type == "Expand" and node.input[0] in shapes \
+                and node.output[0] in shapes:
+            in_shape, out_shape = shapes[node.input[0]], shapes[node.output[0]]
+            if in_shape == out_shape:
+                replacement = helper.make_node("Identity", [node.input[0]], list(node.output))
+            elif int(np.prod(in_shape)) == int(np.prod(out_shape)):
+                shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
+                graph.initializer.append(init)
+                replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
+        if replacement is None and node.domain in ("", "ai.onnx") and node.op_type in _BROADCASTING:
+            count += _full_rank_scalars(node, shapes, names, graph, initializers, nodes)
+        if replacement is not None:
+            replacement.name = node.name
+            nodes.append(replacement)
+            count += 1
+        else:
+            nodes.append(node)
+    count += _produce_outputs_directly(graph, nodes, shapes, keep, names)
+    count += _drop_dead(graph, nodes, keep)
+    return count
+
+
+_VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
+
+
+def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset, names) -> int:
+    """A graph output reached from a computed value through view operators only (Reshape,
+    Squeeze, Unsqueeze, Identity, Flatten), each value read once, with the output's shape
+    already: the computing node writes the graph output itself and the views go. onnxruntime
+    copies a view into a graph output's buffer (a weight gradient, every step); this way
+    nothing is copied. A MatMul whose operands and result have only leading axes of 1 beyond
+    the output's two becomes a 2-D MatMul of views of its operands for this. Returns the
+    number of view nodes removed."""
+    producers = {out: node for node in nodes for out in node.output if out}
+    uses: dict[str, int] = {}
+    for node in nodes:
+        for name in consumed_names(node):
+            uses[name] = uses.get(name, 0) + 1
+    outputs = [value.name for value in graph.output]
+    for name in outputs:
+        uses[name] = uses.get(name, 0) + 1
+    graph_inputs = {value.name for value in graph.input} | {init.name for init in graph.initializer}
+    removed: set[int] = set()
+    for name in outputs:
+        if outputs.count(name) != 1 or name not in shapes:
+            continue
+        chain = []
+        current = producers.get(name)
+        while current is not None and current.op_type in _VIEWS and current.domain in ("", "ai.onnx"):
+            chain.append(current)
+            source = current.input[0]
+            if uses.get(source) != 1 or source in graph_inputs or source in outputs:
+                chain = []
+                break
+            current = producers.get(source)
+        if not chain or current is None or current.op_type in keep or current.op_type in _VIEWS:
+            continue
+        source = chain[-1].input[0]
+        if any(id(node) in removed for node in chain):
+            continue
+        if shapes.get(source) != shapes[name]:
+            if not _matmul_to_2d(current, shapes, shapes[name], nodes, names, graph):
+                continue
+        for position, out in enumerate(current.output):
+            if out == source:
+                current.output[position] = name
+        removed.update(id(node) for node in chain)
+    if removed:
+        nodes[:] = [node for node in nodes if id(node) not in removed]
+    return len(removed)
+
+
+def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, graph) -> bool:
+    """Make ``node`` (a MatMul whose operands and result have only leading axes of 1) a 2-D
+    MatMul of 2-D views of its operands, when its 2-D result has the shape ``wanted``."""
+    if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+        return False
+    a_shape, b_shape = shapes.get(node.input[0]), shapes.get(node.input[1])
+    out_shape = shapes.get(node.output[0])
+    if a_shape is None or b_shape is None or out_shape is None or min(len(a_shape), len(b_shape)) < 2:
+        return False
+    if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + out_shape[:-2]) or out_shape[-2:] != wanted:
+        return False
+    position = nodes.index(node)
+    for index, shape in enumerate((a_shape, b_shape)):
+        if len(shape) == 2:
+            continue
+        matrix = names.fresh(f"{node.input[index]}_2d")
+        shape_name, init = _constant(names, "ortagent_view_shape", shape[-2:])
+        graph.initializer.append(init)
+        nodes.insert(position, helper.make_node("Reshape", [node.input[index], shape_name], [matrix]))
+        position += 1
+        shapes[matrix] = shape[-2:]
+        node.input[index] = matrix
+    return True
+
+
+def _perm(node) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+
+
+def _transposed_product(node, shapes, producers, uses, names, graph) -> list | None:
+    """``Transpose(Reshape(MatMul(A, B)))`` that only swaps the product's two matrix axes
+    (moving axes of size 1 aside) becomes ``Reshape(MatMul(B^T, A^T))``: the product written in
+    the layout wanted (a weight gradient ``[N, K]`` rather than ``[K, N]`` then transposed).
+    The operand transposes are what onnxruntime folds into ``FusedMatMul``. Applies when the
+    MatMul and the Reshape feed nothing else and all leading axes are 1."""
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    reshape = producers.get(node.input[0])
+    if reshape is None or reshape.op_type != "Reshape" or uses.get(reshape.output[0]) != 1:
+        return None
+    matmul = producers.get(reshape.input[0])
+    if matmul is None or matmul.op_type != "MatMul" or uses.get(matmul.output[0]) != 1:
+        return None
+    a_name, b_name = matmul.input[0], matmul.input[1]
+    a_shape, b_shape = shapes.get(a_name), shapes.get(b_name)
+    m_shape, r_shape, t_shape = (shapes.get(matmul.output[0]), shapes.get(reshape.output[0]),
+                                 shapes.get(node.output[0]))
+    if None in (a_shape, b_shape, m_shape, r_shape, t_shape) or min(len(a_shape), len(b_shape)) < 2:
+        return None
+    if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + m_shape[:-2]):
+        return None
+    rows, cols = m_shape[-2], m_shape[-1]
+    if rows == 1 or cols == 1:
+        return None
+    big = [axis for axis, dim in enumerate(r_shape) if dim != 1]
+    if [r_shape[axis] for axis in big] != [rows, cols]:
+        return None
+    perm = _perm(node) or list(range(len(r_shape)))[::-1]
+    if [axis for axis in perm if r_shape[axis] != 1] != [big[1], big[0]]:
+        return None
+    made = []
+    operands = []
+    for name, shape in ((b_name, b_shape), (a_name, a_shape)):
+        if len(shape) > 2:          # leading axes of 1: the 2-D matrix, as a view
+            matrix = names.fresh(f"{name}_2d")
+            flat_name, flat_init = _constant(names, "ortagent_view_shape", shape[-2:])
+            graph.initializer.append(flat_init)
+            made.append(helper.make_node("Reshape", [name, flat_name], [matrix]))
+            shapes[matrix] = shape[-2:]
+            name = matrix
+        swapped = names.fresh(f"{name}_T")
+        made.append(helper.make_node("Transpose", [name], [swapped], perm=[1, 0]))
+        shapes[swapped] = shapes[name][::-1]
+        operands.append(swapped)
+    product = names.fresh(f"{node.output[0]}_product")
+    made.append(helper.make_node("MatMul", operands, [product], name=matmul.name))
+    shapes[product] = [cols, rows]
+    shape_name, init = _constant(names, "ortagent_view_shape", t_shape)
+    graph.initializer.append(init)
+    made.append(helper.make_node("Reshape", [product, shape_name], list(node.output), name=node.name))
+    return made
+
+
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where",
+                           "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"})
+
+
+def _full_rank_scalars(node, shapes, names, graph, initializers, nodes) -> int:
+    """Give one-element operands of a broadcasting node the rank of its result: onnxruntime's CPU
+    broadcasting is ~100x slower for ``[..., 1] * [1]`` (or a rank-0 scalar) than for
+    ``[..., 1] * [1, ..., 1]``, and onnx-ad's seed axis makes every gradient end in a 1. The
+    values are unchanged; a constant gets a reshaped copy, a computed value a Reshape view."""
+    ranks = [len(shapes[name]) for name in node.input if name in shapes]
+    if len(ranks) != len([name for name in node.input if name]) or not ranks:
+        return 0
+    rank = max(ranks)
+    changed = 0
+    for position, name in enumerate(node.input):
+        shape = shapes.get(name)
+        if shape is None or len(shape) >= rank or int(np.prod(shape)) != 1:
+            continue
+        if name in initializers:
+            new_name = names.fresh(f"{name}_rank{rank}")
+            array = numpy_helper.to_array(initializers[name]).reshape([1] * rank)
+            init = numpy_helper.from_array(array, new_name)
+            graph.initializer.append(init)
+            initializers[new_name] = init
+        else:
+            new_name = names.fresh(f"{name}_rank{rank}")
+            shape_name, init = _constant(names, "ortagent_view_shape", [1] * rank)
+            graph.initializer.append(init)
+            nodes.append(helper.make_node("Reshape", [name, shape_name], [new_name]))
+        shapes[new_name] = [1] * rank
+        node.input[position] = new_name
+        changed += 1
+    return changed
+
+
+def _drop_dead(graph, nodes, keep) -> int:
+    """Keep the nodes whose results reach a graph output (or that are in ``keep``)."""
+    needed = {value.name for value in graph.output}
+    alive = []
+    for node in reversed(nodes):
+        if node.op_type in keep or any(out in needed for out in node.output if out):
+            alive.append(node)
+            needed.update(consumed_names(node))
+    alive.reverse()
+    dropped = len(nodes) - len(alive)
+    del graph.node[:]
+    graph.node.extend(alive)
+    used = {name for node in alive for name in consumed_names(node)} | {v.name for v in graph.output} \
+        | {v.name for v in graph.input}
+    kept_inits = [init for init in graph.initializer if init.name in used]
+    if len(kept_inits) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept_inits)
+    return dropped
+
