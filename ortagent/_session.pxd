@@ -121,8 +121,10 @@ cdef class IOBinding:
     cdef Py_ssize_t runs_in_flight              # changed with the GIL held
     cdef bint close_pending                     # close() asked for while a run was in flight
     cdef int require_open(self) except -1
-    cdef list begin_run(self)
-    cdef void end_run(self, list used) noexcept
+    cdef tuple bound_values                     # bound_inputs' and bound outputs' values
+    cdef int _bindings_changed(self) except -1
+    cdef tuple begin_run(self)
+    cdef void end_run(self, tuple used) noexcept
     cdef void _release(self) noexcept
     cdef bytes _input_name(self, object name)
     cdef bytes _output_name(self, object name)

@@ -810,7 +810,7 @@ cdef class InferenceSession:
         cdef ort.OrtStatus* status = NULL
         cdef bint registered = False
         self.begin_run()
-        cdef list used
+        cdef tuple used
         try:
             used = bound.begin_run()            # close() of the binding or its values waits
         except BaseException:
@@ -877,6 +877,7 @@ cdef class IOBinding:
     def __cinit__(self):
         self.bound_inputs = {}
         self.bound_outputs = []
+        self.bound_values = ()
 
     def __init__(self, session, bint reuse_output_buffers=False):
         if not isinstance(session, InferenceSession):
@@ -899,29 +900,34 @@ cdef class IOBinding:
         self.session.require_open()
         return 0
 
-    cdef list begin_run(self):
+    cdef int _bindings_changed(self) except -1:
+        """Rebuild the tuple of values bound now (what a run marks in use)."""
+        values = list(self.bound_inputs.values())
+        for item in self.bound_outputs:
+            if (<_BoundOutput>item).value is not None:
+                values.append((<_BoundOutput>item).value)
+        self.bound_values = tuple(values)
+        return 0
+
+    cdef tuple begin_run(self):
         """A run starts: the binding and every value bound to it stay alive until end_run
-        (close() of either waits); a value closed since it was bound is an ObjectClosedError."""
-        cdef list used = []
-        cdef OrtValue value
-        try:
-            for item in self.bound_inputs.values():
-                value = item
-                value.begin_use()
-                used.append(value)
-            for item in self.bound_outputs:
-                if (<_BoundOutput>item).value is not None:
-                    value = (<_BoundOutput>item).value
-                    value.begin_use()
-                    used.append(value)
-        except BaseException:
-            for item in used:
-                (<OrtValue>item).end_use()
-            raise
+        (close() of either waits); a value closed since it was bound is an ObjectClosedError.
+        Returns the values marked (a binding changed by another thread meanwhile does not
+        change what this run releases)."""
+        cdef tuple used = self.bound_values
+        cdef Py_ssize_t i, n = len(used)
+        for i in range(n):
+            try:
+                (<OrtValue>used[i]).begin_use()
+            except BaseException:
+                while i > 0:
+                    i -= 1
+                    (<OrtValue>used[i]).end_use()
+                raise
         self.runs_in_flight += 1
         return used
 
-    cdef void end_run(self, list used) noexcept:
+    cdef void end_run(self, tuple used) noexcept:
         for item in used:
             (<OrtValue>item).end_use()
         self.runs_in_flight -= 1
@@ -935,6 +941,7 @@ cdef class IOBinding:
             _live[<int>HANDLE_IO_BINDING] -= 1
         self.bound_inputs = {}
         self.bound_outputs = []
+        self.bound_values = ()
 
     def close(self):
         """Release the binding and the values it keeps alive. A run using the binding on
@@ -971,6 +978,7 @@ cdef class IOBinding:
                                      f"{tensor_type_name(v.elem_type)}")
         check(ort.BindInput(self.handle, encoded, v.handle))
         self.bound_inputs[name] = value
+        self._bindings_changed()
         self.inputs_verified = False
         self.outputs_stale = True
 
@@ -992,6 +1000,7 @@ cdef class IOBinding:
         self.require_open()
         ort.ClearBoundInputs(self.handle)
         self.bound_inputs = {}
+        self._bindings_changed()
         self.inputs_verified = False
         self.outputs_stale = True
 
@@ -1046,13 +1055,16 @@ cdef class IOBinding:
         for i, existing in enumerate(self.bound_outputs):
             if (<_BoundOutput>existing).name == bound.name:
                 self.bound_outputs[i] = bound
+                self._bindings_changed()
                 return
         self.bound_outputs.append(bound)
+        self._bindings_changed()
 
     def clear_binding_outputs(self):
         self.require_open()
         ort.ClearBoundOutputs(self.handle)
         self.bound_outputs = []
+        self._bindings_changed()
 
     cdef bint has_device_outputs(self):
         for item in self.bound_outputs:
