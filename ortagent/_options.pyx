@@ -474,55 +474,73 @@ def _option_text(value):
     return str(value)
 
 
-cdef int _append_cuda(ort.OrtSessionOptions* options, dict settings) except -1:
+@cython.final
+cdef class _OptionArrays:
+    """Provider options as the C API takes them: parallel arrays of UTF-8 keys and values (one
+    allocation), over bytes objects kept referenced while the arrays live."""
+    cdef list encoded
+    cdef const char** keys
+    cdef const char** values
+    cdef Py_ssize_t count
+
+    def __dealloc__(self):
+        free(self.keys)                 # the values array is the second half of the same block
+
+
+cdef _OptionArrays _option_arrays(dict settings):
+    cdef _OptionArrays arrays = _OptionArrays.__new__(_OptionArrays)
+    cdef Py_ssize_t n = len(settings), i = 0
+    cdef bytes key, value
+    arrays.encoded = []
+    arrays.keys = <const char**>malloc(2 * (n + 1) * sizeof(char*))
+    if arrays.keys == NULL:
+        raise MemoryError()
+    arrays.values = arrays.keys + n + 1
+    for name, text in settings.items():
+        key = _encode(name, "provider option")
+        value = _encode(text, "provider option value")
+        arrays.encoded.append(key)
+        arrays.encoded.append(value)
+        arrays.keys[i] = key
+        arrays.values[i] = value
+        i += 1
+    arrays.count = i
+    return arrays
+
+
+cdef ort.OrtCUDAProviderOptionsV2* _cuda_options(dict settings) except NULL:
+    """New CUDA provider options with `settings` applied (the caller releases them)."""
     cdef ort.OrtCUDAProviderOptionsV2* cuda = NULL
-    cdef Py_ssize_t n = len(settings), i
+    cdef _OptionArrays arrays = _option_arrays(settings)
     check(ort.CreateCUDAProviderOptions(&cuda))
-    keys = [_encode(k, "provider option") for k in settings]
-    values = [_encode(v, "provider option value") for v in settings.values()]
-    cdef const char** key_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
-    cdef const char** value_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
     try:
-        if key_ptrs == NULL or value_ptrs == NULL:
-            raise MemoryError()
-        for i in range(n):
-            key_ptrs[i] = keys[i]
-            value_ptrs[i] = values[i]
-        if n:
-            check(ort.UpdateCUDAProviderOptions(cuda, key_ptrs, value_ptrs, <size_t>n))
+        if arrays.count:
+            check(ort.UpdateCUDAProviderOptions(cuda, arrays.keys, arrays.values, <size_t>arrays.count))
+    except BaseException:
+        ort.ReleaseCUDAProviderOptions(cuda)
+        raise
+    return cuda
+
+
+cdef int _append_cuda(ort.OrtSessionOptions* options, dict settings) except -1:
+    cdef ort.OrtCUDAProviderOptionsV2* cuda = _cuda_options(settings)
+    try:
         check(ort.SessionOptionsAppendExecutionProvider_CUDA_V2(options, cuda))
     finally:
-        free(key_ptrs)
-        free(value_ptrs)
         ort.ReleaseCUDAProviderOptions(cuda)
     return 0
 
 
 cdef dict _effective_cuda_options(dict settings):
     """The full option set the CUDA provider runs with, as onnxruntime reports it."""
-    cdef ort.OrtCUDAProviderOptionsV2* cuda = NULL
     cdef ort.OrtAllocator* allocator = NULL
     cdef char* text = NULL
-    cdef Py_ssize_t n = len(settings), i
-    check(ort.CreateCUDAProviderOptions(&cuda))
-    keys = [_encode(k, "provider option") for k in settings]
-    values = [_encode(v, "provider option value") for v in settings.values()]
-    cdef const char** key_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
-    cdef const char** value_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
+    cdef ort.OrtCUDAProviderOptionsV2* cuda = _cuda_options(settings)
     try:
-        if key_ptrs == NULL or value_ptrs == NULL:
-            raise MemoryError()
-        for i in range(n):
-            key_ptrs[i] = keys[i]
-            value_ptrs[i] = values[i]
-        if n:
-            check(ort.UpdateCUDAProviderOptions(cuda, key_ptrs, value_ptrs, <size_t>n))
         check(ort.GetAllocatorWithDefaultOptions(&allocator))
         check(ort.GetCUDAProviderOptionsAsString(cuda, allocator, &text))
         joined = _take_string(text, allocator)
     finally:
-        free(key_ptrs)
-        free(value_ptrs)
         ort.ReleaseCUDAProviderOptions(cuda)
     result = {}
     for item in joined.split(";"):
@@ -533,22 +551,10 @@ cdef dict _effective_cuda_options(dict settings):
 
 
 cdef int _append_generic(ort.OrtSessionOptions* options, str name, dict settings) except -1:
-    cdef Py_ssize_t n = len(settings), i
-    keys = [_encode(k, "provider option") for k in settings]
-    values = [_encode(v, "provider option value") for v in settings.values()]
-    cdef const char** key_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
-    cdef const char** value_ptrs = <const char**>malloc((n + 1) * sizeof(char*))
-    try:
-        if key_ptrs == NULL or value_ptrs == NULL:
-            raise MemoryError()
-        for i in range(n):
-            key_ptrs[i] = keys[i]
-            value_ptrs[i] = values[i]
-        check(ort.SessionOptionsAppendExecutionProvider(
-            options, _encode(_GENERIC_PROVIDER_NAMES[name], "provider"), key_ptrs, value_ptrs, <size_t>n))
-    finally:
-        free(key_ptrs)
-        free(value_ptrs)
+    cdef _OptionArrays arrays = _option_arrays(settings)
+    check(ort.SessionOptionsAppendExecutionProvider(
+        options, _encode(_GENERIC_PROVIDER_NAMES[name], "provider"), arrays.keys, arrays.values,
+        <size_t>arrays.count))
     return 0
 
 
