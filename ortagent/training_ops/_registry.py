@@ -42,7 +42,7 @@ REFUSED = {
     "FakeQuantGrad": "quantization-aware training ops are not lowered",
 }
 # com.microsoft operators that stock onnxruntime registers and that training graphs use as they are.
-_STOCK_CONTRIB_HINTS = ("Fused", "Gelu", "SkipLayerNormalization", "Attention", "QuickGelu")
+_STOCK_CONTRIB_HINTS = ("Fused", "Gelu", "SkipLayerNormalization", "Attention")
 
 
 def lowers(*op_types: str, domain: str = MS_DOMAIN) -> Callable[[Lowering], Lowering]:

@@ -58,18 +58,17 @@ def _aten_embedding_backward(e: Emitter, node: NodeProto) -> None:
     e.op("ScatterND", table, flat_index, flat_grad, out=e.output(0), reduction="add")
 
 
-def _pool_arguments(e: Emitter, first: int, defaults_stride_from_kernel: bool = True):
-    kernel = _aten_ints(e, first, [])
-    strides = _aten_ints(e, first + 1, []) or list(kernel)
-    padding = _aten_ints(e, first + 2, [0] * len(kernel))
-    if len(padding) == 1:
-        padding = padding * len(kernel)
-    if len(strides) == 1:
-        strides = strides * len(kernel)
-    if len(kernel) == 1:
-        kernel = kernel * 2
-        strides = strides if len(strides) == 2 else strides * 2
-        padding = padding if len(padding) == 2 else padding * 2
+def _pair(values: list[int]) -> list[int]:
+    """An ATen int[2] argument given as one int (the same for both spatial axes)."""
+    return values * 2 if len(values) == 1 else values
+
+
+def _pool_arguments(e: Emitter, first: int):
+    """ATen's kernel_size, stride and padding (inputs first..first+2) for a 2-D pool: kernel and
+    strides as two ints (no stride: the kernel size), the pads as ONNX's four."""
+    kernel = _pair(_aten_ints(e, first, []))
+    strides = _pair(_aten_ints(e, first + 1, [])) or list(kernel)
+    padding = _pair(_aten_ints(e, first + 2, [0]))
     return kernel, strides, padding + padding
 
 
@@ -77,8 +76,7 @@ def _pool_arguments(e: Emitter, first: int, defaults_stride_from_kernel: bool = 
 def _aten_max_pool2d(e: Emitter, node: NodeProto) -> None:
     x = e.input(0)
     kernel, strides, pads = _pool_arguments(e, 1)
-    dilation = _aten_ints(e, 4, [1, 1])
-    dilation = dilation * 2 if len(dilation) == 1 else dilation
+    dilation = _pair(_aten_ints(e, 4, [1, 1]))
     ceil_mode = _aten_flag(e, 5, 0)
     values = e.output(0) or e.names.fresh(f"{e.stem}/values")
     onnx_indices = e.names.fresh(f"{e.stem}/onnx_indices")
