@@ -7,7 +7,7 @@ ORTAGENT_CALL_NEWER, which substitutes a stand-in returning an ORT_NOT_IMPLEMENT
 names the onnxruntime version needed when the loaded runtime is older.
 """
 
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 
 cdef extern from "ortagent/ort_abi.h" nogil:
@@ -28,6 +28,12 @@ cdef extern from "ortagent/ort_abi.h" nogil:
     ctypedef struct OrtCUDAProviderOptionsV2
     ctypedef struct OrtSyncStream
     ctypedef struct OrtAllocator
+    ctypedef struct OrtMapTypeInfo
+    ctypedef struct OrtSequenceTypeInfo
+    ctypedef struct OrtOptionalTypeInfo
+    ctypedef struct OrtThreadingOptions
+    ctypedef struct OrtTensorRTProviderOptionsV2
+    ctypedef struct OrtLoraAdapter
 
     ctypedef enum OrtErrorCode:
         ORT_OK
@@ -132,6 +138,8 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtErrorCode GetErrorCode "ORTAGENT_CALL(GetErrorCode)"(const OrtStatus*)
     const char* GetErrorMessage "ORTAGENT_CALL(GetErrorMessage)"(const OrtStatus*)
     OrtStatus* CreateEnv "ORTAGENT_CALL(CreateEnv)"(OrtLoggingLevel, const char*, OrtEnv**)
+    OrtStatus* EnableTelemetryEvents "ORTAGENT_CALL(EnableTelemetryEvents)"(const OrtEnv*)
+    OrtStatus* DisableTelemetryEvents "ORTAGENT_CALL(DisableTelemetryEvents)"(const OrtEnv*)
     OrtStatus* CreateSession "ORTAGENT_CALL(CreateSession)"(const OrtEnv*, const char*, const OrtSessionOptions*, OrtSession**)
     OrtStatus* CreateSessionFromArray "ORTAGENT_CALL(CreateSessionFromArray)"(const OrtEnv*, const void*, size_t, const OrtSessionOptions*, OrtSession**)
     OrtStatus* Run "ORTAGENT_CALL(Run)"(OrtSession*, const OrtRunOptions*, const char* const*, const OrtValue* const*, size_t, const char* const*, size_t, OrtValue**)
@@ -198,6 +206,9 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* AllocatorGetInfo "ORTAGENT_CALL(AllocatorGetInfo)"(const OrtAllocator*, const OrtMemoryInfo**)
     OrtStatus* GetAllocatorWithDefaultOptions "ORTAGENT_CALL(GetAllocatorWithDefaultOptions)"(OrtAllocator**)
     OrtStatus* AddFreeDimensionOverride "ORTAGENT_CALL(AddFreeDimensionOverride)"(OrtSessionOptions*, const char*, int64_t)
+    OrtStatus* GetValue "ORTAGENT_CALL(GetValue)"(const OrtValue*, int, OrtAllocator*, OrtValue**)
+    OrtStatus* GetValueCount "ORTAGENT_CALL(GetValueCount)"(const OrtValue*, size_t*)
+    OrtStatus* CreateValue "ORTAGENT_CALL(CreateValue)"(const OrtValue* const*, size_t, ONNXType, OrtValue**)
     void ReleaseEnv "ORTAGENT_CALL(ReleaseEnv)"(OrtEnv*)
     void ReleaseStatus "ORTAGENT_CALL(ReleaseStatus)"(OrtStatus*)
     void ReleaseMemoryInfo "ORTAGENT_CALL(ReleaseMemoryInfo)"(OrtMemoryInfo*)
@@ -207,6 +218,12 @@ cdef extern from "ortagent/ort_call.h" nogil:
     void ReleaseTypeInfo "ORTAGENT_CALL(ReleaseTypeInfo)"(OrtTypeInfo*)
     void ReleaseTensorTypeAndShapeInfo "ORTAGENT_CALL(ReleaseTensorTypeAndShapeInfo)"(OrtTensorTypeAndShapeInfo*)
     void ReleaseSessionOptions "ORTAGENT_CALL(ReleaseSessionOptions)"(OrtSessionOptions*)
+    OrtStatus* CastTypeInfoToMapTypeInfo "ORTAGENT_CALL(CastTypeInfoToMapTypeInfo)"(const OrtTypeInfo*, const OrtMapTypeInfo**)
+    OrtStatus* CastTypeInfoToSequenceTypeInfo "ORTAGENT_CALL(CastTypeInfoToSequenceTypeInfo)"(const OrtTypeInfo*, const OrtSequenceTypeInfo**)
+    OrtStatus* GetMapKeyType "ORTAGENT_CALL(GetMapKeyType)"(const OrtMapTypeInfo*, ONNXTensorElementDataType*)
+    OrtStatus* GetMapValueType "ORTAGENT_CALL(GetMapValueType)"(const OrtMapTypeInfo*, OrtTypeInfo**)
+    OrtStatus* GetSequenceElementType "ORTAGENT_CALL(GetSequenceElementType)"(const OrtSequenceTypeInfo*, OrtTypeInfo**)
+    OrtStatus* SessionEndProfiling "ORTAGENT_CALL(SessionEndProfiling)"(OrtSession*, OrtAllocator*, char**)
     OrtStatus* SessionGetModelMetadata "ORTAGENT_CALL(SessionGetModelMetadata)"(const OrtSession*, OrtModelMetadata**)
     OrtStatus* ModelMetadataGetProducerName "ORTAGENT_CALL(ModelMetadataGetProducerName)"(const OrtModelMetadata*, OrtAllocator*, char**)
     OrtStatus* ModelMetadataGetGraphName "ORTAGENT_CALL(ModelMetadataGetGraphName)"(const OrtModelMetadata*, OrtAllocator*, char**)
@@ -215,6 +232,10 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* ModelMetadataLookupCustomMetadataMap "ORTAGENT_CALL(ModelMetadataLookupCustomMetadataMap)"(const OrtModelMetadata*, OrtAllocator*, const char*, char**)
     OrtStatus* ModelMetadataGetVersion "ORTAGENT_CALL(ModelMetadataGetVersion)"(const OrtModelMetadata*, int64_t*)
     void ReleaseModelMetadata "ORTAGENT_CALL(ReleaseModelMetadata)"(OrtModelMetadata*)
+    OrtStatus* CreateEnvWithGlobalThreadPools "ORTAGENT_CALL(CreateEnvWithGlobalThreadPools)"(OrtLoggingLevel, const char*, const OrtThreadingOptions*, OrtEnv**)
+    OrtStatus* DisablePerSessionThreads "ORTAGENT_CALL(DisablePerSessionThreads)"(OrtSessionOptions*)
+    OrtStatus* CreateThreadingOptions "ORTAGENT_CALL(CreateThreadingOptions)"(OrtThreadingOptions**)
+    void ReleaseThreadingOptions "ORTAGENT_CALL(ReleaseThreadingOptions)"(OrtThreadingOptions*)
     OrtStatus* ModelMetadataGetCustomMetadataMapKeys "ORTAGENT_CALL(ModelMetadataGetCustomMetadataMapKeys)"(const OrtModelMetadata*, OrtAllocator*, char***, int64_t*)
     OrtStatus* AddFreeDimensionOverrideByName "ORTAGENT_CALL(AddFreeDimensionOverrideByName)"(OrtSessionOptions*, const char*, int64_t)
     OrtStatus* GetAvailableProviders "ORTAGENT_CALL(GetAvailableProviders)"(char***, int*)
@@ -235,9 +256,16 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* GetBoundOutputValues "ORTAGENT_CALL(GetBoundOutputValues)"(const OrtIoBinding*, OrtAllocator*, OrtValue***, size_t*)
     void ClearBoundInputs "ORTAGENT_CALL(ClearBoundInputs)"(OrtIoBinding*)
     void ClearBoundOutputs "ORTAGENT_CALL(ClearBoundOutputs)"(OrtIoBinding*)
+    OrtStatus* SessionGetProfilingStartTimeNs "ORTAGENT_CALL(SessionGetProfilingStartTimeNs)"(const OrtSession*, uint64_t*)
+    OrtStatus* SetGlobalIntraOpNumThreads "ORTAGENT_CALL(SetGlobalIntraOpNumThreads)"(OrtThreadingOptions*, int)
+    OrtStatus* SetGlobalInterOpNumThreads "ORTAGENT_CALL(SetGlobalInterOpNumThreads)"(OrtThreadingOptions*, int)
     OrtStatus* AddInitializer "ORTAGENT_CALL(AddInitializer)"(OrtSessionOptions*, const char*, const OrtValue*)
     OrtStatus* ModelMetadataGetGraphDescription "ORTAGENT_CALL(ModelMetadataGetGraphDescription)"(const OrtModelMetadata*, OrtAllocator*, char**)
     OrtStatus* AddRunConfigEntry "ORTAGENT_CALL(AddRunConfigEntry)"(OrtRunOptions*, const char*, const char*)
+    OrtStatus* SessionOptionsAppendExecutionProvider_TensorRT_V2 "ORTAGENT_CALL(SessionOptionsAppendExecutionProvider_TensorRT_V2)"(OrtSessionOptions*, const OrtTensorRTProviderOptionsV2*)
+    OrtStatus* CreateTensorRTProviderOptions "ORTAGENT_CALL(CreateTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2**)
+    OrtStatus* UpdateTensorRTProviderOptions "ORTAGENT_CALL(UpdateTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2*, const char* const*, const char* const*, size_t)
+    void ReleaseTensorRTProviderOptions "ORTAGENT_CALL(ReleaseTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2*)
     OrtStatus* HasValue "ORTAGENT_CALL(HasValue)"(const OrtValue*, int*)
     OrtStatus* GetTensorMemoryInfo "ORTAGENT_CALL(GetTensorMemoryInfo)"(const OrtValue*, const OrtMemoryInfo**)
     OrtStatus* SynchronizeBoundInputs "ORTAGENT_CALL(SynchronizeBoundInputs)"(OrtIoBinding*)
@@ -247,14 +275,23 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* UpdateCUDAProviderOptions "ORTAGENT_CALL(UpdateCUDAProviderOptions)"(OrtCUDAProviderOptionsV2*, const char* const*, const char* const*, size_t)
     OrtStatus* GetCUDAProviderOptionsAsString "ORTAGENT_CALL(GetCUDAProviderOptionsAsString)"(const OrtCUDAProviderOptionsV2*, OrtAllocator*, char**)
     void ReleaseCUDAProviderOptions "ORTAGENT_CALL(ReleaseCUDAProviderOptions)"(OrtCUDAProviderOptionsV2*)
+    OrtStatus* AddExternalInitializers "ORTAGENT_CALL(AddExternalInitializers)"(OrtSessionOptions*, const char* const*, const OrtValue* const*, size_t)
     OrtStatus* SessionOptionsAppendExecutionProvider "ORTAGENT_CALL(SessionOptionsAppendExecutionProvider)"(OrtSessionOptions*, const char*, const char* const*, const char* const*, size_t)
     void MemoryInfoGetDeviceType "ORTAGENT_CALL(MemoryInfoGetDeviceType)"(const OrtMemoryInfo*, OrtMemoryInfoDeviceType*)
     OrtStatus* UpdateEnvWithCustomLogLevel "ORTAGENT_CALL(UpdateEnvWithCustomLogLevel)"(OrtEnv*, OrtLoggingLevel)
     OrtStatus* HasSessionConfigEntry "ORTAGENT_CALL(HasSessionConfigEntry)"(const OrtSessionOptions*, const char*, int*)
     OrtStatus* GetSessionConfigEntry "ORTAGENT_CALL(GetSessionConfigEntry)"(const OrtSessionOptions*, const char*, char*, size_t*)
+    OrtStatus* CastTypeInfoToOptionalTypeInfo "ORTAGENT_CALL(CastTypeInfoToOptionalTypeInfo)"(const OrtTypeInfo*, const OrtOptionalTypeInfo**)
+    OrtStatus* GetOptionalContainedTypeInfo "ORTAGENT_CALL(GetOptionalContainedTypeInfo)"(const OrtOptionalTypeInfo*, OrtTypeInfo**)
     const char* GetBuildInfoString "ORTAGENT_CALL(GetBuildInfoString)"()
+    OrtStatus* CreateLoraAdapter "ORTAGENT_CALL(CreateLoraAdapter)"(const char*, OrtAllocator*, OrtLoraAdapter**)
+    OrtStatus* CreateLoraAdapterFromArray "ORTAGENT_CALL(CreateLoraAdapterFromArray)"(const void*, size_t, OrtAllocator*, OrtLoraAdapter**)
+    void ReleaseLoraAdapter "ORTAGENT_CALL(ReleaseLoraAdapter)"(OrtLoraAdapter*)
+    OrtStatus* RunOptionsAddActiveLoraAdapter "ORTAGENT_CALL(RunOptionsAddActiveLoraAdapter)"(OrtRunOptions*, const OrtLoraAdapter*)
 
     # ---- slots newer than ORTAGENT_API_FLOOR ----
+    OrtStatus* GetTensorSizeInBytes "ORTAGENT_CALL_NEWER(GetTensorSizeInBytes)"(const OrtValue*, size_t*)
+    OrtStatus* SessionGetMemoryInfoForInputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForInputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* SessionGetMemoryInfoForOutputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForOutputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* CopyTensors "ORTAGENT_CALL_NEWER(CopyTensors)"(const OrtEnv*, const OrtValue* const*, OrtValue* const*, OrtSyncStream*, size_t)
     OrtStatus* GetTensorElementTypeAndShapeDataReference "ORTAGENT_CALL_NEWER(GetTensorElementTypeAndShapeDataReference)"(const OrtValue*, ONNXTensorElementDataType*, const int64_t**, size_t*)

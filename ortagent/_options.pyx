@@ -4,6 +4,7 @@ execution providers on a session's options: how a session is set up, before it e
 
 import enum
 import os
+import warnings
 
 cimport cython
 from libc.stdint cimport int64_t
@@ -16,7 +17,9 @@ from ortagent._runtime cimport (
 )
 from ortagent._values cimport OrtValue
 from ortagent._runtime import get_available_providers
-from ortagent.errors import OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, OrtNotFound
+from ortagent.errors import (
+    OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, ProviderFallbackWarning, OrtNotFound,
+)
 
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
@@ -404,6 +407,18 @@ cdef class RunOptions:
 
 _CPU = "CPUExecutionProvider"
 _CUDA = "CUDAExecutionProvider"
+_TENSORRT = "TensorrtExecutionProvider"
+# Every provider name onnxruntime's Python API knows (onnxruntime.get_all_providers(), 1.31), in
+# its order. The C API has no such list: it reports only the providers built into the runtime.
+ALL_PROVIDERS = (
+    "NvTensorRTRTXExecutionProvider", "TensorrtExecutionProvider", "CUDAExecutionProvider",
+    "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "DnnlExecutionProvider",
+    "VitisAIExecutionProvider", "QNNExecutionProvider", "NnapiExecutionProvider",
+    "VSINPUExecutionProvider", "JsExecutionProvider", "CoreMLExecutionProvider",
+    "ACLExecutionProvider", "DmlExecutionProvider", "RknpuExecutionProvider",
+    "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
+    "CANNExecutionProvider", "AzureExecutionProvider", "CPUExecutionProvider",
+)
 # Providers appended through OrtApi::SessionOptionsAppendExecutionProvider, by their short names.
 _GENERIC_PROVIDER_NAMES = {
     "DnnlExecutionProvider": "DNNL",
@@ -428,8 +443,9 @@ def _settings_for(list requested, str name):
     return {}
 
 
-def _normalise_providers(providers, provider_options):
-    """[(name, {str: str})] from onnxruntime's accepted spellings."""
+def _normalise_providers(providers, provider_options, bint strict=False):
+    """[(name, {str: str})] from onnxruntime's accepted spellings. A provider listed twice is an
+    error when `strict`, else (as onnxruntime does) its later entries are dropped with a warning."""
     if providers is None:
         if provider_options:
             raise OrtInvalidArgument("provider_options given without providers")
@@ -463,9 +479,21 @@ def _normalise_providers(providers, provider_options):
         if not isinstance(options, dict):
             raise OrtInvalidType(f"options of {name} must be a dict, got {type(options).__name__}")
         if any([n == name for n, _ in result]):
-            raise OrtInvalidArgument(f"provider {name} is listed twice")
+            if strict:
+                raise OrtInvalidArgument(f"provider {name} is listed twice")
+            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", ProviderFallbackWarning)
+            continue
         result.append((name, {str(k): _option_text(v) for k, v in options.items()}))
     return result
+
+
+def _fallback_providers(list requested):
+    """What onnxruntime retries with when creating a session with `requested` fails: CUDA then CPU
+    when TensorRT was listed with CUDA (TensorRT's own fallback), else CPU alone."""
+    names = [name for name, _ in requested]
+    if _TENSORRT in names and _CUDA in names:
+        return [(_CUDA, _settings_for(requested, _CUDA)), (_CPU, _settings_for(requested, _CPU))]
+    return [(_CPU, _settings_for(requested, _CPU))]
 
 
 def _option_text(value):
@@ -558,37 +586,72 @@ cdef int _append_generic(ort.OrtSessionOptions* options, str name, dict settings
     return 0
 
 
-cdef list _configure_providers(ort.OrtSessionOptions* options, list requested):
-    """Append the requested providers to `options`; returns [(name, options)] as registered."""
+cdef int _append_tensorrt(ort.OrtSessionOptions* options, dict settings) except -1:
+    cdef ort.OrtTensorRTProviderOptionsV2* trt = NULL
+    cdef _OptionArrays arrays = _option_arrays(settings)
+    check(ort.CreateTensorRTProviderOptions(&trt))
+    try:
+        if arrays.count:
+            check(ort.UpdateTensorRTProviderOptions(trt, arrays.keys, arrays.values, <size_t>arrays.count))
+        check(ort.SessionOptionsAppendExecutionProvider_TensorRT_V2(options, trt))
+    finally:
+        ort.ReleaseTensorRTProviderOptions(trt)
+    return 0
+
+
+cdef int _left_out(str name, str reason, bint strict) except -1:
+    """A requested provider cannot be used: a ProviderError when `strict`, else a warning (the
+    session goes on with the providers that remain, as onnxruntime's does)."""
+    if strict:
+        raise ProviderError(reason)
+    # (no stacklevel: Cython frames are invisible, so the caller's line is reported)
+    warnings.warn(f"{reason.rstrip()}; the session continues without {name}", ProviderFallbackWarning)
+    return 0
+
+
+cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, bint strict=False):
+    """Append the requested providers to `options`; returns [(name, options)] as registered.
+
+    A provider that is not in this build, that ortagent cannot configure, or that onnxruntime
+    cannot create here (its libraries are missing, its options are refused) is left out with a
+    ProviderFallbackWarning, or raises ProviderError when `strict`. The CPU provider always
+    comes last."""
     available = get_available_providers()
     registered = []
     for name, settings in requested:
         if name not in available:
-            known = name == _CPU or name == _CUDA or name in _GENERIC_PROVIDER_NAMES
-            raise ProviderError(
-                f"{'execution provider ' + name + ' is not available in this onnxruntime build' if known else 'unknown execution provider ' + repr(name)}"
-                f" (available: {', '.join(available)})")
+            if strict:
+                known = name in ALL_PROVIDERS
+                raise ProviderError(
+                    (f"execution provider {name} is not available in this onnxruntime build" if known
+                     else f"unknown execution provider {name!r}") + f" (available: {', '.join(available)})")
+            # onnxruntime's own words, which users' warning filters match
+            warnings.warn(f"Specified provider '{name}' is not in available provider names."
+                          f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
+            continue
         if name == _CPU:
             unknown = set(settings) - {"use_arena"}
-            if unknown:
+            if unknown and strict:
                 raise ProviderError(f"unknown CPUExecutionProvider options {sorted(unknown)}; "
                                     "ortagent accepts 'use_arena'")
+            continue
+        if name != _CUDA and name != _TENSORRT and name not in _GENERIC_PROVIDER_NAMES:
+            _left_out(name, f"ortagent cannot configure execution provider {name} (supported: {_CPU}, "
+                            f"{_CUDA}, {_TENSORRT}, {', '.join(_GENERIC_PROVIDER_NAMES)})", strict)
             continue
         try:
             if name == _CUDA:
                 _append_cuda(options, settings)
-            elif name in _GENERIC_PROVIDER_NAMES:
-                _append_generic(options, name, settings)
+            elif name == _TENSORRT:
+                _append_tensorrt(options, settings)
             else:
-                raise ProviderError(f"ortagent cannot configure execution provider {name} "
-                                    f"(supported: {_CPU}, {_CUDA}, {', '.join(_GENERIC_PROVIDER_NAMES)})")
-        except ProviderError:
-            raise
+                _append_generic(options, name, settings)
         except Exception as exc:
-            raise ProviderError(f"cannot use execution provider {name}: {exc}") from exc
+            if strict:
+                raise ProviderError(f"cannot use execution provider {name}: {exc}") from exc
+            _left_out(name, f"Failed to create {name}: {exc}", False)
+            continue
         registered.append((name, settings))
     cpu_settings = _settings_for(requested, _CPU)
     registered.append((_CPU, cpu_settings))
     return registered
-
-

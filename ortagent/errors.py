@@ -37,6 +37,7 @@ __all__ = [
     "UnsupportedTrainingOpError",
     "RunStateError",
     "UnknownRunError",
+    "ProviderFallbackWarning",
     "error_class_for_code",
 ]
 
@@ -162,6 +163,12 @@ class ObjectClosedError(OrtError, RuntimeError):
 
 class ProviderError(OrtInvalidArgument):
     """An execution provider is unknown, unavailable in this build, or its options are bad."""
+
+
+class ProviderFallbackWarning(UserWarning):
+    """A listed execution provider was left out of a session (not in this build, or it could not
+    be created) and the session runs on the providers that remain, as onnxruntime does. Pass
+    ``strict_providers=True`` to ``InferenceSession`` to get a :class:`ProviderError` instead."""
 
 
 class DLPackError(OrtError, BufferError):

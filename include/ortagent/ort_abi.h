@@ -40,6 +40,12 @@ typedef struct OrtSessionOptions OrtSessionOptions;
 typedef struct OrtModelMetadata OrtModelMetadata;
 typedef struct OrtCUDAProviderOptionsV2 OrtCUDAProviderOptionsV2;
 typedef struct OrtSyncStream OrtSyncStream;
+typedef struct OrtMapTypeInfo OrtMapTypeInfo;
+typedef struct OrtSequenceTypeInfo OrtSequenceTypeInfo;
+typedef struct OrtOptionalTypeInfo OrtOptionalTypeInfo;
+typedef struct OrtThreadingOptions OrtThreadingOptions;
+typedef struct OrtTensorRTProviderOptionsV2 OrtTensorRTProviderOptionsV2;
+typedef struct OrtLoraAdapter OrtLoraAdapter;
 /* OrtAllocator is a struct of callbacks in the runtime; ortagent only passes pointers to it. */
 typedef struct OrtAllocator OrtAllocator;
 
@@ -118,6 +124,8 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(  1,  1, OrtErrorCode, GetErrorCode, (const OrtStatus*)) \
     X(  2,  1, const char*, GetErrorMessage, (const OrtStatus*)) \
     X(  3,  1, OrtStatus*, CreateEnv, (OrtLoggingLevel, const char*, OrtEnv**)) \
+    X(  5,  1, OrtStatus*, EnableTelemetryEvents, (const OrtEnv*)) \
+    X(  6,  1, OrtStatus*, DisableTelemetryEvents, (const OrtEnv*)) \
     X(  7,  1, OrtStatus*, CreateSession, (const OrtEnv*, const char*, const OrtSessionOptions*, OrtSession**)) \
     X(  8,  1, OrtStatus*, CreateSessionFromArray, (const OrtEnv*, const void*, size_t, const OrtSessionOptions*, OrtSession**)) \
     X(  9,  1, OrtStatus*, Run, (OrtSession*, const OrtRunOptions*, const char* const*, const OrtValue* const*, size_t, const char* const*, size_t, OrtValue**)) \
@@ -184,6 +192,9 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X( 77,  1, OrtStatus*, AllocatorGetInfo, (const OrtAllocator*, const OrtMemoryInfo**)) \
     X( 78,  1, OrtStatus*, GetAllocatorWithDefaultOptions, (OrtAllocator**)) \
     X( 79,  1, OrtStatus*, AddFreeDimensionOverride, (OrtSessionOptions*, const char*, int64_t)) \
+    X( 80,  1, OrtStatus*, GetValue, (const OrtValue*, int, OrtAllocator*, OrtValue**)) \
+    X( 81,  1, OrtStatus*, GetValueCount, (const OrtValue*, size_t*)) \
+    X( 82,  1, OrtStatus*, CreateValue, (const OrtValue* const*, size_t, ONNXType, OrtValue**)) \
     X( 92,  1, void, ReleaseEnv, (OrtEnv*)) \
     X( 93,  1, void, ReleaseStatus, (OrtStatus*)) \
     X( 94,  1, void, ReleaseMemoryInfo, (OrtMemoryInfo*)) \
@@ -193,6 +204,12 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X( 98,  1, void, ReleaseTypeInfo, (OrtTypeInfo*)) \
     X( 99,  1, void, ReleaseTensorTypeAndShapeInfo, (OrtTensorTypeAndShapeInfo*)) \
     X(100,  1, void, ReleaseSessionOptions, (OrtSessionOptions*)) \
+    X(103,  2, OrtStatus*, CastTypeInfoToMapTypeInfo, (const OrtTypeInfo*, const OrtMapTypeInfo**)) \
+    X(104,  2, OrtStatus*, CastTypeInfoToSequenceTypeInfo, (const OrtTypeInfo*, const OrtSequenceTypeInfo**)) \
+    X(105,  2, OrtStatus*, GetMapKeyType, (const OrtMapTypeInfo*, ONNXTensorElementDataType*)) \
+    X(106,  2, OrtStatus*, GetMapValueType, (const OrtMapTypeInfo*, OrtTypeInfo**)) \
+    X(107,  2, OrtStatus*, GetSequenceElementType, (const OrtSequenceTypeInfo*, OrtTypeInfo**)) \
+    X(110,  2, OrtStatus*, SessionEndProfiling, (OrtSession*, OrtAllocator*, char**)) \
     X(111,  2, OrtStatus*, SessionGetModelMetadata, (const OrtSession*, OrtModelMetadata**)) \
     X(112,  2, OrtStatus*, ModelMetadataGetProducerName, (const OrtModelMetadata*, OrtAllocator*, char**)) \
     X(113,  2, OrtStatus*, ModelMetadataGetGraphName, (const OrtModelMetadata*, OrtAllocator*, char**)) \
@@ -201,6 +218,10 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(116,  2, OrtStatus*, ModelMetadataLookupCustomMetadataMap, (const OrtModelMetadata*, OrtAllocator*, const char*, char**)) \
     X(117,  2, OrtStatus*, ModelMetadataGetVersion, (const OrtModelMetadata*, int64_t*)) \
     X(118,  2, void, ReleaseModelMetadata, (OrtModelMetadata*)) \
+    X(119,  3, OrtStatus*, CreateEnvWithGlobalThreadPools, (OrtLoggingLevel, const char*, const OrtThreadingOptions*, OrtEnv**)) \
+    X(120,  3, OrtStatus*, DisablePerSessionThreads, (OrtSessionOptions*)) \
+    X(121,  3, OrtStatus*, CreateThreadingOptions, (OrtThreadingOptions**)) \
+    X(122,  3, void, ReleaseThreadingOptions, (OrtThreadingOptions*)) \
     X(123,  3, OrtStatus*, ModelMetadataGetCustomMetadataMapKeys, (const OrtModelMetadata*, OrtAllocator*, char***, int64_t*)) \
     X(124,  3, OrtStatus*, AddFreeDimensionOverrideByName, (OrtSessionOptions*, const char*, int64_t)) \
     X(125,  4, OrtStatus*, GetAvailableProviders, (char***, int*)) \
@@ -221,9 +242,16 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(140,  5, OrtStatus*, GetBoundOutputValues, (const OrtIoBinding*, OrtAllocator*, OrtValue***, size_t*)) \
     X(141,  5, void, ClearBoundInputs, (OrtIoBinding*)) \
     X(142,  5, void, ClearBoundOutputs, (OrtIoBinding*)) \
+    X(146,  5, OrtStatus*, SessionGetProfilingStartTimeNs, (const OrtSession*, uint64_t*)) \
+    X(147,  5, OrtStatus*, SetGlobalIntraOpNumThreads, (OrtThreadingOptions*, int)) \
+    X(148,  5, OrtStatus*, SetGlobalInterOpNumThreads, (OrtThreadingOptions*, int)) \
     X(150,  6, OrtStatus*, AddInitializer, (OrtSessionOptions*, const char*, const OrtValue*)) \
     X(158,  7, OrtStatus*, ModelMetadataGetGraphDescription, (const OrtModelMetadata*, OrtAllocator*, char**)) \
     X(165,  8, OrtStatus*, AddRunConfigEntry, (OrtRunOptions*, const char*, const char*)) \
+    X(170,  9, OrtStatus*, SessionOptionsAppendExecutionProvider_TensorRT_V2, (OrtSessionOptions*, const OrtTensorRTProviderOptionsV2*)) \
+    X(171,  9, OrtStatus*, CreateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2**)) \
+    X(172,  9, OrtStatus*, UpdateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2*, const char* const*, const char* const*, size_t)) \
+    X(174,  9, void, ReleaseTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2*)) \
     X(192, 10, OrtStatus*, HasValue, (const OrtValue*, int*)) \
     X(194, 10, OrtStatus*, GetTensorMemoryInfo, (const OrtValue*, const OrtMemoryInfo**)) \
     X(202, 10, OrtStatus*, SynchronizeBoundInputs, (OrtIoBinding*)) \
@@ -233,16 +261,27 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(206, 11, OrtStatus*, UpdateCUDAProviderOptions, (OrtCUDAProviderOptionsV2*, const char* const*, const char* const*, size_t)) \
     X(207, 11, OrtStatus*, GetCUDAProviderOptionsAsString, (const OrtCUDAProviderOptionsV2*, OrtAllocator*, char**)) \
     X(208, 11, void, ReleaseCUDAProviderOptions, (OrtCUDAProviderOptionsV2*)) \
+    X(210, 12, OrtStatus*, AddExternalInitializers, (OrtSessionOptions*, const char* const*, const OrtValue* const*, size_t)) \
     X(216, 12, OrtStatus*, SessionOptionsAppendExecutionProvider, (OrtSessionOptions*, const char*, const char* const*, const char* const*, size_t)) \
     X(225, 14, void, MemoryInfoGetDeviceType, (const OrtMemoryInfo*, OrtMemoryInfoDeviceType*)) \
     X(226, 14, OrtStatus*, UpdateEnvWithCustomLogLevel, (OrtEnv*, OrtLoggingLevel)) \
     X(237, 14, OrtStatus*, HasSessionConfigEntry, (const OrtSessionOptions*, const char*, int*)) \
     X(238, 14, OrtStatus*, GetSessionConfigEntry, (const OrtSessionOptions*, const char*, char*, size_t*)) \
-    X(254, 15, const char*, GetBuildInfoString, (void))
+    X(250, 15, OrtStatus*, CastTypeInfoToOptionalTypeInfo, (const OrtTypeInfo*, const OrtOptionalTypeInfo**)) \
+    X(251, 15, OrtStatus*, GetOptionalContainedTypeInfo, (const OrtOptionalTypeInfo*, OrtTypeInfo**)) \
+    X(254, 15, const char*, GetBuildInfoString, (void)) \
+    X(280, 20, OrtStatus*, CreateLoraAdapter, (const char*, OrtAllocator*, OrtLoraAdapter**)) \
+    X(281, 20, OrtStatus*, CreateLoraAdapterFromArray, (const void*, size_t, OrtAllocator*, OrtLoraAdapter**)) \
+    X(282, 20, void, ReleaseLoraAdapter, (OrtLoraAdapter*)) \
+    X(283, 20, OrtStatus*, RunOptionsAddActiveLoraAdapter, (OrtRunOptions*, const OrtLoraAdapter*))
 
 /* Functions newer than ORTAGENT_API_FLOOR. All return OrtStatus*, and their parameters are
  * named so that ort_call.h can define a stand-in that reports the missing version. */
 #define ORTAGENT_ORT_NEWER_FUNCTIONS(X) \
+    X(318, 23, OrtStatus*, GetTensorSizeInBytes, (const OrtValue* value, size_t* size)) \
+    X(380, 23, OrtStatus*, SessionGetMemoryInfoForInputs, (const OrtSession* session, \
+                                                           const OrtMemoryInfo** infos, \
+                                                           size_t count)) \
     X(381, 23, OrtStatus*, SessionGetMemoryInfoForOutputs, (const OrtSession* session, \
                                                             const OrtMemoryInfo** infos, \
                                                             size_t count)) \

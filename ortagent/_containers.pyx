@@ -1,0 +1,397 @@
+# cython: language_level=3
+"""ONNX types beyond tensors: how a model's inputs and outputs are described (sequences, maps,
+optionals, sparse tensors), and sequence, map and optional values to and from Python.
+
+A type is described once, when a session reads its inputs and outputs, as a small tuple (a
+"type descriptor"), from which both onnxruntime's type string (``'seq(map(int64,tensor(float)))'``)
+and the conversion of feeds follow:
+
+    ("tensor", elem, shape)          ("sparse_tensor", elem, shape)
+    ("seq", inner)                   ("map", key_elem, value_descriptor)
+    ("optional", inner)              ("opaque",)  ("unknown",)
+
+Python lists become sequences, dicts maps (keys and values converted to the declared element
+types), and outputs come back as onnxruntime's Python API gives them: a sequence as a list, a
+map as a dict of Python scalars, an optional without a value as None.
+"""
+
+from libc.stdint cimport int64_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport strlen
+
+from ortagent cimport _capi as ort
+from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
+from ortagent._runtime cimport check, ensure_loaded, shared_runtime
+from ortagent._values cimport OrtValue, wrap_value, tensor_for_feed, value_to_numpy, tensor_type_name
+
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
+
+ort.ortagent_rt = shared_runtime()
+
+_np = None
+
+
+cdef object _numpy():
+    global _np
+    if _np is None:
+        import numpy
+        _np = numpy
+    return _np
+
+
+# ---- type descriptors ----------------------------------------------------------------------------
+
+cdef list _tensor_shape(const ort.OrtTensorTypeAndShapeInfo* info):
+    """Dimensions as ints, symbolic names, or None when unknown."""
+    cdef size_t count = 0, i
+    check(ort.GetDimensionsCount(info, &count))
+    cdef int64_t* dims = <int64_t*>malloc((count + 1) * sizeof(int64_t))
+    cdef const char** symbolic = <const char**>malloc((count + 1) * sizeof(char*))
+    if dims == NULL or symbolic == NULL:
+        free(dims)
+        free(symbolic)
+        raise MemoryError()
+    shape = []
+    try:
+        check(ort.GetDimensions(info, dims, count))
+        check(ort.GetSymbolicDimensions(info, symbolic, count))
+        for i in range(count):
+            if dims[i] >= 0:
+                shape.append(dims[i])
+            elif symbolic[i] != NULL and symbolic[i][0] != 0:
+                shape.append(symbolic[i][:strlen(symbolic[i])].decode("utf-8"))
+            else:
+                shape.append(None)
+    finally:
+        free(dims)
+        free(symbolic)
+    return shape
+
+
+cdef object _owned_type(ort.OrtTypeInfo* info):
+    """The descriptor of a type info this function then releases."""
+    try:
+        return describe_type(info)
+    finally:
+        ort.ReleaseTypeInfo(info)
+
+
+cdef object describe_type(const ort.OrtTypeInfo* info):
+    cdef ort.ONNXType kind = ort.ONNX_TYPE_UNKNOWN
+    cdef const ort.OrtTensorTypeAndShapeInfo* tensor = NULL
+    cdef const ort.OrtSequenceTypeInfo* sequence = NULL
+    cdef const ort.OrtMapTypeInfo* mapping = NULL
+    cdef const ort.OrtOptionalTypeInfo* optional = NULL
+    cdef ort.OrtTypeInfo* inner = NULL
+    cdef ort.ONNXTensorElementDataType elem = ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
+    check(ort.GetOnnxTypeFromTypeInfo(info, &kind))
+    if kind == ort.ONNX_TYPE_TENSOR or kind == ort.ONNX_TYPE_SPARSETENSOR:
+        check(ort.CastTypeInfoToTensorInfo(info, &tensor))
+        if tensor == NULL:
+            return ("unknown",)
+        check(ort.GetTensorElementType(tensor, &elem))
+        return ("tensor" if kind == ort.ONNX_TYPE_TENSOR else "sparse_tensor", <int>elem,
+                _tensor_shape(tensor))
+    if kind == ort.ONNX_TYPE_SEQUENCE:
+        check(ort.CastTypeInfoToSequenceTypeInfo(info, &sequence))
+        if sequence == NULL:
+            return ("unknown",)
+        check(ort.GetSequenceElementType(sequence, &inner))
+        return ("seq", _owned_type(inner))
+    if kind == ort.ONNX_TYPE_MAP:
+        check(ort.CastTypeInfoToMapTypeInfo(info, &mapping))
+        if mapping == NULL:
+            return ("unknown",)
+        check(ort.GetMapKeyType(mapping, &elem))
+        check(ort.GetMapValueType(mapping, &inner))
+        return ("map", <int>elem, _owned_type(inner))
+    if kind == ort.ONNX_TYPE_OPTIONAL:
+        check(ort.CastTypeInfoToOptionalTypeInfo(info, &optional))
+        if optional == NULL:
+            return ("unknown",)
+        check(ort.GetOptionalContainedTypeInfo(optional, &inner))
+        return ("optional", _owned_type(inner))
+    if kind == ort.ONNX_TYPE_OPAQUE:
+        return ("opaque",)
+    return ("unknown",)
+
+
+cdef str _element_name(int elem):
+    cdef const ortagent_element_info* info = ortagent_element_info_of(elem)
+    return info.name.decode() if info != NULL and info.name != NULL else f"undefined:{elem}"
+
+
+def type_string(desc):
+    """onnxruntime's NodeArg.type for a descriptor: 'tensor(float)', 'seq(tensor(int64))',
+    'map(int64,tensor(float))', 'optional(seq(tensor(float)))', 'sparse_tensor(float)'."""
+    kind = desc[0]
+    if kind == "tensor":
+        return tensor_type_name(desc[1])
+    if kind == "sparse_tensor":
+        return f"sparse_tensor({_element_name(desc[1])})"
+    if kind == "seq":
+        return f"seq({type_string(desc[1])})"
+    if kind == "map":
+        return f"map({_element_name(desc[1])},{type_string(desc[2])})"
+    if kind == "optional":
+        return f"optional({type_string(desc[1])})"
+    return kind
+
+
+def type_shape(desc):
+    """onnxruntime's NodeArg.shape for a descriptor: a tensor's dimensions (an optional
+    tensor's too), [] for the other kinds."""
+    if desc[0] in ("tensor", "sparse_tensor"):
+        return list(desc[2])
+    if desc[0] == "optional":
+        return type_shape(desc[1])
+    return []
+
+
+def describe_value_type(value):
+    """The descriptor of an OrtValue's own type (shapes as the value has them)."""
+    if not isinstance(value, OrtValue):
+        raise OrtInvalidType(f"expected an ortagent.OrtValue, got {type(value).__name__}")
+    cdef OrtValue v = value
+    v.require_handle()
+    cdef ort.OrtTypeInfo* info = NULL
+    check(ort.GetTypeInfo(v.handle, &info))
+    return _owned_type(info)
+
+
+# ---- feeds: Python objects -> values --------------------------------------------------------------
+
+cdef object _dtype_of(int elem):
+    cdef const ortagent_element_info* info = ortagent_element_info_of(elem)
+    np = _numpy()
+    if info == NULL or info.numpy_name == NULL or info.numpy_name[0] == 0 or info.from_ml_dtypes:
+        raise OrtNotImplemented(f"{tensor_type_name(elem)} items cannot be built from Python objects")
+    return np.dtype(info.numpy_name.decode())
+
+
+cdef object tensor_array(object feed, int elem, object name):
+    """A NumPy array for a tensor feed given as an array, a NumPy scalar or a (nested) list.
+    Lists take the declared element type (as onnxruntime does); np.void items of a string
+    tensor are taken as their raw bytes."""
+    np = _numpy()
+    if isinstance(feed, (list, tuple)):
+        dtype = object if elem == ORTAGENT_ELEM_STRING else _dtype_of(elem)
+        try:
+            return np.array(feed, dtype=dtype)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise OrtInvalidArgument(f"input {name!r}: cannot make a {tensor_type_name(elem)} tensor "
+                                     f"from the list given: {exc}") from None
+    if isinstance(feed, np.ndarray) and feed.dtype.kind == "V" and elem == ORTAGENT_ELEM_STRING:
+        strings = np.empty(feed.shape, dtype=object)
+        flat = strings.reshape(-1)
+        for i, item in enumerate(feed.reshape(-1)):
+            flat[i] = item.tobytes().rstrip(b"\0")     # (the C API stores NUL-terminated strings)
+        return strings
+    return feed
+
+
+cdef bint is_plain_tensor_feed(object feed, object desc):
+    """Whether the session's fast path (a NumPy array fed to a tensor input) takes `feed`."""
+    if desc[0] != "tensor":
+        return False
+    np = _numpy()
+    if not isinstance(feed, np.ndarray):
+        return isinstance(feed, np.generic)
+    return feed.dtype.kind != "V"
+
+
+cdef ort.OrtValue* value_for_feed(object feed, object desc, object name, list keep) except NULL:
+    """A new value (the caller owns it) for `feed` given to an input described by `desc`.
+    Arrays that the value views are appended to `keep`, which the caller keeps alive as long
+    as the value."""
+    ensure_loaded()
+    kind = desc[0]
+    if isinstance(feed, OrtValue):
+        raise OrtInvalidType(f"input {name!r}: OrtValues are fed as they are, not converted")
+    if kind == "tensor":
+        array = tensor_array(feed, desc[1], name)
+        keep.append(array)
+        return tensor_for_feed(array, name, desc[1], keep)
+    if kind == "seq":
+        return _sequence_value(feed, desc[1], name, keep)
+    if kind == "map":
+        return _map_value(feed, desc[1], desc[2], name, keep)
+    if kind == "optional":
+        if feed is None:
+            raise OrtNotImplemented(
+                f"input {name!r} is {type_string(desc)}: onnxruntime's C API cannot make an optional "
+                "value without an element; feed a value, or leave out an optional graph input")
+        return value_for_feed(feed, desc[1], name, keep)
+    raise OrtNotImplemented(f"input {name!r} is {type_string(desc)}, which ortagent cannot feed")
+
+
+cdef ort.OrtValue* _sequence_value(object feed, object inner, object name, list keep) except NULL:
+    if not isinstance(feed, (list, tuple)):
+        raise OrtInvalidType(f"input {name!r} is seq({type_string(inner)}): give a list, got "
+                             f"{type(feed).__name__}")
+    cdef Py_ssize_t n = len(feed), i, made = 0
+    if n == 0:
+        raise OrtNotImplemented(f"input {name!r}: onnxruntime's C API cannot make an empty sequence "
+                                "(OrtApi::CreateValue needs at least one element)")
+    if inner[0] != "tensor" and inner[0] != "map":
+        raise OrtNotImplemented(f"input {name!r}: sequences of {type_string(inner)} cannot be made "
+                                "through onnxruntime's C API")
+    cdef ort.OrtValue** items = <ort.OrtValue**>malloc(n * sizeof(ort.OrtValue*))
+    cdef ort.OrtValue* result = NULL
+    if items == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            items[i] = value_for_feed(feed[i], inner, f"{name}[{i}]", keep)
+            made += 1
+        check(ort.CreateValue(<const ort.OrtValue* const*>items, <size_t>n, ort.ONNX_TYPE_SEQUENCE,
+                              &result))
+    finally:
+        for i in range(made):
+            ort.ReleaseValue(items[i])
+        free(items)
+    return result
+
+
+cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, object name,
+                              list keep) except NULL:
+    if not isinstance(feed, dict):
+        raise OrtInvalidType(f"input {name!r} is map({_element_name(key_elem)},{type_string(value_desc)}): "
+                             f"give a dict, got {type(feed).__name__}")
+    if value_desc[0] != "tensor":
+        raise OrtNotImplemented(f"input {name!r}: maps of {type_string(value_desc)} cannot be made "
+                                "through onnxruntime's C API")
+    np = _numpy()
+    if key_elem == ORTAGENT_ELEM_STRING:
+        if not all([isinstance(k, str) for k in feed]):
+            raise OrtInvalidArgument(f"input {name!r} has string keys: every key must be a str")
+        keys = np.array(list(feed), dtype=object).reshape(len(feed))
+    else:
+        if any([isinstance(k, (str, bytes)) for k in feed]):
+            raise OrtInvalidArgument(f"input {name!r} has {_element_name(key_elem)} keys, got a string key")
+        keys = tensor_array(list(feed), key_elem, name)
+    values = tensor_array(list(feed.values()), value_desc[1], name)
+    keep.append(keys)
+    keep.append(values)
+    cdef ort.OrtValue* parts[2]
+    parts[0] = tensor_for_feed(keys, name, key_elem, keep)
+    parts[1] = NULL
+    cdef ort.OrtValue* result = NULL
+    try:
+        parts[1] = tensor_for_feed(values, name, value_desc[1], keep)
+        check(ort.CreateValue(<const ort.OrtValue* const*>parts, 2, ort.ONNX_TYPE_MAP, &result))
+    finally:
+        ort.ReleaseValue(parts[0])
+        if parts[1] != NULL:
+            ort.ReleaseValue(parts[1])
+    return result
+
+
+# ---- outputs: values -> Python objects ------------------------------------------------------------
+
+cdef object python_from_value(OrtValue value):
+    """A value as onnxruntime's run() gives it: a tensor as a NumPy array, a sequence as a list,
+    a map as a dict of Python scalars, an optional without an element as None."""
+    value.require_handle()
+    cdef int present = 1
+    cdef ort.ONNXType kind = ort.ONNX_TYPE_UNKNOWN
+    check(ort.HasValue(value.handle, &present))
+    if not present:
+        return None
+    check(ort.GetValueType(value.handle, &kind))
+    if kind == ort.ONNX_TYPE_TENSOR:
+        return value_to_numpy(value, True)
+    if kind == ort.ONNX_TYPE_SEQUENCE:
+        return [python_from_value(item) for item in _parts(value)]
+    if kind == ort.ONNX_TYPE_MAP:
+        keys, values = _parts(value)
+        return dict(zip(value_to_numpy(keys, True).tolist(), value_to_numpy(values, True).tolist()))
+    if kind == ort.ONNX_TYPE_SPARSETENSOR:
+        raise OrtNotImplemented("sparse tensor outputs cannot be read as NumPy arrays; use "
+                                "run_with_ort_values()")
+    raise OrtNotImplemented(f"outputs of ONNX type {<int>kind} cannot be converted to Python objects")
+
+
+cdef list _parts(OrtValue value):
+    """The elements of a sequence, or the keys and values tensors of a map, as new values."""
+    cdef size_t count = 0, i
+    cdef ort.OrtAllocator* allocator = NULL
+    cdef ort.OrtValue* part = NULL
+    check(ort.GetValueCount(value.handle, &count))
+    check(ort.GetAllocatorWithDefaultOptions(&allocator))
+    result = []
+    for i in range(count):
+        check(ort.GetValue(value.handle, <int>i, allocator, &part))
+        result.append(wrap_value(part, None, value.session))
+        part = NULL
+    return result
+
+
+def value_to_python(value):
+    """Python-level entry to python_from_value (an ortagent.OrtValue of any ONNX type)."""
+    if not isinstance(value, OrtValue):
+        raise OrtInvalidType(f"expected an ortagent.OrtValue, got {type(value).__name__}")
+    return python_from_value(value)
+
+
+def value_from_python(obj, type_str):
+    """An ortagent.OrtValue of ONNX type `type_str` (e.g. 'seq(tensor(float))') built from a
+    Python object (a list for a sequence, a dict for a map)."""
+    desc = parse_type_string(type_str)
+    keep = []
+    cdef ort.OrtValue* handle = value_for_feed(obj, desc, "value", keep)
+    # sequences and maps own copies of their elements; a tensor views the array in `keep`
+    return wrap_value(handle, keep if desc[0] in ("tensor", "optional") else None, None)
+
+
+def parse_type_string(text):
+    """The descriptor of an onnxruntime type string (the inverse of type_string, shapes
+    unknown)."""
+    if not isinstance(text, str):
+        raise OrtInvalidType(f"a type string must be a str, got {type(text).__name__}")
+    desc, rest = _parse(text.replace(" ", ""))
+    if rest:
+        raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
+    return desc
+
+
+cdef dict _ELEMENT_NUMBERS = {}
+
+
+cdef int _element_number(str name, str text) except -1:
+    cdef const ortagent_element_info* info
+    if not _ELEMENT_NUMBERS:
+        for number in range(1, 64):
+            info = ortagent_element_info_of(number)
+            if info != NULL and info.name != NULL:
+                _ELEMENT_NUMBERS[info.name.decode()] = number
+    if name not in _ELEMENT_NUMBERS:
+        raise OrtInvalidArgument(f"unknown element type {name!r} in ONNX type string {text!r}")
+    return _ELEMENT_NUMBERS[name]
+
+
+cdef tuple _parse(str text):
+    for prefix in ("tensor(", "sparse_tensor(", "seq(", "map(", "optional("):
+        if text.startswith(prefix):
+            break
+    else:
+        raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
+    body = text[len(prefix):]
+    if prefix in ("tensor(", "sparse_tensor("):
+        end = body.find(")")
+        if end < 0:
+            raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
+        return (prefix[:-1], _element_number(body[:end], text), None), body[end + 1:]
+    if prefix == "map(":
+        comma = body.find(",")
+        if comma < 0:
+            raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
+        key = _element_number(body[:comma], text)
+        inner, rest = _parse(body[comma + 1:])
+        if not rest.startswith(")"):
+            raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
+        return ("map", key, inner), rest[1:]
+    inner, rest = _parse(body)
+    if not rest.startswith(")"):
+        raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
+    return (prefix[:-1], inner), rest[1:]
