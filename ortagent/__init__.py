@@ -27,6 +27,11 @@ _LAZY = {
     "live_handles": "ortagent._runtime",
     "library_path": "ortagent._runtime",
     "api_version": "ortagent._runtime",
+    "get_all_providers": "ortagent._runtime",
+    "get_device": "ortagent._runtime",
+    "set_global_thread_pool_sizes": "ortagent._runtime",
+    "enable_telemetry_events": "ortagent._runtime",
+    "disable_telemetry_events": "ortagent._runtime",
     # values
     "OrtValue": "ortagent._values",
     "OrtDevice": "ortagent._values",
@@ -40,6 +45,8 @@ _LAZY = {
     "ModelMetadata": "ortagent._session",
     "GraphOptimizationLevel": "ortagent._options",
     "ExecutionMode": "ortagent._options",
+    "LoraAdapter": "ortagent._options",
+    "strict_providers": "ortagent._options",
     # training
     "TrainingAgent": "ortagent.agent",
     "PartialGraphExecutionState": "ortagent.agent",
@@ -64,6 +71,11 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._runtime import api_version as api_version
+    from ortagent._runtime import disable_telemetry_events as disable_telemetry_events
+    from ortagent._runtime import enable_telemetry_events as enable_telemetry_events
+    from ortagent._runtime import get_all_providers as get_all_providers
+    from ortagent._runtime import get_device as get_device
+    from ortagent._runtime import set_global_thread_pool_sizes as set_global_thread_pool_sizes
     from ortagent._runtime import get_available_providers as get_available_providers
     from ortagent._runtime import get_build_info as get_build_info
     from ortagent._runtime import get_default_logger_severity as get_default_logger_severity
@@ -73,6 +85,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._runtime import set_default_logger_severity as set_default_logger_severity
     from ortagent._options import ExecutionMode as ExecutionMode
     from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
+    from ortagent._options import LoraAdapter as LoraAdapter
+    from ortagent._options import strict_providers as strict_providers
     from ortagent._session import InferenceSession as InferenceSession
     from ortagent._session import IOBinding as IOBinding
     from ortagent._session import ModelMetadata as ModelMetadata

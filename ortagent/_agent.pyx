@@ -35,6 +35,7 @@ from ortagent._session cimport (
     run_nogil, run_binding_nogil, end_run_call, check_run_status,
 )
 from ortagent._values import as_device
+from ortagent._options import strict_providers
 from ortagent.errors import (
     OrtError, OrtInvalidArgument, OrtInvalidType, RunStateError, ObjectClosedError,
 )
@@ -182,10 +183,13 @@ cdef class _AgentEngine:
 
     def __init__(self, split, sess_options=None, providers=None, provider_options=None):
         self.split = split
-        self.forward_session = InferenceSession(split.forward_model, sess_options, providers,
-                                                provider_options)
-        self.backward_session = InferenceSession(split.backward_model, sess_options, providers,
-                                                 provider_options)
+        # Training on providers other than those asked for is never what the caller meant: the
+        # agent's sessions refuse (ProviderError) rather than fall back as InferenceSession does.
+        with strict_providers():
+            self.forward_session = InferenceSession(split.forward_model, sess_options, providers,
+                                                    provider_options)
+            self.backward_session = InferenceSession(split.backward_model, sess_options, providers,
+                                                     provider_options)
         self.n_graph_inputs = len(split.graph_input_names)
         self.n_forward_inputs = len(split.forward_input_names)
         self.n_module_outputs = len(split.module_output_names)

@@ -34,6 +34,7 @@ cdef extern from "ortagent/ort_abi.h" nogil:
     ctypedef struct OrtThreadingOptions
     ctypedef struct OrtTensorRTProviderOptionsV2
     ctypedef struct OrtLoraAdapter
+    ctypedef struct OrtArenaCfg
 
     ctypedef enum OrtErrorCode:
         ORT_OK
@@ -259,8 +260,11 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* SessionGetProfilingStartTimeNs "ORTAGENT_CALL(SessionGetProfilingStartTimeNs)"(const OrtSession*, uint64_t*)
     OrtStatus* SetGlobalIntraOpNumThreads "ORTAGENT_CALL(SetGlobalIntraOpNumThreads)"(OrtThreadingOptions*, int)
     OrtStatus* SetGlobalInterOpNumThreads "ORTAGENT_CALL(SetGlobalInterOpNumThreads)"(OrtThreadingOptions*, int)
+    OrtStatus* CreateAndRegisterAllocator "ORTAGENT_CALL(CreateAndRegisterAllocator)"(OrtEnv*, const OrtMemoryInfo*, const OrtArenaCfg*)
     OrtStatus* AddInitializer "ORTAGENT_CALL(AddInitializer)"(OrtSessionOptions*, const char*, const OrtValue*)
+    void ReleaseArenaCfg "ORTAGENT_CALL(ReleaseArenaCfg)"(OrtArenaCfg*)
     OrtStatus* ModelMetadataGetGraphDescription "ORTAGENT_CALL(ModelMetadataGetGraphDescription)"(const OrtModelMetadata*, OrtAllocator*, char**)
+    OrtStatus* CreateArenaCfgV2 "ORTAGENT_CALL(CreateArenaCfgV2)"(const char* const*, const size_t*, size_t, OrtArenaCfg**)
     OrtStatus* AddRunConfigEntry "ORTAGENT_CALL(AddRunConfigEntry)"(OrtRunOptions*, const char*, const char*)
     OrtStatus* SessionOptionsAppendExecutionProvider_TensorRT_V2 "ORTAGENT_CALL(SessionOptionsAppendExecutionProvider_TensorRT_V2)"(OrtSessionOptions*, const OrtTensorRTProviderOptionsV2*)
     OrtStatus* CreateTensorRTProviderOptions "ORTAGENT_CALL(CreateTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2**)
@@ -283,6 +287,8 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* GetSessionConfigEntry "ORTAGENT_CALL(GetSessionConfigEntry)"(const OrtSessionOptions*, const char*, char*, size_t*)
     OrtStatus* CastTypeInfoToOptionalTypeInfo "ORTAGENT_CALL(CastTypeInfoToOptionalTypeInfo)"(const OrtTypeInfo*, const OrtOptionalTypeInfo**)
     OrtStatus* GetOptionalContainedTypeInfo "ORTAGENT_CALL(GetOptionalContainedTypeInfo)"(const OrtOptionalTypeInfo*, OrtTypeInfo**)
+    OrtStatus* CreateAndRegisterAllocatorV2 "ORTAGENT_CALL(CreateAndRegisterAllocatorV2)"(OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)
+    OrtStatus* AddExternalInitializersFromFilesInMemory "ORTAGENT_CALL(AddExternalInitializersFromFilesInMemory)"(OrtSessionOptions*, const char* const*, char* const*, const size_t*, size_t)
     const char* GetBuildInfoString "ORTAGENT_CALL(GetBuildInfoString)"()
     OrtStatus* CreateLoraAdapter "ORTAGENT_CALL(CreateLoraAdapter)"(const char*, OrtAllocator*, OrtLoraAdapter**)
     OrtStatus* CreateLoraAdapterFromArray "ORTAGENT_CALL(CreateLoraAdapterFromArray)"(const void*, size_t, OrtAllocator*, OrtLoraAdapter**)

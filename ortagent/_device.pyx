@@ -20,6 +20,7 @@ from ortagent._values cimport (
 )
 from ortagent._session cimport InferenceSession
 from ortagent._values import as_device, _element_type_from
+from ortagent._options import strict_providers
 from ortagent.errors import OrtError, OrtInvalidArgument, OrtNotImplemented, OrtEPFail
 
 ort.ortagent_rt = shared_runtime()
@@ -75,8 +76,9 @@ cdef class _CudaDevice:
         session = self.sessions.get(elem_type)
         if session is None:
             try:
-                session = InferenceSession(_identity_model(elem_type), providers=[
-                    ("CUDAExecutionProvider", {"device_id": str(self.index)})])
+                with strict_providers():        # a CPU session would hand out host memory
+                    session = InferenceSession(_identity_model(elem_type), providers=[
+                        ("CUDAExecutionProvider", {"device_id": str(self.index)})])
             except OrtError as exc:
                 raise OrtEPFail(f"CUDA memory on device {self.index} needs a working CUDA execution "
                                 f"provider: {exc}") from exc

@@ -20,6 +20,7 @@ cdef class SessionOptions:
     cdef bint _enable_profiling
     cdef str _profile_file_prefix
     cdef str _optimized_model_filepath
+    cdef bint _use_per_session_threads
     cdef int require_handle(self) except -1
 
 
@@ -31,6 +32,11 @@ cdef class RunOptions:
     cdef str _logid
     cdef bint _terminate
     cdef dict _config_entries
+    cdef list _adapters              # LoraAdapters made active (kept alive while these options are)
+
+
+cdef class LoraAdapter:
+    cdef ort.OrtLoraAdapter* handle
 
 
 # UTF-8 bytes of a name or option text (no NUL); `what` names it in errors.

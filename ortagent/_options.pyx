@@ -2,6 +2,8 @@
 """SessionOptions and RunOptions (onnxruntime's names and defaults), and the configuration of
 execution providers on a session's options: how a session is set up, before it exists."""
 
+import contextlib
+import contextvars
 import enum
 import os
 import warnings
@@ -15,10 +17,12 @@ from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
     check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS,
 )
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
-from ortagent._runtime import get_available_providers
+from ortagent._runtime import get_available_providers, ALL_PROVIDERS
 from ortagent.errors import (
     OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, ProviderFallbackWarning, OrtNotFound,
+    OrtNoSuchFile,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -112,6 +116,7 @@ cdef class SessionOptions:
         self._enable_profiling = False
         self._profile_file_prefix = "onnxruntime_profile_"
         self._optimized_model_filepath = ""
+        self._use_per_session_threads = True
 
     def __dealloc__(self):
         if self.handle != NULL:
@@ -268,13 +273,14 @@ cdef class SessionOptions:
         self._config_entries[config_key] = config_value
 
     def get_session_config_entry(self, config_key):
-        """The value of a configuration entry; OrtNotFound when it was never set."""
+        """The value of a configuration entry; OrtNotFound (a RuntimeError too, with onnxruntime's
+        message) when it was never set."""
         key = _encode(config_key, "config_key")
         cdef int present = 0
         cdef size_t size = 0
         check(ort.HasSessionConfigEntry(self.handle, key, &present))
         if not present:
-            raise OrtNotFound(f"no session config entry {config_key!r}")
+            raise OrtNotFound(f"SessionOptions does not have configuration with key: {config_key}")
         check(ort.GetSessionConfigEntry(self.handle, key, NULL, &size))
         cdef char* buffer = <char*>malloc(size + 1)
         if buffer == NULL:
@@ -295,6 +301,99 @@ cdef class SessionOptions:
             raise OrtInvalidArgument(f"initializer {name!r} must be a CPU value, got {value.device_name()}")
         check(ort.AddInitializer(self.handle, _encode(name, "initializer name"), v.handle))
         self._initializers.append((name, value))
+
+    @property
+    def use_per_session_threads(self):
+        """False: sessions run on the process's global thread pools (see
+        set_global_thread_pool_sizes()) instead of their own."""
+        return self._use_per_session_threads
+
+    @use_per_session_threads.setter
+    def use_per_session_threads(self, bint value):
+        if value == self._use_per_session_threads:
+            return
+        if value:
+            raise OrtInvalidArgument("use_per_session_threads cannot be turned back on: onnxruntime's C "
+                                     "API can only disable per-session threads; create new SessionOptions")
+        check(ort.DisablePerSessionThreads(self.handle))
+        self._use_per_session_threads = False
+
+    def add_external_initializers(self, names, ort_values):
+        """Use these CPU OrtValues for the initializers the model stores in external files
+        (OrtApi::AddExternalInitializers). The values are kept alive by these options."""
+        names = list(names)
+        values = list(ort_values)
+        if len(names) != len(values):
+            raise OrtInvalidArgument(f"{len(names)} names but {len(values)} values")
+        for name, value in zip(names, values):
+            _require_value(value, f"initializer {name!r}")
+            (<OrtValue>value).require_handle()
+            if value.device_name() != "cpu":
+                raise OrtInvalidArgument(f"initializer {name!r} must be a CPU value, got {value.device_name()}")
+        if not names:
+            return
+        encoded = [_encode(name, "initializer name") for name in names]
+        cdef Py_ssize_t n = len(names), i
+        cdef const char** names_c = <const char**>malloc(n * sizeof(char*))
+        cdef const ort.OrtValue** values_c = <const ort.OrtValue**>malloc(n * sizeof(ort.OrtValue*))
+        try:
+            if names_c == NULL or values_c == NULL:
+                raise MemoryError()
+            for i in range(n):
+                names_c[i] = encoded[i]
+                values_c[i] = (<OrtValue>values[i]).handle
+            check(ort.AddExternalInitializers(self.handle, names_c, <const ort.OrtValue* const*>values_c,
+                                              <size_t>n))
+        finally:
+            free(names_c)
+            free(values_c)
+        self._initializers.extend(zip(names, values))
+
+    def add_external_initializers_from_files_in_memory(self, names, buffers, lengths):
+        """Give the contents of the model's external data files from memory: `names` as the
+        model's external data locations, `buffers` bytes-like objects, `lengths` their sizes.
+        The buffers are kept alive by these options (onnxruntime reads them at session creation)."""
+        names = list(names)
+        buffers = list(buffers)
+        lengths = list(lengths)
+        if not len(names) == len(buffers) == len(lengths):
+            raise OrtInvalidArgument(f"{len(names)} names, {len(buffers)} buffers and {len(lengths)} "
+                                     "lengths: one of each per file")
+        if not names:
+            return
+        encoded = [_encode(os.fspath(name), "file name") for name in names]
+        cdef Py_ssize_t n = len(names), i, got = 0
+        cdef Py_buffer* views = <Py_buffer*>calloc(n, sizeof(Py_buffer))
+        cdef const char** names_c = <const char**>malloc(n * sizeof(char*))
+        cdef char** data_c = <char**>malloc(n * sizeof(char*))
+        cdef size_t* sizes_c = <size_t*>malloc(n * sizeof(size_t))
+        try:
+            if views == NULL or names_c == NULL or data_c == NULL or sizes_c == NULL:
+                raise MemoryError()
+            for i in range(n):
+                try:
+                    PyObject_GetBuffer(buffers[i], &views[i], PyBUF_SIMPLE)
+                except TypeError:
+                    raise OrtInvalidType(f"buffers[{i}] must be bytes-like, got {type(buffers[i]).__name__}") from None
+                got += 1
+                length = lengths[i]
+                if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= views[i].len:
+                    raise OrtInvalidArgument(f"lengths[{i}] must be an int in [0, {views[i].len}] (the size "
+                                             f"of buffers[{i}]), got {length!r}")
+                names_c[i] = encoded[i]
+                data_c[i] = <char*>views[i].buf
+                sizes_c[i] = <size_t>length
+            check(ort.AddExternalInitializersFromFilesInMemory(self.handle, names_c, data_c, sizes_c,
+                                                               <size_t>n))
+        finally:
+            if views != NULL:
+                for i in range(got):
+                    PyBuffer_Release(&views[i])
+            free(views)
+            free(names_c)
+            free(data_c)
+            free(sizes_c)
+        self._initializers.extend(zip(names, buffers))
 
     def add_free_dimension_override_by_name(self, dim_name, dim_value):
         """Fix the symbolic dimension `dim_name` to `dim_value` in sessions using these options."""
@@ -336,6 +435,7 @@ cdef class RunOptions:
         self._logid = ""
         self._terminate = False
         self._config_entries = {}
+        self._adapters = []
 
     def __dealloc__(self):
         if self.handle != NULL:
@@ -393,6 +493,16 @@ cdef class RunOptions:
                                     _encode(config_value, "config_value")))
         self._config_entries[config_key] = config_value
 
+    def add_active_adapter(self, adapter):
+        """Make a LoraAdapter active in the runs using these options (kept alive by them)."""
+        if not isinstance(adapter, LoraAdapter):
+            raise OrtInvalidType(f"adapter must be an ortagent.LoraAdapter, got {type(adapter).__name__}")
+        cdef LoraAdapter lora = adapter
+        if lora.handle == NULL:
+            raise OrtInvalidArgument("this LoraAdapter holds no adapter yet: call Load() first")
+        check(ort.RunOptionsAddActiveLoraAdapter(self.handle, lora.handle))
+        self._adapters.append(adapter)
+
     def get_run_config_entry(self, config_key):
         try:
             return self._config_entries[config_key]
@@ -403,22 +513,52 @@ cdef class RunOptions:
         raise OrtInvalidType("RunOptions cannot be pickled")
 
 
+# ---- LoRA adapters --------------------------------------------------------------------------------
+
+@cython.final
+cdef class LoraAdapter:
+    """LoRA parameters in onnxruntime's adapter format, activated per run with
+    ``RunOptions.add_active_adapter``: ``adapter = LoraAdapter(); adapter.Load(path)``."""
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseLoraAdapter(self.handle)
+            self.handle = NULL
+
+    def Load(self, path_or_bytes):
+        """Read an adapter from a file (or from the file's bytes), replacing any held before."""
+        ensure_loaded()
+        cdef ort.OrtLoraAdapter* handle = NULL
+        cdef const char* path_c
+        cdef const unsigned char[::1] data
+        if isinstance(path_or_bytes, (str, os.PathLike)):
+            path = os.fsencode(path_or_bytes)
+            if b"\0" in path:
+                raise OrtInvalidArgument("adapter path must not contain NUL characters")
+            if not os.path.exists(path):
+                raise OrtNoSuchFile(f"no LoRA adapter file {os.fsdecode(path)!r}")
+            path_c = path
+            check(ort.CreateLoraAdapter(path_c, NULL, &handle))
+        elif isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
+            data = memoryview(path_or_bytes).cast("B")
+            if data.shape[0] == 0:
+                raise OrtInvalidArgument("the adapter bytes are empty")
+            check(ort.CreateLoraAdapterFromArray(&data[0], <size_t>data.shape[0], NULL, &handle))
+        else:
+            raise OrtInvalidType(f"path_or_bytes must be a path or bytes, got {type(path_or_bytes).__name__}")
+        if self.handle != NULL:
+            ort.ReleaseLoraAdapter(self.handle)
+        self.handle = handle
+
+    def __reduce__(self):
+        raise OrtInvalidType("LoraAdapter cannot be pickled")
+
+
 # ---- providers -----------------------------------------------------------------------------------
 
 _CPU = "CPUExecutionProvider"
 _CUDA = "CUDAExecutionProvider"
 _TENSORRT = "TensorrtExecutionProvider"
-# Every provider name onnxruntime's Python API knows (onnxruntime.get_all_providers(), 1.31), in
-# its order. The C API has no such list: it reports only the providers built into the runtime.
-ALL_PROVIDERS = (
-    "NvTensorRTRTXExecutionProvider", "TensorrtExecutionProvider", "CUDAExecutionProvider",
-    "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "DnnlExecutionProvider",
-    "VitisAIExecutionProvider", "QNNExecutionProvider", "NnapiExecutionProvider",
-    "VSINPUExecutionProvider", "JsExecutionProvider", "CoreMLExecutionProvider",
-    "ACLExecutionProvider", "DmlExecutionProvider", "RknpuExecutionProvider",
-    "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
-    "CANNExecutionProvider", "AzureExecutionProvider", "CPUExecutionProvider",
-)
 # Providers appended through OrtApi::SessionOptionsAppendExecutionProvider, by their short names.
 _GENERIC_PROVIDER_NAMES = {
     "DnnlExecutionProvider": "DNNL",
@@ -435,6 +575,28 @@ _GENERIC_PROVIDER_NAMES = {
 }
 
 
+# Whether sessions created in this context raise ProviderError for a provider they cannot use
+# (see strict_providers()).
+_strict = contextvars.ContextVar("ortagent_strict_providers", default=False)
+
+
+@contextlib.contextmanager
+def strict_providers(bint enabled=True):
+    """Within this block (this thread or task), a session that cannot use a listed execution
+    provider raises ProviderError instead of warning and going on without it::
+
+        with ortagent.strict_providers():
+            session = ortagent.InferenceSession(model, providers=["CUDAExecutionProvider"])
+
+    (The same as ``InferenceSession(..., strict_providers=True)`` for every session created
+    inside.) ortagent's own CUDA helpers and TrainingAgent always create their sessions so."""
+    token = _strict.set(enabled)
+    try:
+        yield
+    finally:
+        _strict.reset(token)
+
+
 def _settings_for(list requested, str name):
     """The options of the first provider called `name` in `requested` ([(name, options)]), or {}."""
     for provider, settings in requested:
@@ -445,7 +607,9 @@ def _settings_for(list requested, str name):
 
 def _normalise_providers(providers, provider_options, bint strict=False):
     """[(name, {str: str})] from onnxruntime's accepted spellings. A provider listed twice is an
-    error when `strict`, else (as onnxruntime does) its later entries are dropped with a warning."""
+    error when `strict` (or inside strict_providers()), else (as onnxruntime does) its later
+    entries are dropped with a warning."""
+    strict = strict or _strict.get()
     if providers is None:
         if provider_options:
             raise OrtInvalidArgument("provider_options given without providers")
@@ -614,8 +778,9 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
 
     A provider that is not in this build, that ortagent cannot configure, or that onnxruntime
     cannot create here (its libraries are missing, its options are refused) is left out with a
-    ProviderFallbackWarning, or raises ProviderError when `strict`. The CPU provider always
-    comes last."""
+    ProviderFallbackWarning, or raises ProviderError when `strict` (or inside strict_providers()).
+    The CPU provider always comes last."""
+    strict = strict or _strict.get()
     available = get_available_providers()
     registered = []
     for name, settings in requested:

@@ -18,7 +18,7 @@ from posix.dlfcn cimport dlopen, dlsym, dlerror, dlclose, RTLD_NOW, RTLD_LOCAL
 
 from ortagent cimport _capi as ort
 from ortagent import _library
-from ortagent.errors import OrtLoadError, error_class_for_code, OrtInvalidArgument, OrtInvalidType
+from ortagent.errors import OrtLoadError, error_class_for_code, OrtInvalidArgument, OrtInvalidType, OrtFail
 
 cdef ort.ortagent_runtime _runtime
 cdef Py_ssize_t _live_counts[<int>HANDLE_KIND_COUNT]
@@ -113,9 +113,29 @@ cdef int _open_library(str path, list failures) except -1:
     return 1
 
 
+# Sizes of the global thread pools asked for before the environment existed (None: the
+# environment is created without global thread pools; sessions use their own threads).
+_global_pool_sizes = None
+
+
 cdef int _create_env() except -1:
     cdef ort.OrtEnv* env = NULL
-    check(ort.CreateEnv(ort.ORT_LOGGING_LEVEL_WARNING, b"ortagent", &env))
+    cdef ort.OrtThreadingOptions* threading = NULL
+    cdef ort.OrtStatus* status = NULL
+    if _global_pool_sizes is None:
+        check(ort.CreateEnv(ort.ORT_LOGGING_LEVEL_WARNING, b"ortagent", &env))
+    else:
+        check(ort.CreateThreadingOptions(&threading))
+        try:
+            status = ort.SetGlobalIntraOpNumThreads(threading, _global_pool_sizes[0])
+            if status == NULL:
+                status = ort.SetGlobalInterOpNumThreads(threading, _global_pool_sizes[1])
+            if status == NULL:
+                status = ort.CreateEnvWithGlobalThreadPools(ort.ORT_LOGGING_LEVEL_WARNING, b"ortagent",
+                                                            threading, &env)
+            check(status)
+        finally:
+            ort.ReleaseThreadingOptions(threading)
     _runtime.env = env
     return 0
 
@@ -303,3 +323,79 @@ def get_default_logger_severity():
 def live_handles():
     """Counts of live ORT handles owned by ortagent objects, by kind (for leak checks)."""
     return {name: _live_counts[i] for i, name in enumerate(_HANDLE_KIND_NAMES)}
+
+
+# ---- onnxruntime's module-level functions ----------------------------------------------------
+
+# Every provider name onnxruntime's Python API knows (onnxruntime.get_all_providers(), 1.31), in
+# its order. The C API has no such list: it reports only the providers built into the runtime.
+ALL_PROVIDERS = (
+    "NvTensorRTRTXExecutionProvider", "TensorrtExecutionProvider", "CUDAExecutionProvider",
+    "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "DnnlExecutionProvider",
+    "VitisAIExecutionProvider", "QNNExecutionProvider", "NnapiExecutionProvider",
+    "VSINPUExecutionProvider", "JsExecutionProvider", "CoreMLExecutionProvider",
+    "ACLExecutionProvider", "DmlExecutionProvider", "RknpuExecutionProvider",
+    "WebNNExecutionProvider", "WebGpuExecutionProvider", "XnnpackExecutionProvider",
+    "CANNExecutionProvider", "AzureExecutionProvider", "CPUExecutionProvider",
+)
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "MIGraphXExecutionProvider",
+                  "DmlExecutionProvider", "NvTensorRTRTXExecutionProvider")
+
+
+def get_all_providers():
+    """Every execution provider name onnxruntime knows, in its default order of precedence
+    (whether or not the loaded build has it: see get_available_providers())."""
+    return list(ALL_PROVIDERS)
+
+
+def get_device():
+    """'GPU' when the loaded onnxruntime build has a GPU execution provider, else 'CPU' (what
+    the build supports, not whether a GPU is present)."""
+    available = get_available_providers()
+    return "GPU" if any([name in available for name in _GPU_PROVIDERS]) else "CPU"
+
+
+def _thread_count(value, what):
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise OrtInvalidType(f"{what} must be an int, got {type(value).__name__}")
+    value = value.__index__()
+    if not 0 <= value <= 1 << 16:
+        raise OrtInvalidArgument(f"{what} must be in [0, 65536], got {value}")
+    return value
+
+
+def set_global_thread_pool_sizes(intra_op_num_threads=0, inter_op_num_threads=0):
+    """Give the process-wide environment global thread pools of these sizes (0: onnxruntime's
+    default); sessions whose options set ``use_per_session_threads = False`` share them.
+
+    onnxruntime's C API sets thread pools only when the environment is created, which ortagent
+    does on the first call that needs onnxruntime (a session, options, a value): call this first.
+    """
+    global _global_pool_sizes
+    intra = _thread_count(intra_op_num_threads, "intra_op_num_threads")
+    inter = _thread_count(inter_op_num_threads, "inter_op_num_threads")
+    with _load_lock:
+        if _runtime.env != NULL:
+            if _global_pool_sizes == (intra, inter):
+                return
+            raise OrtFail("set_global_thread_pool_sizes() must come before ortagent's first use of "
+                          "onnxruntime: the environment exists already, and onnxruntime's C API "
+                          "sets global thread pools only when it creates one")
+        _global_pool_sizes = (intra, inter)
+
+
+def global_thread_pool_sizes():
+    """(intra, inter) given to set_global_thread_pool_sizes(), or None."""
+    return _global_pool_sizes
+
+
+def enable_telemetry_events():
+    """Let onnxruntime send its telemetry events (where the build has a telemetry provider)."""
+    ensure_loaded()
+    check(ort.EnableTelemetryEvents(_runtime.env))
+
+
+def disable_telemetry_events():
+    """Stop onnxruntime's telemetry events."""
+    ensure_loaded()
+    check(ort.DisableTelemetryEvents(_runtime.env))

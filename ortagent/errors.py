@@ -137,7 +137,10 @@ class OrtModelRequiresCompilation(OrtError, RuntimeError):
     default_code = ORT_MODEL_REQUIRES_COMPILATION
 
 
-class OrtNotFound(OrtError, LookupError):
+class OrtNotFound(OrtError, LookupError, RuntimeError):
+    """Something looked up is not there (a config entry never set). Also a RuntimeError, which is
+    what onnxruntime's Python API raises for the same lookups."""
+
     default_code = ORT_NOT_FOUND
 
 

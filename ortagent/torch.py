@@ -560,10 +560,12 @@ class _Graph:
 
     def inference_session(self):
         if self.session is None:
+            from ortagent._options import strict_providers
             from ortagent._session import InferenceSession
 
-            self.session = InferenceSession(self.info["model"].SerializeToString(),
-                                            self.owner._session_options, self._providers())
+            with strict_providers():        # the module's device, or an error: never another
+                self.session = InferenceSession(self.info["model"].SerializeToString(),
+                                                self.owner._session_options, self._providers())
         return self.session
 
     def run_inference(self, feeds: list[torch.Tensor]) -> list[torch.Tensor]:

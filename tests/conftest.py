@@ -75,8 +75,9 @@ def cuda_unavailable_reason() -> str | None:
     try:
         import onnx_models
 
-        ortagent.InferenceSession(onnx_models.identity().SerializeToString(),
-                                  providers=["CUDAExecutionProvider"])
+        with ortagent.strict_providers():
+            ortagent.InferenceSession(onnx_models.identity().SerializeToString(),
+                                      providers=["CUDAExecutionProvider"])
     except ortagent.OrtError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return f"no CUDA execution provider can be created here: {first_line}"

@@ -98,7 +98,7 @@ case("options", "session-config-key-int", OrtInvalidType, "config_key must be a 
      lambda w: SO().add_session_config_entry(1, "x"))
 case("options", "session-config-value-none", OrtInvalidType, "config_value must be a str",
      lambda w: SO().add_session_config_entry("session.x", None))
-case("options", "session-config-missing", OrtNotFound, "no session config entry 'session.nope'",
+case("options", "session-config-missing", OrtNotFound, "SessionOptions does not have configuration with key: session.nope",
      lambda w: SO().get_session_config_entry("session.nope"))
 case("options", "session-initializer-ndarray", OrtInvalidType, "initializer 'scale' must be an ortagent.OrtValue",
      lambda w: SO().add_initializer("scale", np.ones(1, np.float32)))
@@ -178,18 +178,24 @@ case("session", "providers-string", OrtInvalidType, "providers must be a list", 
     models.add(), providers="CPUExecutionProvider"))
 case("session", "providers-int", OrtInvalidType, "providers and provider_options must be lists",
      lambda w: Session(models.add(), providers=5))
+def _strictly(make, *args, **kwargs):
+    """Providers that cannot be used are errors only in strict mode (the default falls back)."""
+    with ortagent.strict_providers():
+        return make(*args, **kwargs)
+
+
 case("session", "providers-unknown", ProviderError, "'NoSuchExecutionProvider'",
-     lambda w: Session(models.add(), providers=["NoSuchExecutionProvider"]))
+     lambda w: _strictly(Session, models.add(), providers=["NoSuchExecutionProvider"]))
 case("session", "providers-not-in-this-build", ProviderError, "XnnpackExecutionProvider",
-     lambda w: Session(models.add(), providers=["XnnpackExecutionProvider"]))
+     lambda w: _strictly(Session, models.add(), providers=["XnnpackExecutionProvider"]))
 case("session", "providers-cpu-unknown-option", ProviderError, "['bogus']",
-     lambda w: Session(models.add(), providers=[("CPUExecutionProvider", {"bogus": 1})]))
+     lambda w: _strictly(Session, models.add(), providers=[("CPUExecutionProvider", {"bogus": 1})]))
 case("session", "providers-options-not-dict", OrtInvalidType, "options of CPUExecutionProvider must be a dict",
      lambda w: Session(models.add(), providers=[("CPUExecutionProvider", "fast")]))
 case("session", "providers-entry-int", OrtInvalidType, "providers[0] must be a name",
      lambda w: Session(models.add(), providers=[42]))
 case("session", "providers-listed-twice", OrtInvalidArgument, "CPUExecutionProvider is listed twice",
-     lambda w: Session(models.add(), providers=["CPUExecutionProvider"] * 2))
+     lambda w: _strictly(Session, models.add(), providers=["CPUExecutionProvider"] * 2))
 case("session", "provider_options-count", OrtInvalidArgument, "1 providers but 2 provider_options",
      lambda w: Session(models.add(), providers=["CPUExecutionProvider"], provider_options=[{}, {}]))
 case("session", "provider_options-without-providers", OrtInvalidArgument, "provider_options given without providers",

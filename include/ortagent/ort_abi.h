@@ -46,6 +46,7 @@ typedef struct OrtOptionalTypeInfo OrtOptionalTypeInfo;
 typedef struct OrtThreadingOptions OrtThreadingOptions;
 typedef struct OrtTensorRTProviderOptionsV2 OrtTensorRTProviderOptionsV2;
 typedef struct OrtLoraAdapter OrtLoraAdapter;
+typedef struct OrtArenaCfg OrtArenaCfg;
 /* OrtAllocator is a struct of callbacks in the runtime; ortagent only passes pointers to it. */
 typedef struct OrtAllocator OrtAllocator;
 
@@ -242,11 +243,14 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(140,  5, OrtStatus*, GetBoundOutputValues, (const OrtIoBinding*, OrtAllocator*, OrtValue***, size_t*)) \
     X(141,  5, void, ClearBoundInputs, (OrtIoBinding*)) \
     X(142,  5, void, ClearBoundOutputs, (OrtIoBinding*)) \
+    X(144,  5, OrtStatus*, CreateAndRegisterAllocator, (OrtEnv*, const OrtMemoryInfo*, const OrtArenaCfg*)) \
     X(146,  5, OrtStatus*, SessionGetProfilingStartTimeNs, (const OrtSession*, uint64_t*)) \
     X(147,  5, OrtStatus*, SetGlobalIntraOpNumThreads, (OrtThreadingOptions*, int)) \
     X(148,  5, OrtStatus*, SetGlobalInterOpNumThreads, (OrtThreadingOptions*, int)) \
     X(150,  6, OrtStatus*, AddInitializer, (OrtSessionOptions*, const char*, const OrtValue*)) \
+    X(157,  6, void, ReleaseArenaCfg, (OrtArenaCfg*)) \
     X(158,  7, OrtStatus*, ModelMetadataGetGraphDescription, (const OrtModelMetadata*, OrtAllocator*, char**)) \
+    X(164,  8, OrtStatus*, CreateArenaCfgV2, (const char* const*, const size_t*, size_t, OrtArenaCfg**)) \
     X(165,  8, OrtStatus*, AddRunConfigEntry, (OrtRunOptions*, const char*, const char*)) \
     X(170,  9, OrtStatus*, SessionOptionsAppendExecutionProvider_TensorRT_V2, (OrtSessionOptions*, const OrtTensorRTProviderOptionsV2*)) \
     X(171,  9, OrtStatus*, CreateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2**)) \
@@ -270,6 +274,8 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(250, 15, OrtStatus*, CastTypeInfoToOptionalTypeInfo, (const OrtTypeInfo*, const OrtOptionalTypeInfo**)) \
     X(251, 15, OrtStatus*, GetOptionalContainedTypeInfo, (const OrtOptionalTypeInfo*, OrtTypeInfo**)) \
     X(254, 15, const char*, GetBuildInfoString, (void)) \
+    X(259, 16, OrtStatus*, CreateAndRegisterAllocatorV2, (OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)) \
+    X(279, 18, OrtStatus*, AddExternalInitializersFromFilesInMemory, (OrtSessionOptions*, const char* const*, char* const*, const size_t*, size_t)) \
     X(280, 20, OrtStatus*, CreateLoraAdapter, (const char*, OrtAllocator*, OrtLoraAdapter**)) \
     X(281, 20, OrtStatus*, CreateLoraAdapterFromArray, (const void*, size_t, OrtAllocator*, OrtLoraAdapter**)) \
     X(282, 20, void, ReleaseLoraAdapter, (OrtLoraAdapter*)) \
