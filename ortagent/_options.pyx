@@ -817,6 +817,7 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
             _left_out(name, f"Failed to create {name}: {exc}", False)
             continue
         registered.append((name, settings))
-    cpu_settings = _settings_for(requested, _CPU)
-    registered.append((_CPU, cpu_settings))
+    # onnxruntime reports no options for its CPU provider (use_arena is applied to the session
+    # options before this): the same here
+    registered.append((_CPU, {}))
     return registered

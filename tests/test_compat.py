@@ -1,0 +1,501 @@
+"""ortagent as a drop-in for onnxruntime's Python API: the same calls made on onnxruntime's own
+Python module and on ortagent, with results, exception types and (where users match on them)
+messages compared. Models are built here with onnx.helper; nothing is hard-coded that onnxruntime
+or NumPy does not compute in the same test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import ortagent
+
+CPU = "CPUExecutionProvider"
+
+
+# ---- models ----------------------------------------------------------------------------------------
+
+def _model(nodes, inputs, outputs, initializers=(), opset=18, ml=False):
+    opsets = [helper.make_opsetid("", opset)]
+    if ml:
+        opsets.append(helper.make_opsetid("ai.onnx.ml", 3))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, ir_version=9, opset_imports=opsets)
+
+
+def _tensor(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _typed(name, type_proto):
+    return helper.make_value_info(name, type_proto)
+
+
+def _tensor_type(elem, shape=None):
+    return helper.make_tensor_type_proto(elem, shape)
+
+
+def add_model():
+    return _model([helper.make_node("Add", ["x", "y"], ["z"]), helper.make_node("Neg", ["x"], ["n"])],
+                  [_tensor("x", T.FLOAT, [None]), _tensor("y", T.FLOAT, [None])],
+                  [_tensor("z", T.FLOAT, [None]), _tensor("n", T.FLOAT, [None])])
+
+
+def sequence_output_model():
+    return _model([helper.make_node("SequenceConstruct", ["a", "b"], ["s"])],
+                  [_tensor("a", T.FLOAT, [2]), _tensor("b", T.FLOAT, [3])],
+                  [helper.make_tensor_sequence_value_info("s", T.FLOAT, None)])
+
+
+def sequence_input_model(elem=T.FLOAT):
+    return _model([helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0),
+                   helper.make_node("SequenceLength", ["s"], ["n"])],
+                  [helper.make_tensor_sequence_value_info("s", elem, None)],
+                  [_tensor("y", elem, None), _tensor("n", T.INT64, [])])
+
+
+def zipmap_model(string_labels=False):
+    attrs = {"classlabels_strings": ["a", "b"]} if string_labels else {"classlabels_int64s": [3, 7]}
+    key = T.STRING if string_labels else T.INT64
+    out = _typed("z", helper.make_sequence_type_proto(helper.make_map_type_proto(key, _tensor_type(T.FLOAT))))
+    return _model([helper.make_node("ZipMap", ["x"], ["z"], domain="ai.onnx.ml", **attrs)],
+                  [_tensor("x", T.FLOAT, [None, 2])], [out], ml=True)
+
+
+def dict_vectorizer_model(key=T.INT64, value=T.FLOAT):
+    vocabulary = {"int64_vocabulary": [1, 2, 5]} if key == T.INT64 else {"string_vocabulary": ["a", "b", "c"]}
+    inp = _typed("m", helper.make_map_type_proto(key, _tensor_type(value)))
+    return _model([helper.make_node("DictVectorizer", ["m"], ["y"], domain="ai.onnx.ml", **vocabulary)],
+                  [inp], [_tensor("y", value, None)], ml=True)
+
+
+def optional_input_model():
+    inp = _typed("o", helper.make_optional_type_proto(_tensor_type(T.FLOAT, [2])))
+    return _model([helper.make_node("OptionalHasElement", ["o"], ["h"])], [inp], [_tensor("h", T.BOOL, [])])
+
+
+def optional_output_model(empty):
+    out = _typed("o", helper.make_optional_type_proto(_tensor_type(T.FLOAT, [2])))
+    node = (helper.make_node("Optional", [], ["o"], type=_tensor_type(T.FLOAT, [2])) if empty
+            else helper.make_node("Optional", ["x"], ["o"]))
+    return _model([node, helper.make_node("Identity", ["x"], ["y"])], [_tensor("x", T.FLOAT, [2])],
+                  [out, _tensor("y", T.FLOAT, [2])])
+
+
+def string_model():
+    return _model([helper.make_node("Identity", ["x"], ["y"])], [_tensor("x", T.STRING, [None])],
+                  [_tensor("y", T.STRING, [None])])
+
+
+def lora_model():
+    """y = x + w, where w is an input with a default (so a LoRA parameter can replace it)."""
+    w = numpy_helper.from_array(np.full(3, 0.5, np.float32), "w")
+    return _model([helper.make_node("Add", ["x", "w"], ["y"])],
+                  [_tensor("x", T.FLOAT, [3]), _tensor("w", T.FLOAT, [3])], [_tensor("y", T.FLOAT, [3])],
+                  initializers=[w])
+
+
+def external_weights_model(directory, weights):
+    """y = x * w with w stored in an external file 'weights.bin' next to the model."""
+    w = numpy_helper.from_array(weights, "w")
+    model = _model([helper.make_node("Mul", ["x", "w"], ["y"])], [_tensor("x", T.FLOAT, [weights.size])],
+                   [_tensor("y", T.FLOAT, [weights.size])], initializers=[w])
+    onnx.external_data_helper.convert_model_to_external_data(model, all_tensors_to_one_file=True,
+                                                              location="weights.bin", size_threshold=0)
+    path = os.path.join(directory, "model.onnx")
+    onnx.save_model(model, path)
+    return path
+
+
+def _both(ort_ref, model, **kwargs):
+    data = model.SerializeToString()
+    return (ort_ref.InferenceSession(data, providers=[CPU], **kwargs),
+            ortagent.InferenceSession(data, providers=[CPU], **kwargs))
+
+
+def _same(ours, theirs):
+    """Deep comparison of run() results: arrays (dtype and values), lists, dicts, None."""
+    if isinstance(theirs, np.ndarray):
+        assert isinstance(ours, np.ndarray), f"expected an ndarray, got {type(ours).__name__}"
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours, theirs)
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list) and len(ours) == len(theirs), (ours, theirs)
+        for a, b in zip(ours, theirs):
+            _same(a, b)
+    elif isinstance(theirs, dict):
+        assert isinstance(ours, dict) and ours.keys() == theirs.keys(), (ours, theirs)
+        for key in theirs:
+            assert type(ours[key]) is type(theirs[key]), (key, ours[key], theirs[key])
+            assert ours[key] == theirs[key]
+    else:
+        assert ours == theirs
+
+
+def _raises_alike(their_call, our_call):
+    """Both raise; ours is an OrtError of the builtin base of theirs. Returns both exceptions."""
+    with pytest.raises(Exception) as theirs:
+        their_call()
+    with pytest.raises(ortagent.OrtError) as ours:
+        our_call()
+    bases = [b for b in type(theirs.value).__mro__ if b.__module__ == "builtins" and b is not object]
+    assert isinstance(ours.value, bases[0]), (type(ours.value).__mro__, bases[0])
+    return theirs.value, ours.value
+
+
+# ---- providers ------------------------------------------------------------------------------------
+
+def test_provider_lists_match(ort_ref):
+    assert ortagent.get_available_providers() == ort_ref.get_available_providers()
+    assert ortagent.get_all_providers() == ort_ref.get_all_providers()
+    assert ortagent.get_device() == ort_ref.get_device()
+
+
+def _providers_after(module, model, providers):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = module.InferenceSession(model.SerializeToString(), providers=providers)
+    return session, [str(w.message) for w in caught], [w.category for w in caught]
+
+
+@pytest.mark.parametrize("providers", [
+    ["CUDAExecutionProvider"],
+    ["CUDAExecutionProvider", CPU],
+    ["TensorrtExecutionProvider", "CUDAExecutionProvider", CPU],
+    [("CUDAExecutionProvider", {"device_id": "0"}), CPU],
+    ["XnnpackExecutionProvider"],
+    ["NoSuchExecutionProvider", CPU],
+    [CPU, CPU],
+    [(CPU, {"bogus": "1"})],
+], ids=lambda p: "+".join(x if isinstance(x, str) else x[0] for x in p))
+def test_provider_fallback_matches_onnxruntime(ort_ref, providers):
+    """A provider that cannot be used is left out, with a warning, and the session runs on the
+    rest: the same providers and results as onnxruntime's session."""
+    theirs, their_messages, _ = _providers_after(ort_ref, add_model(), providers)
+    ours, our_messages, categories = _providers_after(ortagent, add_model(), providers)
+    assert ours.get_providers() == theirs.get_providers()
+    assert ours.get_provider_options() == theirs.get_provider_options()
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.ones(3, np.float32)}
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+    assert all(issubclass(c, ortagent.ProviderFallbackWarning) and issubclass(c, UserWarning)
+               for c in categories)
+    names = [p if isinstance(p, str) else p[0] for p in providers]
+    if len(set(names)) < len(names) or any(n not in ortagent.get_available_providers() for n in names):
+        # onnxruntime's warnings for names it does not have and for duplicates, word for word
+        for message in their_messages:
+            assert message in our_messages
+    dropped = set(names) - set(ours.get_providers())
+    if dropped:
+        assert our_messages, "a provider was left out without a warning"
+
+
+@pytest.mark.parametrize("providers", [["NoSuchExecutionProvider"], ["XnnpackExecutionProvider"],
+                                       [CPU, CPU], ["CUDAExecutionProvider"]])
+def test_strict_providers_raise(providers):
+    available = ortagent.get_available_providers()
+    if providers == ["CUDAExecutionProvider"] and "CUDAExecutionProvider" in available:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if "CUDAExecutionProvider" in ortagent.InferenceSession(
+                    add_model().SerializeToString(), providers=providers).get_providers():
+                pytest.skip("the CUDA provider works here")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # strict mode never warns: it raises
+        with pytest.raises(ortagent.OrtInvalidArgument):
+            with ortagent.strict_providers():
+                ortagent.InferenceSession(add_model().SerializeToString(), providers=providers)
+        with pytest.raises(ortagent.OrtInvalidArgument):
+            ortagent.InferenceSession(add_model().SerializeToString(), providers=providers,
+                                      strict_providers=True)
+
+
+def test_strict_providers_scope_ends():
+    with ortagent.strict_providers():
+        pass
+    with pytest.warns(ortagent.ProviderFallbackWarning):
+        session = ortagent.InferenceSession(add_model().SerializeToString(),
+                                            providers=["NoSuchExecutionProvider"])
+    assert session.get_providers() == [CPU]
+
+
+def test_set_providers_and_fallback_switches(ort_ref):
+    theirs, ours = _both(ort_ref, add_model())
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.ones(3, np.float32)}
+    for session in (theirs, ours):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            session.set_providers(["CUDAExecutionProvider", CPU])
+        session.disable_fallback()
+        session.enable_fallback()
+    assert ours.get_providers() == theirs.get_providers()
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+    _raises_alike(lambda: theirs.set_providers("CPUExecutionProvider"),
+                  lambda: ours.set_providers("CPUExecutionProvider"))
+
+
+# ---- NodeArg types --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make", [sequence_output_model, sequence_input_model, zipmap_model,
+                                  lambda: zipmap_model(True), dict_vectorizer_model,
+                                  lambda: dict_vectorizer_model(T.STRING, T.DOUBLE), optional_input_model,
+                                  lambda: optional_output_model(False), string_model, add_model])
+def test_node_arg_types_match(ort_ref, make):
+    theirs, ours = _both(ort_ref, make())
+    for mine, reference in ((ours.get_inputs(), theirs.get_inputs()), (ours.get_outputs(), theirs.get_outputs())):
+        assert [(a.name, a.type, a.shape) for a in mine] == [(a.name, a.type, a.shape) for a in reference]
+
+
+# ---- run() arguments ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("output_names", [None, [], ["n"], ["z", "n"]])
+def test_output_names(ort_ref, output_names):
+    theirs, ours = _both(ort_ref, add_model())
+    feeds = {"x": np.arange(4, dtype=np.float32), "y": np.full(4, 2, np.float32)}
+    _same(ours.run(output_names, feeds), theirs.run(output_names, feeds))
+
+
+def test_missing_inputs_message(ort_ref):
+    theirs, ours = _both(ort_ref, add_model())
+    for feeds in ({"x": np.ones(2, np.float32)}, {}):
+        their_error, our_error = _raises_alike(lambda: theirs.run(None, feeds), lambda: ours.run(None, feeds))
+        assert str(our_error) == str(their_error)
+
+
+@pytest.mark.parametrize("x", [[1.0, 2.0, 3.0], [1, 2, 3], (4.0, 5.0, 6.0)])
+def test_list_feeds_take_the_input_type(ort_ref, x):
+    theirs, ours = _both(ort_ref, add_model())
+    y = np.full(3, 0.5, np.float32)
+    if isinstance(x, tuple):            # onnxruntime takes lists only; ortagent tuples too
+        _same(ours.run(None, {"x": x, "y": y}), theirs.run(None, {"x": list(x), "y": y}))
+    else:
+        _same(ours.run(None, {"x": x, "y": y}), theirs.run(None, {"x": x, "y": y}))
+
+
+@pytest.mark.parametrize("feed", [
+    ["ab", "c"],
+    np.array(["ab", "cde"]),
+    np.array(["ab", "c"], dtype=object),
+    np.array([b"ab", b"cd"]).astype(np.void),
+])
+def test_string_feeds(ort_ref, feed):
+    theirs, ours = _both(ort_ref, string_model())
+    _same(ours.run(None, {"x": feed}), theirs.run(None, {"x": feed}))
+
+
+def test_bytes_array_feed():
+    """onnxruntime 1.31 runs NUL-less 'S' items together ('ab', 'c' comes back as 'abc', 'c');
+    ortagent gives each item, as NumPy holds it."""
+    session = ortagent.InferenceSession(string_model().SerializeToString())
+    feed = np.array([b"ab", b"c"])
+    result = session.run(None, {"x": feed})[0]
+    assert result.tolist() == [item.decode() for item in feed.tolist()]
+
+
+# ---- sequences, maps, optionals -------------------------------------------------------------------
+
+def test_sequence_output(ort_ref):
+    theirs, ours = _both(ort_ref, sequence_output_model())
+    feeds = {"a": np.arange(2, dtype=np.float32), "b": np.arange(3, dtype=np.float32) * 2}
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+
+
+@pytest.mark.parametrize("items", [
+    [np.ones(2, np.float32), np.arange(3, dtype=np.float32)],
+    [np.zeros((0,), np.float32), np.ones(1, np.float32)],
+])
+def test_sequence_input(ort_ref, items):
+    theirs, ours = _both(ort_ref, sequence_input_model())
+    _same(ours.run(None, {"s": items}), theirs.run(None, {"s": items}))
+
+
+def test_sequence_input_of_the_wrong_type(ort_ref):
+    theirs, ours = _both(ort_ref, sequence_input_model())
+    with pytest.raises(RuntimeError):
+        theirs.run(None, {"s": [np.ones(2, np.int64)]})
+    with pytest.raises(ortagent.OrtInvalidArgument, match="tensor\\(float\\)"):
+        ours.run(None, {"s": [np.ones(2, np.int64)]})
+    with pytest.raises(ortagent.OrtInvalidType, match="give a list"):
+        ours.run(None, {"s": np.ones(2, np.float32)})
+
+
+@pytest.mark.parametrize("string_labels", [False, True])
+def test_sequence_of_maps_output(ort_ref, string_labels):
+    theirs, ours = _both(ort_ref, zipmap_model(string_labels))
+    feeds = {"x": np.array([[0.25, 0.75], [0.5, 0.5], [1.0, 0.0]], np.float32)}
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+
+
+def test_map_input(ort_ref):
+    theirs, ours = _both(ort_ref, dict_vectorizer_model())
+    for feed in ({1: 2.0, 5: 3.5}, {2: -1.0}):
+        _same(ours.run(None, {"m": feed}), theirs.run(None, {"m": feed}))
+
+
+def test_string_keyed_map_input(ort_ref):
+    theirs, ours = _both(ort_ref, dict_vectorizer_model(T.STRING, T.FLOAT))
+    feed = {"a": 1.5, "c": 4.0}
+    _same(ours.run(None, {"m": feed}), theirs.run(None, {"m": feed}))
+
+
+def test_map_input_with_wrong_keys(ort_ref):
+    theirs, ours = _both(ort_ref, dict_vectorizer_model())
+    _raises_alike(lambda: theirs.run(None, {"m": {"a": 1.0}}), lambda: ours.run(None, {"m": {"a": 1.0}}))
+
+
+@pytest.mark.parametrize("feed", [np.ones(2, np.float32), [1.0, 2.0]])
+def test_optional_input_with_a_value(ort_ref, feed):
+    theirs, ours = _both(ort_ref, optional_input_model())
+    _same(ours.run(None, {"o": feed}), theirs.run(None, {"o": feed}))
+
+
+@pytest.mark.parametrize("empty", [False, True])
+def test_optional_output(ort_ref, empty):
+    theirs, ours = _both(ort_ref, optional_output_model(empty))
+    feeds = {"x": np.arange(2, dtype=np.float32)}
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+
+
+def test_container_values_round_trip():
+    """ortagent's own conversions: Python object -> OrtValue of an ONNX type -> Python object."""
+    from ortagent import _containers
+
+    cases = [("seq(tensor(int64))", [np.arange(3), np.arange(2)]),
+             ("map(int64,tensor(float))", {1: 0.5, 9: 2.0}),
+             ("map(string,tensor(double))", {"k": 1.25}),
+             ("seq(map(string,tensor(float)))", [{"a": 1.0}, {"b": 2.0, "c": 3.0}])]
+    for type_string, obj in cases:
+        value = _containers.value_from_python(obj, type_string)
+        assert _containers.type_string(_containers.describe_value_type(value)) == type_string
+        back = _containers.value_to_python(value)
+        if isinstance(obj, list) and isinstance(obj[0], np.ndarray):
+            assert [a.tolist() for a in back] == [a.tolist() for a in obj]
+        else:
+            assert back == obj
+        value.close()
+
+
+# ---- session and runtime API ----------------------------------------------------------------------
+
+def test_session_config_entry_unknown_key(ort_ref):
+    theirs, ours = ort_ref.SessionOptions(), ortagent.SessionOptions()
+    their_error, our_error = _raises_alike(lambda: theirs.get_session_config_entry("no.such.key"),
+                                           lambda: ours.get_session_config_entry("no.such.key"))
+    assert str(our_error) == str(their_error)
+    for options in (theirs, ours):
+        options.add_session_config_entry("session.use_env_allocators", "1")
+    assert ours.get_session_config_entry("session.use_env_allocators") == \
+        theirs.get_session_config_entry("session.use_env_allocators")
+
+
+def test_use_per_session_threads_default(ort_ref):
+    assert ortagent.SessionOptions().use_per_session_threads == ort_ref.SessionOptions().use_per_session_threads
+
+
+def test_telemetry_switches(ort_ref):
+    for module in (ort_ref, ortagent):
+        assert module.enable_telemetry_events() is None
+        assert module.disable_telemetry_events() is None
+
+
+def test_global_thread_pools_in_a_fresh_process(ort_ref, tmp_path):
+    """Sessions on global thread pools compute what onnxruntime's do; asking for pools once
+    ortagent's environment exists is a RuntimeError."""
+    model = tmp_path / "add.onnx"
+    onnx.save_model(add_model(), str(model))
+    script = textwrap.dedent(f"""
+        import numpy as np, onnxruntime, ortagent
+        feeds = {{"x": np.arange(5, dtype=np.float32), "y": np.ones(5, np.float32)}}
+        results = []
+        for module in (onnxruntime, ortagent):
+            module.set_global_thread_pool_sizes(2, 1)
+            options = module.SessionOptions()
+            options.use_per_session_threads = False
+            session = module.InferenceSession({str(model)!r}, options, providers=["CPUExecutionProvider"])
+            results.append(session.run(None, feeds))
+        for a, b in zip(*results):
+            np.testing.assert_array_equal(a, b)
+        ortagent.set_global_thread_pool_sizes(2, 1)     # the same sizes again: nothing to do
+        try:
+            ortagent.set_global_thread_pool_sizes(3, 1)
+        except RuntimeError as exc:
+            assert "environment exists already" in str(exc), exc
+        else:
+            raise AssertionError("no error for pools asked after the environment was made")
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_external_initializers(ort_ref, tmp_path):
+    weights = np.arange(1, 5, dtype=np.float32)
+    path = external_weights_model(str(tmp_path), weights)
+    moved = str(tmp_path / "elsewhere.onnx")
+    os.rename(path, moved)              # away from weights.bin: the weights must come from memory
+    x = np.full(4, 3.0, np.float32)
+    results = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        options.add_external_initializers(["w"], [module.OrtValue.ortvalue_from_numpy(weights)])
+        results.append(module.InferenceSession(moved, options, providers=[CPU]).run(None, {"x": x}))
+    _same(results[1], results[0])
+    np.testing.assert_array_equal(results[1][0], x * weights)
+
+
+def test_external_initializer_files_in_memory(ort_ref, tmp_path):
+    weights = np.linspace(-1, 1, 6, dtype=np.float32)
+    path = external_weights_model(str(tmp_path), weights)
+    with open(tmp_path / "weights.bin", "rb") as handle:
+        contents = handle.read()
+    os.remove(tmp_path / "weights.bin")
+    x = np.arange(6, dtype=np.float32)
+    results = []
+    for module, buffer in ((ort_ref, contents), (ortagent, bytearray(contents))):
+        options = module.SessionOptions()
+        options.add_external_initializers_from_files_in_memory(["weights.bin"], [buffer], [len(contents)])
+        results.append(module.InferenceSession(path, options, providers=[CPU]).run(None, {"x": x}))
+    _same(results[1], results[0])
+    np.testing.assert_allclose(results[1][0], x * weights)
+    with pytest.raises(ortagent.OrtInvalidArgument, match="lengths"):
+        ortagent.SessionOptions().add_external_initializers_from_files_in_memory(["w"], [b"ab"], [3])
+
+
+def test_lora_adapter(ort_ref, tmp_path):
+    adapter_path = str(tmp_path / "adapter.onnx_adapter")
+    params = np.array([10.0, 20.0, 30.0], np.float32)
+    writer = ort_ref.AdapterFormat()
+    writer.set_adapter_version(1)
+    writer.set_model_version(1)
+    writer.set_parameters({"w": ort_ref.OrtValue.ortvalue_from_numpy(params)})
+    writer.export_adapter(adapter_path)
+    x = np.arange(3, dtype=np.float32)
+    results = []
+    for module in (ort_ref, ortagent):
+        session = module.InferenceSession(lora_model().SerializeToString(), providers=[CPU])
+        adapter = module.LoraAdapter()
+        adapter.Load(adapter_path)
+        run_options = module.RunOptions()
+        run_options.add_active_adapter(adapter)
+        results.append((session.run(None, {"x": x}), session.run(None, {"x": x}, run_options)))
+    (their_plain, their_lora), (our_plain, our_lora) = results
+    _same(our_plain, their_plain)
+    _same(our_lora, their_lora)
+    np.testing.assert_array_equal(our_lora[0], x + params)
+    with open(adapter_path, "rb") as handle:
+        from_bytes = ortagent.LoraAdapter()
+        from_bytes.Load(handle.read())
+    with pytest.raises(ortagent.OrtNoSuchFile):
+        ortagent.LoraAdapter().Load(str(tmp_path / "missing.onnx_adapter"))
+    with pytest.raises(ortagent.OrtInvalidArgument, match="Load"):
+        ortagent.RunOptions().add_active_adapter(ortagent.LoraAdapter())
