@@ -36,6 +36,8 @@ _LAZY = {
     "OrtValue": "ortagent._values",
     "OrtDevice": "ortagent._values",
     "from_dlpack": "ortagent._dlpack",
+    "SparseTensor": "ortagent._sparse",
+    "OrtSparseFormat": "ortagent._sparse",
     # sessions
     "SessionOptions": "ortagent._options",
     "RunOptions": "ortagent._options",
@@ -93,6 +95,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._session import NodeArg as NodeArg
     from ortagent._options import RunOptions as RunOptions
     from ortagent._options import SessionOptions as SessionOptions
+    from ortagent._sparse import OrtSparseFormat as OrtSparseFormat
+    from ortagent._sparse import SparseTensor as SparseTensor
     from ortagent._values import OrtDevice as OrtDevice
     from ortagent._values import OrtValue as OrtValue
     from ortagent._values import from_dlpack as from_dlpack

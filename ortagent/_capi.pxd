@@ -111,6 +111,18 @@ cdef extern from "ortagent/ort_abi.h" nogil:
         OrtMemoryInfoDeviceType_GPU
         OrtMemoryInfoDeviceType_FPGA
 
+    ctypedef enum OrtSparseFormat:
+        ORT_SPARSE_UNDEFINED
+        ORT_SPARSE_COO
+        ORT_SPARSE_CSRC
+        ORT_SPARSE_BLOCK_SPARSE
+
+    ctypedef enum OrtSparseIndicesFormat:
+        ORT_SPARSE_COO_INDICES
+        ORT_SPARSE_CSR_INNER_INDICES
+        ORT_SPARSE_CSR_OUTER_INDICES
+        ORT_SPARSE_BLOCK_SPARSE_INDICES
+
     ctypedef struct ortagent_api_base:
         const void* (*get_api)(uint32_t)
         const char* (*get_version_string)()
@@ -270,6 +282,14 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* CreateTensorRTProviderOptions "ORTAGENT_CALL(CreateTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2**)
     OrtStatus* UpdateTensorRTProviderOptions "ORTAGENT_CALL(UpdateTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2*, const char* const*, const char* const*, size_t)
     void ReleaseTensorRTProviderOptions "ORTAGENT_CALL(ReleaseTensorRTProviderOptions)"(OrtTensorRTProviderOptionsV2*)
+    OrtStatus* CreateSparseTensorWithValuesAsOrtValue "ORTAGENT_CALL(CreateSparseTensorWithValuesAsOrtValue)"(const OrtMemoryInfo*, void*, const int64_t*, size_t, const int64_t*, size_t, ONNXTensorElementDataType, OrtValue**)
+    OrtStatus* UseCooIndices "ORTAGENT_CALL(UseCooIndices)"(OrtValue*, int64_t*, size_t)
+    OrtStatus* UseCsrIndices "ORTAGENT_CALL(UseCsrIndices)"(OrtValue*, int64_t*, size_t, int64_t*, size_t)
+    OrtStatus* GetSparseTensorFormat "ORTAGENT_CALL(GetSparseTensorFormat)"(const OrtValue*, OrtSparseFormat*)
+    OrtStatus* GetSparseTensorValuesTypeAndShape "ORTAGENT_CALL(GetSparseTensorValuesTypeAndShape)"(const OrtValue*, OrtTensorTypeAndShapeInfo**)
+    OrtStatus* GetSparseTensorValues "ORTAGENT_CALL(GetSparseTensorValues)"(const OrtValue*, const void**)
+    OrtStatus* GetSparseTensorIndicesTypeShape "ORTAGENT_CALL(GetSparseTensorIndicesTypeShape)"(const OrtValue*, OrtSparseIndicesFormat, OrtTensorTypeAndShapeInfo**)
+    OrtStatus* GetSparseTensorIndices "ORTAGENT_CALL(GetSparseTensorIndices)"(const OrtValue*, OrtSparseIndicesFormat, size_t*, const void**)
     OrtStatus* HasValue "ORTAGENT_CALL(HasValue)"(const OrtValue*, int*)
     OrtStatus* GetTensorMemoryInfo "ORTAGENT_CALL(GetTensorMemoryInfo)"(const OrtValue*, const OrtMemoryInfo**)
     OrtStatus* SynchronizeBoundInputs "ORTAGENT_CALL(SynchronizeBoundInputs)"(OrtIoBinding*)

@@ -96,10 +96,17 @@ typedef struct OrtAllocator OrtAllocator;
 #define ORTAGENT_ENUM_OrtMemoryInfoDeviceType(E) \
     E(OrtMemoryInfoDeviceType_CPU, 0) E(OrtMemoryInfoDeviceType_GPU, 1) E(OrtMemoryInfoDeviceType_FPGA, 2)
 
+#define ORTAGENT_ENUM_OrtSparseFormat(E) \
+    E(ORT_SPARSE_UNDEFINED, 0) E(ORT_SPARSE_COO, 1) E(ORT_SPARSE_CSRC, 2) E(ORT_SPARSE_BLOCK_SPARSE, 4)
+
+#define ORTAGENT_ENUM_OrtSparseIndicesFormat(E) \
+    E(ORT_SPARSE_COO_INDICES, 0) E(ORT_SPARSE_CSR_INNER_INDICES, 1) E(ORT_SPARSE_CSR_OUTER_INDICES, 2) \
+    E(ORT_SPARSE_BLOCK_SPARSE_INDICES, 3)
+
 #define ORTAGENT_ENUMS(LIST) \
     LIST(OrtErrorCode) LIST(OrtLoggingLevel) LIST(ONNXTensorElementDataType) LIST(ONNXType) \
     LIST(GraphOptimizationLevel) LIST(ExecutionMode) LIST(OrtAllocatorType) LIST(OrtMemType) \
-    LIST(OrtMemoryInfoDeviceType)
+    LIST(OrtMemoryInfoDeviceType) LIST(OrtSparseFormat) LIST(OrtSparseIndicesFormat)
 
 #ifndef ORTAGENT_ABI_CHECK_ENUMERATOR
 #define ORTAGENT_ENUMERATOR_(name, value) name = value,
@@ -107,6 +114,9 @@ typedef struct OrtAllocator OrtAllocator;
 ORTAGENT_ENUMS(ORTAGENT_DECLARE_ENUM_)
 #undef ORTAGENT_DECLARE_ENUM_
 #undef ORTAGENT_ENUMERATOR_
+#else
+/* The genuine header names this enum by its tag alone; give it the typedef name used below. */
+typedef enum OrtSparseIndicesFormat OrtSparseIndicesFormat;
 #endif
 
 /* ---- entry points ----------------------------------------------------------------------- */
@@ -256,6 +266,14 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(171,  9, OrtStatus*, CreateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2**)) \
     X(172,  9, OrtStatus*, UpdateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2*, const char* const*, const char* const*, size_t)) \
     X(174,  9, void, ReleaseTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2*)) \
+    X(183,  9, OrtStatus*, CreateSparseTensorWithValuesAsOrtValue, (const OrtMemoryInfo*, void*, const int64_t*, size_t, const int64_t*, size_t, ONNXTensorElementDataType, OrtValue**)) \
+    X(184,  9, OrtStatus*, UseCooIndices, (OrtValue*, int64_t*, size_t)) \
+    X(185,  9, OrtStatus*, UseCsrIndices, (OrtValue*, int64_t*, size_t, int64_t*, size_t)) \
+    X(187,  9, OrtStatus*, GetSparseTensorFormat, (const OrtValue*, OrtSparseFormat*)) \
+    X(188,  9, OrtStatus*, GetSparseTensorValuesTypeAndShape, (const OrtValue*, OrtTensorTypeAndShapeInfo**)) \
+    X(189,  9, OrtStatus*, GetSparseTensorValues, (const OrtValue*, const void**)) \
+    X(190,  9, OrtStatus*, GetSparseTensorIndicesTypeShape, (const OrtValue*, OrtSparseIndicesFormat, OrtTensorTypeAndShapeInfo**)) \
+    X(191,  9, OrtStatus*, GetSparseTensorIndices, (const OrtValue*, OrtSparseIndicesFormat, size_t*, const void**)) \
     X(192, 10, OrtStatus*, HasValue, (const OrtValue*, int*)) \
     X(194, 10, OrtStatus*, GetTensorMemoryInfo, (const OrtValue*, const OrtMemoryInfo**)) \
     X(202, 10, OrtStatus*, SynchronizeBoundInputs, (OrtIoBinding*)) \
