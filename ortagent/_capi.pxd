@@ -303,6 +303,7 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* SessionOptionsAppendExecutionProvider "ORTAGENT_CALL(SessionOptionsAppendExecutionProvider)"(OrtSessionOptions*, const char*, const char* const*, const char* const*, size_t)
     void MemoryInfoGetDeviceType "ORTAGENT_CALL(MemoryInfoGetDeviceType)"(const OrtMemoryInfo*, OrtMemoryInfoDeviceType*)
     OrtStatus* UpdateEnvWithCustomLogLevel "ORTAGENT_CALL(UpdateEnvWithCustomLogLevel)"(OrtEnv*, OrtLoggingLevel)
+    OrtStatus* RegisterCustomOpsLibrary_V2 "ORTAGENT_CALL(RegisterCustomOpsLibrary_V2)"(OrtSessionOptions*, const char*)
     OrtStatus* HasSessionConfigEntry "ORTAGENT_CALL(HasSessionConfigEntry)"(const OrtSessionOptions*, const char*, int*)
     OrtStatus* GetSessionConfigEntry "ORTAGENT_CALL(GetSessionConfigEntry)"(const OrtSessionOptions*, const char*, char*, size_t*)
     OrtStatus* CastTypeInfoToOptionalTypeInfo "ORTAGENT_CALL(CastTypeInfoToOptionalTypeInfo)"(const OrtTypeInfo*, const OrtOptionalTypeInfo**)
@@ -314,6 +315,7 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* CreateLoraAdapterFromArray "ORTAGENT_CALL(CreateLoraAdapterFromArray)"(const void*, size_t, OrtAllocator*, OrtLoraAdapter**)
     void ReleaseLoraAdapter "ORTAGENT_CALL(ReleaseLoraAdapter)"(OrtLoraAdapter*)
     OrtStatus* RunOptionsAddActiveLoraAdapter "ORTAGENT_CALL(RunOptionsAddActiveLoraAdapter)"(OrtRunOptions*, const OrtLoraAdapter*)
+    OrtStatus* SetEpDynamicOptions "ORTAGENT_CALL(SetEpDynamicOptions)"(OrtSession*, const char* const*, const char* const*, size_t)
 
     # ---- slots newer than ORTAGENT_API_FLOOR ----
     OrtStatus* GetTensorSizeInBytes "ORTAGENT_CALL_NEWER(GetTensorSizeInBytes)"(const OrtValue*, size_t*)

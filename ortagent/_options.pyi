@@ -11,6 +11,7 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_DISABLE_ALL = 0
     ORT_ENABLE_BASIC = 1
     ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3
     ORT_ENABLE_ALL = 99
 
 class ExecutionMode(enum.IntEnum):
@@ -33,6 +34,7 @@ class SessionOptions:
     optimized_model_filepath: str
     use_per_session_threads: bool
     def __init__(self) -> None: ...
+    def register_custom_ops_library(self, library_path: str | os.PathLike[str]) -> None: ...
     def add_external_initializers(self, names: Sequence[str], ort_values: Sequence[OrtValue]) -> None: ...
     def add_external_initializers_from_files_in_memory(
         self, names: Sequence[str], buffers: Sequence[Any], lengths: Sequence[int]) -> None: ...

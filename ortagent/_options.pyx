@@ -34,6 +34,7 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_DISABLE_ALL = 0
     ORT_ENABLE_BASIC = 1
     ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3           # onnxruntime >= 1.23 (older runtimes refuse it)
     ORT_ENABLE_ALL = 99
 
 
@@ -394,6 +395,17 @@ cdef class SessionOptions:
             free(data_c)
             free(sizes_c)
         self._initializers.extend(zip(names, buffers))
+
+    def register_custom_ops_library(self, library_path):
+        """Load a shared library of custom operators for sessions using these options
+        (OrtApi::RegisterCustomOpsLibrary_V2: onnxruntime loads it and keeps it loaded)."""
+        try:
+            path = os.fsencode(library_path)
+        except TypeError:
+            raise OrtInvalidType(f"library_path must be a path, got {type(library_path).__name__}") from None
+        if b"\0" in path:
+            raise OrtInvalidArgument("library_path must not contain NUL characters")
+        check(ort.RegisterCustomOpsLibrary_V2(self.handle, path))
 
     def add_free_dimension_override_by_name(self, dim_name, dim_value):
         """Fix the symbolic dimension `dim_name` to `dim_value` in sessions using these options."""

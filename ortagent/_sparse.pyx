@@ -245,7 +245,7 @@ cdef class SparseTensor:
 
     def as_csrc_view(self):
         """CSR indices: ``view.inner()``, ``view.outer()``."""
-        self._require_format(OrtSparseFormat.ORT_SPARSE_CSRC, "CSR")
+        self._require_format(OrtSparseFormat.ORT_SPARSE_CSRC, "CSR(C)")
         return _IndicesView(inner=self._indices(ort.ORT_SPARSE_CSR_INNER_INDICES),
                             outer=self._indices(ort.ORT_SPARSE_CSR_OUTER_INDICES))
 

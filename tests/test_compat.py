@@ -499,3 +499,72 @@ def test_lora_adapter(ort_ref, tmp_path):
         ortagent.LoraAdapter().Load(str(tmp_path / "missing.onnx_adapter"))
     with pytest.raises(ortagent.OrtInvalidArgument, match="Load"):
         ortagent.RunOptions().add_active_adapter(ortagent.LoraAdapter())
+
+
+def test_graph_optimization_levels(ort_ref):
+    assert {m.name: int(m) for m in ortagent.GraphOptimizationLevel} == \
+        {name: int(getattr(ort_ref.GraphOptimizationLevel, name)) for name in
+         ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT", "ORT_ENABLE_ALL")}
+    theirs, ours = ort_ref.SessionOptions(), ortagent.SessionOptions()
+    theirs.graph_optimization_level = ort_ref.GraphOptimizationLevel.ORT_ENABLE_LAYOUT
+    ours.graph_optimization_level = ortagent.GraphOptimizationLevel.ORT_ENABLE_LAYOUT
+    assert int(ours.graph_optimization_level) == int(theirs.graph_optimization_level)
+
+
+def test_custom_ops_library_missing(ort_ref, tmp_path):
+    missing = str(tmp_path / "libnothing.so")
+    _raises_alike(lambda: ort_ref.SessionOptions().register_custom_ops_library(missing),
+                  lambda: ortagent.SessionOptions().register_custom_ops_library(missing))
+
+
+# ---- sparse tensors -------------------------------------------------------------------------------
+
+def sparse_matmul_model():
+    return helper.make_model(
+        helper.make_graph([helper.make_node("SparseToDenseMatMul", ["A", "B"], ["Y"], domain="com.microsoft")], "g",
+                          [helper.make_sparse_tensor_value_info("A", T.FLOAT, [3, 4]), _tensor("B", T.FLOAT, [4, 2])],
+                          [_tensor("Y", T.FLOAT, [3, 2])]),
+        ir_version=9, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+
+
+def _sparse_pair(module, kind):
+    device = module.OrtDevice.make("cpu", 0) if module is not ortagent else None
+    if kind == "coo":
+        values = np.array([1.5, -2.0, 3.0], np.float32)
+        return module.SparseTensor.sparse_coo_from_numpy([3, 4], values, np.array([[0, 1], [2, 0], [2, 3]], np.int64),
+                                                         device)
+    values = np.array([4.0, 5.0, 6.0], np.float32)
+    return module.SparseTensor.sparse_csr_from_numpy([2, 3], values, np.array([0, 2, 1], np.int64),
+                                                     np.array([0, 2, 3], np.int64), device)
+
+
+@pytest.mark.parametrize("kind", ["coo", "csr"])
+def test_sparse_tensor_matches(ort_ref, kind):
+    theirs, ours = _sparse_pair(ort_ref, kind), _sparse_pair(ortagent, kind)
+    assert int(ours.format()) == int(theirs.format())
+    assert ours.dense_shape() == list(theirs.dense_shape())
+    assert ours.data_type() == theirs.data_type()
+    assert ours.device_name() == theirs.device_name()
+    _same(ours.values(), np.asarray(theirs.values()))
+    if kind == "coo":
+        _same(ours.as_coo_view().indices(), np.asarray(theirs.as_coo_view().indices()))
+        their_error, our_error = _raises_alike(theirs.as_csrc_view, ours.as_csrc_view)
+    else:
+        _same(ours.as_csrc_view().inner(), np.asarray(theirs.as_csrc_view().inner()))
+        _same(ours.as_csrc_view().outer(), np.asarray(theirs.as_csrc_view().outer()))
+        their_error, our_error = _raises_alike(theirs.as_coo_view, ours.as_coo_view)
+    assert str(our_error) in str(their_error)
+
+
+def test_sparse_input_to_a_session(ort_ref):
+    b = np.arange(8, dtype=np.float32).reshape(4, 2)
+    theirs, ours = _both(ort_ref, sparse_matmul_model())
+    assert [(a.name, a.type, a.shape) for a in ours.get_inputs()] == \
+        [(a.name, a.type, a.shape) for a in theirs.get_inputs()]
+    their_value = ort_ref.OrtValue.ort_value_from_sparse_tensor(_sparse_pair(ort_ref, "coo"))
+    our_value = ortagent.OrtValue.ort_value_from_sparse_tensor(_sparse_pair(ortagent, "coo"))
+    assert our_value.is_sparse_tensor() and their_value.is_sparse_tensor()
+    assert not our_value.is_tensor()
+    expected = theirs.run_with_ort_values(["Y"], {"A": their_value, "B": ort_ref.OrtValue.ortvalue_from_numpy(b)})
+    _same(ours.run(["Y"], {"A": our_value, "B": b})[0], expected[0].numpy())
+    _same(our_value.as_sparse_tensor().values(), np.asarray(their_value.as_sparse_tensor().values()))

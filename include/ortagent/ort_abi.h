@@ -287,6 +287,7 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(216, 12, OrtStatus*, SessionOptionsAppendExecutionProvider, (OrtSessionOptions*, const char*, const char* const*, const char* const*, size_t)) \
     X(225, 14, void, MemoryInfoGetDeviceType, (const OrtMemoryInfo*, OrtMemoryInfoDeviceType*)) \
     X(226, 14, OrtStatus*, UpdateEnvWithCustomLogLevel, (OrtEnv*, OrtLoggingLevel)) \
+    X(228, 14, OrtStatus*, RegisterCustomOpsLibrary_V2, (OrtSessionOptions*, const char*)) \
     X(237, 14, OrtStatus*, HasSessionConfigEntry, (const OrtSessionOptions*, const char*, int*)) \
     X(238, 14, OrtStatus*, GetSessionConfigEntry, (const OrtSessionOptions*, const char*, char*, size_t*)) \
     X(250, 15, OrtStatus*, CastTypeInfoToOptionalTypeInfo, (const OrtTypeInfo*, const OrtOptionalTypeInfo**)) \
@@ -297,7 +298,8 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(280, 20, OrtStatus*, CreateLoraAdapter, (const char*, OrtAllocator*, OrtLoraAdapter**)) \
     X(281, 20, OrtStatus*, CreateLoraAdapterFromArray, (const void*, size_t, OrtAllocator*, OrtLoraAdapter**)) \
     X(282, 20, void, ReleaseLoraAdapter, (OrtLoraAdapter*)) \
-    X(283, 20, OrtStatus*, RunOptionsAddActiveLoraAdapter, (OrtRunOptions*, const OrtLoraAdapter*))
+    X(283, 20, OrtStatus*, RunOptionsAddActiveLoraAdapter, (OrtRunOptions*, const OrtLoraAdapter*)) \
+    X(284, 20, OrtStatus*, SetEpDynamicOptions, (OrtSession*, const char* const*, const char* const*, size_t))
 
 /* Functions newer than ORTAGENT_API_FLOOR. All return OrtStatus*, and their parameters are
  * named so that ort_call.h can define a stand-in that reports the missing version. */
