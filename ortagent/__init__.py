@@ -34,7 +34,7 @@ _LAZY = {
     "disable_telemetry_events": "ortagent._runtime",
     # values
     "OrtValue": "ortagent._values",
-    "OrtDevice": "ortagent._values",
+    "OrtDevice": "ortagent._memory",
     "from_dlpack": "ortagent._dlpack",
     "SparseTensor": "ortagent._sparse",
     "OrtSparseFormat": "ortagent._sparse",
@@ -42,9 +42,9 @@ _LAZY = {
     "SessionOptions": "ortagent._options",
     "RunOptions": "ortagent._options",
     "InferenceSession": "ortagent._session",
-    "IOBinding": "ortagent._session",
-    "NodeArg": "ortagent._session",
-    "ModelMetadata": "ortagent._session",
+    "IOBinding": "ortagent._iobinding",
+    "NodeArg": "ortagent._metadata",
+    "ModelMetadata": "ortagent._metadata",
     "GraphOptimizationLevel": "ortagent._options",
     "ExecutionMode": "ortagent._options",
     "LoraAdapter": "ortagent._options",
@@ -90,14 +90,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._options import LoraAdapter as LoraAdapter
     from ortagent._options import strict_providers as strict_providers
     from ortagent._session import InferenceSession as InferenceSession
-    from ortagent._session import IOBinding as IOBinding
-    from ortagent._session import ModelMetadata as ModelMetadata
-    from ortagent._session import NodeArg as NodeArg
+    from ortagent._iobinding import IOBinding as IOBinding
+    from ortagent._metadata import ModelMetadata as ModelMetadata
+    from ortagent._metadata import NodeArg as NodeArg
     from ortagent._options import RunOptions as RunOptions
     from ortagent._options import SessionOptions as SessionOptions
+    from ortagent._memory import OrtDevice as OrtDevice
     from ortagent._sparse import OrtSparseFormat as OrtSparseFormat
     from ortagent._sparse import SparseTensor as SparseTensor
-    from ortagent._values import OrtDevice as OrtDevice
     from ortagent._values import OrtValue as OrtValue
     from ortagent._values import from_dlpack as from_dlpack
     from ortagent.agent import PartialGraphExecutionState as PartialGraphExecutionState

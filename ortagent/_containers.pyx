@@ -22,7 +22,9 @@ from libc.string cimport strlen
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime
-from ortagent._values cimport OrtValue, wrap_value, tensor_for_feed, value_to_numpy, tensor_type_name
+from ortagent._dtypes cimport tensor_type_name
+from ortagent._tensors cimport tensor_for_feed
+from ortagent._values cimport OrtValue, wrap_value, value_to_numpy
 
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 

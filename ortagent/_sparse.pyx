@@ -18,7 +18,8 @@ from libc.string cimport memcpy
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime
-from ortagent._values cimport OrtValue, wrap_value, cpu_memory_info, element_size
+from ortagent._memory cimport cpu_memory_info
+from ortagent._values cimport OrtValue, wrap_value
 
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, OrtFail
 
