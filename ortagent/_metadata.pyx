@@ -3,12 +3,12 @@
 and ModelMetadata, read through the C API's type-info and model-metadata calls."""
 
 from libc.stdint cimport int64_t
-from libc.stdlib cimport malloc, free
 from libc.string cimport strlen
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport check, shared_runtime
-from ortagent._dtypes cimport tensor_type_name
+from ortagent._containers cimport describe_type
+from ortagent._containers import type_string, type_shape
 from ortagent._options cimport _take_string
 
 ort.ortagent_rt = shared_runtime()
@@ -54,46 +54,12 @@ class ModelMetadata:
 
 
 cdef object node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out):
-    cdef ort.ONNXType onnx_type = ort.ONNX_TYPE_UNKNOWN
-    cdef const ort.OrtTensorTypeAndShapeInfo* tensor_info = NULL
-    cdef ort.ONNXTensorElementDataType elem = ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
-    cdef size_t count = 0, i
-    cdef int64_t* dims = NULL
-    cdef const char** symbolic = NULL
-    check(ort.GetOnnxTypeFromTypeInfo(type_info, &onnx_type))
-    elem_out[0] = -1
-    if onnx_type != ort.ONNX_TYPE_TENSOR and onnx_type != ort.ONNX_TYPE_SPARSETENSOR:
-        kind = {ort.ONNX_TYPE_SEQUENCE: "seq", ort.ONNX_TYPE_MAP: "map",
-                ort.ONNX_TYPE_OPTIONAL: "optional", ort.ONNX_TYPE_OPAQUE: "opaque"}.get(onnx_type, "unknown")
-        return NodeArg(name, kind, None)
-    check(ort.CastTypeInfoToTensorInfo(type_info, &tensor_info))
-    check(ort.GetTensorElementType(tensor_info, &elem))
-    check(ort.GetDimensionsCount(tensor_info, &count))
-    dims = <int64_t*>malloc((count + 1) * sizeof(int64_t))
-    symbolic = <const char**>malloc((count + 1) * sizeof(char*))
-    if dims == NULL or symbolic == NULL:
-        free(dims)
-        free(symbolic)
-        raise MemoryError()
-    try:
-        check(ort.GetDimensions(tensor_info, dims, count))
-        check(ort.GetSymbolicDimensions(tensor_info, symbolic, count))
-        shape = []
-        for i in range(count):
-            if dims[i] >= 0:
-                shape.append(dims[i])
-            elif symbolic[i] != NULL and symbolic[i][0] != 0:
-                shape.append(symbolic[i][:strlen(symbolic[i])].decode("utf-8"))
-            else:
-                shape.append(None)
-    finally:
-        free(dims)
-        free(symbolic)
-    elem_out[0] = <int>elem
-    type_name = tensor_type_name(<int>elem)
-    if onnx_type == ort.ONNX_TYPE_SPARSETENSOR:
-        type_name = "sparse_" + type_name
-    return NodeArg(name, type_name, shape)
+    """The NodeArg of a type info, with onnxruntime's type strings for every kind
+    ('seq(map(int64,tensor(float)))', 'optional(tensor(float))', 'sparse_tensor(float)');
+    elem_out[0] is the element type of a dense tensor, -1 for any other kind."""
+    desc = describe_type(type_info)
+    elem_out[0] = desc[1] if desc[0] == "tensor" else -1
+    return NodeArg(name, type_string(desc), type_shape(desc))
 
 
 cdef object read_model_metadata(ort.OrtSession* session):
