@@ -73,6 +73,12 @@ cdef class InferenceSession:
     cdef ort.OrtSession* handle
     cdef readonly object _sess_options          # the SessionOptions given (or a default one)
     cdef list _providers
+    cdef object _model_path                     # the model's path (bytes) or None
+    cdef object _model_bytes                    # the serialized model or None
+    cdef bint _fallback                         # retry failed creations on the fallback providers
+    cdef bint _strict                           # strict_providers: unusable providers are errors
+    cdef list _input_descs                      # per feedable input: its type descriptor (_containers)
+    cdef char* plain_feeds                      # per feedable input: 1 when a NumPy array feeds it as is
     cdef list _provider_options
     cdef Py_ssize_t n_inputs                    # required graph inputs
     cdef Py_ssize_t n_feedable                  # inputs + overridable initializers
@@ -101,6 +107,8 @@ cdef class InferenceSession:
     cdef int output_positions(self, object output_names, const char** names_out,
                               Py_ssize_t* positions_out, Py_ssize_t capacity) except -1
     cdef int _read_io_metadata(self) except -1
+    cdef list _create(self, list requested, bint strict)
+    cdef _create_with_fallback(self, list requested)
     cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1
     cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,
                                          bint distinct, ort.OrtValue** values,

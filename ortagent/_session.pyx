@@ -9,6 +9,8 @@ around ``OrtApi::Run`` and returns NumPy views of the buffers ORT produced.
 
 import enum
 import os
+import threading
+import warnings
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -17,7 +19,7 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_AsSsize_t
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport strlen, strcpy
 
@@ -36,13 +38,18 @@ from ortagent._values cimport (
     OrtValue, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
 )
 from ortagent._metadata cimport node_arg, read_model_metadata
+from ortagent._containers cimport value_for_feed, python_from_value
+from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
 from ortagent._options cimport (
     SessionOptions, RunOptions, _encode, _require_value, _take_string, _configure_providers,
     _effective_cuda_options,
 )
 from ortagent._memory import as_device
-from ortagent._options import GraphOptimizationLevel, ExecutionMode, _normalise_providers, _settings_for, _CPU, _CUDA
+from ortagent._options import (
+    GraphOptimizationLevel, ExecutionMode, _normalise_providers, _settings_for, _fallback_providers, _CPU, _CUDA,
+    _strict as _strict_scope,
+)
 import ortagent._options as _options_module
 
 # the option classes, also under this module's name (where they lived before); the cimported
@@ -51,7 +58,8 @@ globals()["SessionOptions"] = _options_module.SessionOptions
 globals()["RunOptions"] = _options_module.RunOptions
 from ortagent._runtime import get_available_providers
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, ObjectClosedError, ProviderError, OrtNotFound,
+    OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, ProviderError,
+    ProviderFallbackWarning,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -175,6 +183,20 @@ cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, objec
 
 # ---- InferenceSession ----------------------------------------------------------------------------
 
+def _check_extra_arguments(dict kwargs):
+    """onnxruntime's extra constructor arguments: those ortagent cannot honour are errors."""
+    for name, value in kwargs.items():
+        if name == "read_config_from_model":
+            if value:
+                raise OrtNotImplemented("read_config_from_model: onnxruntime's C API does not load session "
+                                        "options from the model (onnxruntime's Python module parses them)")
+        elif name == "disabled_optimizers":
+            if value:
+                raise OrtNotImplemented("disabled_optimizers cannot be set through onnxruntime's C API")
+        else:
+            raise OrtInvalidType(f"InferenceSession() got an unexpected keyword argument {name!r}")
+
+
 cdef char* _copy_c_string(bytes text) except NULL:
     cdef char* copy = <char*>malloc(PyBytes_GET_SIZE(text) + 1)
     if copy == NULL:
@@ -200,34 +222,60 @@ cdef class InferenceSession:
         self._outputs_meta = []
         self._overridable_meta = []
 
-    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None):
+    def __init__(self, path_or_bytes, sess_options=None, providers=None, provider_options=None, *,
+                 bint strict_providers=False, **kwargs):
         if self.handle != NULL:
             raise OrtInvalidArgument("InferenceSession is already initialised")
         ensure_loaded()
+        _check_extra_arguments(kwargs)
         if sess_options is None:
             sess_options = SessionOptions()
         elif not isinstance(sess_options, SessionOptions):
             raise OrtInvalidType(f"sess_options must be ortagent.SessionOptions, got "
                                  f"{type(sess_options).__name__}")
         (<SessionOptions>sess_options).require_handle()
-        requested = _normalise_providers(providers, provider_options)
-        model_bytes = None
-        model_path = None
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
-            model_bytes = bytes(path_or_bytes)
+            self._model_bytes = bytes(path_or_bytes)
         elif isinstance(path_or_bytes, (str, os.PathLike)):
-            model_path = os.fsencode(path_or_bytes)
-            if b"\0" in model_path:
+            self._model_path = os.fsencode(path_or_bytes)
+            if b"\0" in self._model_path:
                 raise OrtInvalidArgument("model path must not contain NUL characters")
         elif hasattr(path_or_bytes, "SerializeToString"):
-            model_bytes = path_or_bytes.SerializeToString()
+            self._model_bytes = path_or_bytes.SerializeToString()
         else:
             raise OrtInvalidType("path_or_bytes must be a path, bytes or an onnx.ModelProto, got "
                                  f"{type(path_or_bytes).__name__}")
+        self._sess_options = sess_options
+        self._strict = strict_providers or _strict_scope.get()
+        self._fallback = True
+        self._create_with_fallback(_normalise_providers(providers, provider_options, self._strict))
+        self._read_io_metadata()
 
+    cdef _create_with_fallback(self, list requested):
+        """Create the session; when that fails with providers other than the CPU's registered,
+        retry once on onnxruntime's fallback providers (with a warning, as onnxruntime does),
+        unless strict or fallback is disabled."""
+        try:
+            registered = self._create(requested, self._strict)
+        except OrtError as exc:
+            attempted = [name for name, _ in requested]
+            if self._strict or not self._fallback or attempted == [_CPU]:
+                raise
+            fallback = _fallback_providers(requested)
+            warnings.warn(f"EP Error {exc} when using {attempted}\nFalling back to "
+                          f"{[name for name, _ in fallback]} and retrying.", ProviderFallbackWarning)
+            registered = self._create(fallback, False)
+            self._fallback = False          # onnxruntime falls back once
+        self._providers = [name for name, _ in registered]
+        self.cpu_only = self._providers == [_CPU]
+        self._provider_options = [settings for _, settings in registered]
+
+    cdef list _create(self, list requested, bint strict):
+        """A new OrtSession for the model with `requested` providers, replacing any held;
+        returns the providers registered ([(name, options)])."""
         # Providers are appended to a clone, so the caller's options stay reusable.
         cdef ort.OrtSessionOptions* options = NULL
-        check(ort.CloneSessionOptions((<SessionOptions>sess_options).handle, &options))
+        check(ort.CloneSessionOptions((<SessionOptions>self._sess_options).handle, &options))
         cdef ort.OrtSession* session = NULL
         cdef const char* path_c
         cdef const char* data_c
@@ -237,27 +285,24 @@ cdef class InferenceSession:
             cpu_settings = _settings_for(requested, _CPU)
             if cpu_settings.get("use_arena") in ("0", "False", "false"):
                 check(ort.DisableCpuMemArena(options))
-            registered = _configure_providers(options, requested)
-            if model_path is not None:
-                path_c = model_path
+            registered = _configure_providers(options, requested, strict)
+            if self._model_path is not None:
+                path_c = self._model_path
                 with nogil:
                     status = ort.CreateSession(shared_runtime().env, path_c, options, &session)
             else:
-                data_c = model_bytes
-                data_len = <size_t>len(model_bytes)
+                data_c = self._model_bytes
+                data_len = <size_t>len(self._model_bytes)
                 with nogil:
                     status = ort.CreateSessionFromArray(shared_runtime().env, data_c, data_len,
                                                         options, &session)
             check(status)
         finally:
             ort.ReleaseSessionOptions(options)
+        self._release_handle()
         self.handle = session
         _live[<int>HANDLE_SESSION] += 1
-        self._sess_options = sess_options
-        self._providers = [name for name, _ in registered]
-        self.cpu_only = self._providers == [_CPU]
-        self._provider_options = [settings for _, settings in registered]
-        self._read_io_metadata()
+        return registered
 
     cdef int _read_io_metadata(self) except -1:
         """Encode names once and read types: inputs (then overridable initializers, which may
@@ -278,7 +323,9 @@ cdef class InferenceSession:
         self.fixed_outputs = <FixedOutput*>calloc(n_out + 1, sizeof(FixedOutput))
         self.feed_keys = <PyObject**>calloc(n_in + n_over + 1, sizeof(PyObject*))
         self.feed_key_positions = <Py_ssize_t*>calloc(n_in + n_over + 1, sizeof(Py_ssize_t))
-        if (self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
+        self.plain_feeds = <char*>calloc(n_in + n_over + 1, sizeof(char))
+        self._input_descs = []
+        if (self.plain_feeds == NULL or self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
                 or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL
                 or self.fixed_outputs == NULL):
             raise MemoryError()
@@ -300,6 +347,9 @@ cdef class InferenceSession:
                 ort.ReleaseTypeInfo(type_info)
             (self._inputs_meta if i < n_in else self._overridable_meta).append(arg)
             self.input_elem_types[i] = elem
+            self._input_descs.append(parse_type_string(arg.type))
+            # string tensors take np.void arrays too, which need converting
+            self.plain_feeds[i] = elem >= 0 and elem != 8
             self.input_index[name] = i
         self.n_inputs = n_in
         for i in range(n_out):
@@ -372,6 +422,8 @@ cdef class InferenceSession:
             self.feed_keys = NULL
         free(self.feed_key_positions)
         self.feed_key_positions = NULL
+        free(self.plain_feeds)
+        self.plain_feeds = NULL
 
     cdef void _release_handle(self) noexcept:
         if self.handle != NULL:
@@ -527,6 +579,8 @@ cdef class InferenceSession:
             except TypeError:
                 raise OrtInvalidType(f"output_names must be a list of names or None, got "
                                      f"{type(output_names).__name__}") from None
+        if output_names is not None and len(output_names) == 0:
+            output_names = None                 # onnxruntime: no names means every output
         cdef Py_ssize_t n_out_capacity = self.n_outputs if output_names is None else len(output_names)
         cdef RunStack stack
         cdef RunArrays a
@@ -578,6 +632,15 @@ cdef class InferenceSession:
                     a.in_values[n_ready] = (<OrtValue>item).handle
                     a.in_created[n_ready] = FEED_BORROWED
                     a.in_holders[n_ready] = item
+                elif (not self.plain_feeds[i] or type(<object>item) is list or type(<object>item) is tuple
+                        or <object>item is None):
+                    # a list, a sequence, a map, an optional, a string tensor: converted
+                    if keep is None:
+                        keep = []
+                    kept = len(keep)
+                    a.in_values[n_ready] = value_for_feed(<object>item, self._input_descs[i], <object>key, keep)
+                    a.in_created[n_ready] = FEED_CREATED
+                    a.in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
                 else:
                     if keep is None:
                         keep = []
@@ -647,7 +710,9 @@ cdef class InferenceSession:
                         results[i] = <object>a.out_arrays[i]
                     else:
                         value = results[i]
-                        results[i] = value_to_numpy(value, False)
+                        value.describe()
+                        results[i] = (value_to_numpy(value, False) if value.is_tensor_value
+                                      else python_from_value(value))
             return results
         finally:
             for i in range(n_ready):
@@ -681,7 +746,59 @@ cdef class InferenceSession:
 
     def _raise_missing_inputs(self, input_feed):
         missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
-        raise OrtInvalidArgument(f"required inputs {missing} are missing from the input feed")
+        # onnxruntime's words, which callers match
+        raise OrtInvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}).")
+
+    # -- onnxruntime's other session methods -----------------------------------------------------
+
+    def set_providers(self, providers=None, provider_options=None):
+        """Create the session again with these providers (same model and options)."""
+        self.require_open()
+        if self.runs_in_flight:
+            raise OrtInvalidArgument("set_providers() while runs are in flight on other threads")
+        self._create_with_fallback(_normalise_providers(providers, provider_options, self._strict))
+
+    def enable_fallback(self):
+        """Let a failed creation (set_providers) retry on the fallback providers (the default)."""
+        self._fallback = True
+
+    def disable_fallback(self):
+        self._fallback = False
+
+    def end_profiling(self):
+        """End profiling (enabled in the SessionOptions); returns the profile file's name, ''
+        when profiling was off."""
+        self.require_open()
+        cdef ort.OrtAllocator* allocator = NULL
+        cdef char* name = NULL
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        check(ort.SessionEndProfiling(self.handle, allocator, &name))
+        return _take_string(name, allocator)
+
+    def get_profiling_start_time_ns(self):
+        self.require_open()
+        cdef uint64_t start = 0
+        check(ort.SessionGetProfilingStartTimeNs(self.handle, &start))
+        return start
+
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
+        """Run on another thread, then call ``callback(results, user_data, error_text)`` there:
+        `results` as run() returns them and error_text '' on success; None and the error's
+        text on failure. Returns at once."""
+        if not callable(callback):
+            raise OrtInvalidType(f"callback must be callable, got {type(callback).__name__}")
+        self.require_open()
+        feeds = dict(input_feed) if isinstance(input_feed, dict) else input_feed
+
+        def work():
+            try:
+                results = self.run(output_names, feeds, run_options)
+            except Exception as exc:
+                callback(None, user_data, str(exc))
+            else:
+                callback(results, user_data, "")
+
+        threading.Thread(target=work, name="ortagent-run-async", daemon=True).start()
 
     def __reduce__(self):
         raise OrtInvalidType("InferenceSession cannot be pickled")

@@ -134,7 +134,14 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
 cdef void* tensor_data(ort.OrtValue* handle) noexcept:
     """The data address of a tensor value; NULL for non-tensors, empty tensors or on error."""
     cdef void* data = NULL
-    cdef ort.OrtStatus* status = ort.GetTensorMutableData(handle, &data)
+    cdef int present = 0
+    # An optional output without a value claims to be a tensor, and reading its data crashes
+    # onnxruntime (1.31): ask whether there is a value first.
+    cdef ort.OrtStatus* status = ort.HasValue(handle, &present)
+    if status == NULL and not present:
+        return NULL
+    if status == NULL:
+        status = ort.GetTensorMutableData(handle, &data)
     if status != NULL:
         ort.ReleaseStatus(status)
         return NULL

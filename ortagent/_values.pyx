@@ -149,7 +149,9 @@ cdef class OrtValue:
         if status != NULL:
             # Not a tensor (a sequence, a map...), or a real failure: tell them apart.
             ort.ReleaseStatus(status)
-            check(ort.IsTensor(self.handle, &is_tensor))
+            check(ort.HasValue(self.handle, &is_tensor))      # an optional without a value
+            if is_tensor:
+                check(ort.IsTensor(self.handle, &is_tensor))
             if not is_tensor:
                 self.is_tensor_value = False
                 self.elem_type = 0
@@ -508,6 +510,8 @@ cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** h
         if outputs[i] is None or (skip is not None and skip[i]):
             continue
         value = outputs[i]
+        if value.elem_type == 0:                 # described: not a tensor (or no value)
+            continue
         data = value.data if value.elem_type > 0 else tensor_data(value.handle)
         if data == NULL:
             continue

@@ -221,13 +221,17 @@ def _terminated():
 case("session", "run-feed-list", OrtInvalidType, "input_feed must be a dict", run_add([F3, F3]))
 case("session", "run-unknown-input", OrtInvalidArgument, "unknown input name 'zz'", run_add({"a": F3, "b": F3, "zz": F3}))
 case("session", "run-input-name-int", OrtInvalidArgument, "unknown input name 5", run_add({"a": F3, 5: F3}))
-case("session", "run-missing-input", OrtInvalidArgument, "required inputs ['b'] are missing", run_add({"a": F3}))
+case("session", "run-missing-input", OrtInvalidArgument, "Required inputs (['b']) are missing from input feed (['a'])", run_add({"a": F3}))
 case("session", "run-wrong-dtype", OrtInvalidArgument, "input 'b' expects tensor(float), got a NumPy array of float64",
      run_add({"a": F3, "b": np.ones(3)}))
 case("session", "run-wrong-extent", OrtInvalidArgument, "invalid dimensions for input: b", run_add({"a": F3, "b": np.ones(4, np.float32)}))
 case("session", "run-wrong-rank", OrtInvalidArgument, "Invalid rank for input: b", run_add({"a": F3, "b": np.ones((3, 1), np.float32)}))
-case("session", "run-feed-python-list", OrtInvalidType, "input 'b' must be a numpy.ndarray or an OrtValue, got list",
-     run_add({"a": F3, "b": [1.0, 2.0, 3.0]}))
+case("session", "run-feed-ragged-list", OrtInvalidArgument, "input 'b': cannot make a tensor(float) tensor from the list",
+     run_add({"a": F3, "b": [[1.0], [2.0, 3.0]]}))
+case("session", "run-feed-dict", OrtInvalidType, "input 'b' must be a numpy.ndarray or an OrtValue, got dict",
+     run_add({"a": F3, "b": {1: 2.0}}))
+case("session", "run-feed-none", OrtInvalidType, "input 'b' must be a numpy.ndarray or an OrtValue, got NoneType",
+     run_add({"a": F3, "b": None}))
 case("session", "run-feed-datetime", OrtInvalidArgument, "input 'b': NumPy dtype datetime64[s] has no ONNX",
      run_add({"a": F3, "b": np.zeros(3, "datetime64[s]")}))
 case("session", "run-feed-strings-for-floats", OrtInvalidArgument, "input 'b' expects tensor(float)",
