@@ -35,6 +35,11 @@ _LAZY = {
     # values
     "OrtValue": "ortagent._values",
     "OrtDevice": "ortagent._memory",
+    "OrtMemoryInfo": "ortagent._memory",
+    "OrtAllocatorType": "ortagent._memory",
+    "OrtMemType": "ortagent._memory",
+    "OrtMemoryInfoDeviceType": "ortagent._memory",
+    "OrtDeviceMemoryType": "ortagent._memory",
     "from_dlpack": "ortagent._dlpack",
     "SparseTensor": "ortagent._sparse",
     "OrtSparseFormat": "ortagent._sparse",
@@ -48,7 +53,7 @@ _LAZY = {
     "GraphOptimizationLevel": "ortagent._options",
     "ExecutionMode": "ortagent._options",
     "LoraAdapter": "ortagent._options",
-    "strict_providers": "ortagent._options",
+    "strict_providers": "ortagent._providers",
     # training
     "TrainingAgent": "ortagent.agent",
     "PartialGraphExecutionState": "ortagent.agent",
@@ -88,14 +93,19 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._options import ExecutionMode as ExecutionMode
     from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
     from ortagent._options import LoraAdapter as LoraAdapter
-    from ortagent._options import strict_providers as strict_providers
+    from ortagent._providers import strict_providers as strict_providers
     from ortagent._session import InferenceSession as InferenceSession
     from ortagent._iobinding import IOBinding as IOBinding
     from ortagent._metadata import ModelMetadata as ModelMetadata
     from ortagent._metadata import NodeArg as NodeArg
     from ortagent._options import RunOptions as RunOptions
     from ortagent._options import SessionOptions as SessionOptions
+    from ortagent._memory import OrtAllocatorType as OrtAllocatorType
     from ortagent._memory import OrtDevice as OrtDevice
+    from ortagent._memory import OrtDeviceMemoryType as OrtDeviceMemoryType
+    from ortagent._memory import OrtMemoryInfo as OrtMemoryInfo
+    from ortagent._memory import OrtMemoryInfoDeviceType as OrtMemoryInfoDeviceType
+    from ortagent._memory import OrtMemType as OrtMemType
     from ortagent._sparse import OrtSparseFormat as OrtSparseFormat
     from ortagent._sparse import SparseTensor as SparseTensor
     from ortagent._values import OrtValue as OrtValue

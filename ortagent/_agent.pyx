@@ -34,7 +34,7 @@ from ortagent._session cimport (
     run_nogil, run_binding_nogil, end_run_call, check_run_status,
 )
 from ortagent._memory import as_device
-from ortagent._options import strict_providers
+from ortagent._providers import strict_providers
 from ortagent.errors import (
     OrtError, OrtInvalidArgument, OrtInvalidType, RunStateError, ObjectClosedError,
 )

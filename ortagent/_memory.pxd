@@ -20,3 +20,13 @@ cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL
 
 # Where memory described by `info` lives (MemoryKind); its device id goes to device_id[0].
 cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1
+
+
+cdef class OrtMemoryInfo:
+    cdef ort.OrtMemoryInfo* handle
+    cdef int _require(self) except -1
+
+# A new OrtMemoryInfo describing the same memory as `info` (borrowed).
+cdef OrtMemoryInfo memory_info_copy(const ort.OrtMemoryInfo* info)
+# The memory a session's inputs (or outputs) are expected in, as new OrtMemoryInfo objects.
+cdef list session_memory_infos(ort.OrtSession* session, size_t count, bint inputs)

@@ -4,7 +4,10 @@ descriptions behind it (owned here for the life of the process), and the reverse
 memory description to a MemoryKind.
 """
 
+import enum
+
 cimport cython
+from libc.stdlib cimport malloc, free
 from libc.string cimport strlen
 
 from operator import index as _index
@@ -56,6 +59,7 @@ def _device_id_argument(value):
 _DEVICE_NAMES = {MEMORY_CPU: "cpu", MEMORY_CUDA: "cuda", MEMORY_CUDA_PINNED: "cuda_pinned"}
 # onnxruntime's OrtDevice numbering (device type; memory type).
 _ORT_DEVICE_CPU, _ORT_DEVICE_GPU = 0, 1
+_NVIDIA_VENDOR_ID = 0x10DE
 _ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE = 0, 1, 5
 # Memory descriptions by (kind, index), owned here for the life of the process.
 cdef dict _memory_infos = {}
@@ -123,6 +127,30 @@ cdef class OrtDevice:
 
     def device_id(self):
         return self.index
+
+    def device_mem_type(self):
+        """onnxruntime's OrtDeviceMemoryType: 0 default, 5 host-accessible (CUDA pinned)."""
+        return _ORT_MEM_HOST_ACCESSIBLE if self.kind == MEMORY_CUDA_PINNED else _ORT_MEM_DEFAULT
+
+    def device_vendor_id(self):
+        """PCI vendor id of the device: NVIDIA's for CUDA memory, 0 for the CPU."""
+        return _NVIDIA_VENDOR_ID if self.kind != MEMORY_CPU else 0
+
+    @staticmethod
+    def make(ort_device_name, device_id, vendor_id=-1):
+        """onnxruntime's OrtDevice.make: 'cpu', or 'cuda' / 'gpu' (CUDA memory) with an id."""
+        if not isinstance(ort_device_name, str):
+            raise OrtInvalidType(f"ort_device_name must be a str, got {type(ort_device_name).__name__}")
+        name = ort_device_name.lower()
+        if name == "cpu":
+            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_DEFAULT, device_id)
+        if name in ("cuda", "gpu"):
+            if vendor_id not in (-1, _NVIDIA_VENDOR_ID):
+                raise OrtNotImplemented("ortagent's GPU devices are CUDA (NVIDIA) devices")
+            return OrtDevice(_ORT_DEVICE_GPU, _ORT_MEM_DEFAULT, device_id)
+        if name in ("npu", "dml", "cann", "webgpu"):
+            raise OrtNotImplemented(f"ortagent places values on the CPU and CUDA devices only, not {name}")
+        raise OrtInvalidArgument(f"Unsupported device type: {ort_device_name}")
 
     @property
     def name(self):
@@ -261,3 +289,158 @@ cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1
         return MEMORY_CPU
     return MEMORY_OTHER
 
+
+
+# ---- OrtMemoryInfo and its enums (onnxruntime's Python names and values) ---------------------------
+
+class OrtAllocatorType(enum.IntEnum):
+    INVALID = -1
+    ORT_DEVICE_ALLOCATOR = 0
+    ORT_ARENA_ALLOCATOR = 1
+
+
+class OrtMemType(enum.IntEnum):
+    CPU_INPUT = -2
+    CPU_OUTPUT = -1
+    CPU = -1
+    DEFAULT = 0
+
+
+class OrtMemoryInfoDeviceType(enum.IntEnum):
+    CPU = 0
+    GPU = 1
+    FPGA = 2
+    NPU = 3
+
+
+class OrtDeviceMemoryType(enum.IntEnum):
+    DEFAULT = 0
+    HOST_ACCESSIBLE = 5
+
+
+@cython.final
+cdef class OrtMemoryInfo:
+    """A memory description: ``OrtMemoryInfo(name, allocator_type, device_id, mem_type)`` with
+    onnxruntime's names ('Cpu', 'Cuda', 'CudaPinned', ...) and enums."""
+
+    def __init__(self, name, alloc_type, device_id, mem_type):
+        if not isinstance(name, str) or "\0" in name:
+            raise OrtInvalidType(f"name must be a str without NUL characters, got {name!r}")
+        alloc = _int_argument(alloc_type, "alloc_type")
+        memory = _int_argument(mem_type, "mem_type")
+        device = _int_argument(device_id, "device_id")
+        if alloc not in (-1, 0, 1) or memory not in (-2, -1, 0) or not 0 <= device < 1 << 31:
+            raise OrtInvalidArgument(f"bad memory info ({alloc_type!r}, {device_id!r}, {mem_type!r})")
+        ensure_loaded()
+        if self.handle != NULL:
+            ort.ReleaseMemoryInfo(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_MEMORY_INFO] -= 1
+        check(ort.CreateMemoryInfo(name.encode(), <ort.OrtAllocatorType><int>alloc, <int>device,
+                                   <ort.OrtMemType><int>memory, &self.handle))
+        _live[<int>HANDLE_MEMORY_INFO] += 1
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseMemoryInfo(self.handle)
+            self.handle = NULL
+            _live[<int>HANDLE_MEMORY_INFO] -= 1
+
+    cdef int _require(self) except -1:
+        if self.handle == NULL:
+            raise OrtInvalidArgument("this OrtMemoryInfo was not initialised")
+        return 0
+
+    @property
+    def name(self):
+        self._require()
+        cdef const char* text = NULL
+        check(ort.MemoryInfoGetName(self.handle, &text))
+        return text.decode() if text != NULL else ""
+
+    @property
+    def device_id(self):
+        self._require()
+        cdef int value = 0
+        check(ort.MemoryInfoGetId(self.handle, &value))
+        return value
+
+    @property
+    def mem_type(self):
+        self._require()
+        cdef ort.OrtMemType value = ort.OrtMemTypeDefault
+        check(ort.MemoryInfoGetMemType(self.handle, &value))
+        return OrtMemType(<int>value)
+
+    @property
+    def allocator_type(self):
+        self._require()
+        cdef ort.OrtAllocatorType value = ort.OrtInvalidAllocator
+        check(ort.MemoryInfoGetType(self.handle, &value))
+        return OrtAllocatorType(<int>value)
+
+    @property
+    def device_type(self):
+        self._require()
+        cdef ort.OrtMemoryInfoDeviceType value = ort.OrtMemoryInfoDeviceType_CPU
+        ort.MemoryInfoGetDeviceType(self.handle, &value)
+        return OrtMemoryInfoDeviceType(<int>value)
+
+    @property
+    def device_mem_type(self):
+        """HOST_ACCESSIBLE for pinned memory ('CudaPinned', ...), DEFAULT otherwise (read from
+        the name: OrtApi::MemoryInfoGetDeviceMemType is not declared by ortagent)."""
+        return (OrtDeviceMemoryType.HOST_ACCESSIBLE if "Pinned" in self.name
+                else OrtDeviceMemoryType.DEFAULT)
+
+    @property
+    def device_vendor_id(self):
+        """NVIDIA's PCI vendor id for CUDA memory, 0 for CPU memory (from the name, as above)."""
+        return _NVIDIA_VENDOR_ID if self.name.startswith("Cuda") else 0
+
+    def __eq__(self, other):
+        if not isinstance(other, OrtMemoryInfo):
+            return NotImplemented
+        cdef int result = 0
+        self._require()
+        (<OrtMemoryInfo>other)._require()
+        check(ort.CompareMemoryInfo(self.handle, (<OrtMemoryInfo>other).handle, &result))
+        return result == 0
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"OrtMemoryInfo(name={self.name!r}, allocator_type={self.allocator_type.name}, "
+                f"device_id={self.device_id}, mem_type={self.mem_type.name})")
+
+    def __reduce__(self):
+        raise OrtInvalidType("OrtMemoryInfo cannot be pickled")
+
+
+cdef OrtMemoryInfo memory_info_copy(const ort.OrtMemoryInfo* info):
+    """A new OrtMemoryInfo describing the same memory as `info` (which stays its owner's)."""
+    cdef const char* name = NULL
+    cdef int device_id = 0
+    cdef ort.OrtMemType mem_type = ort.OrtMemTypeDefault
+    cdef ort.OrtAllocatorType alloc = ort.OrtInvalidAllocator
+    check(ort.MemoryInfoGetName(info, &name))
+    check(ort.MemoryInfoGetId(info, &device_id))
+    check(ort.MemoryInfoGetMemType(info, &mem_type))
+    check(ort.MemoryInfoGetType(info, &alloc))
+    return OrtMemoryInfo(name.decode() if name != NULL else "", <int>alloc, device_id, <int>mem_type)
+
+
+cdef list session_memory_infos(ort.OrtSession* session, size_t count, bint inputs):
+    """The memory each of a session's `count` inputs (or outputs) is expected in, as new
+    OrtMemoryInfo objects (OrtApi::SessionGetMemoryInfoForInputs/Outputs, onnxruntime >= 1.23)."""
+    cdef const ort.OrtMemoryInfo** infos = <const ort.OrtMemoryInfo**>malloc((count + 1) * sizeof(void*))
+    if infos == NULL:
+        raise MemoryError()
+    try:
+        if inputs:
+            check(ort.SessionGetMemoryInfoForInputs(session, infos, count))
+        else:
+            check(ort.SessionGetMemoryInfoForOutputs(session, infos, count))
+        return [memory_info_copy(infos[i]) if infos[i] != NULL else None for i in range(count)]
+    finally:
+        free(infos)

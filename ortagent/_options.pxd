@@ -48,9 +48,3 @@ cdef bytes _encode(object text, str what)
 cdef str _take_string(char* text, ort.OrtAllocator* allocator)
 # `value` must be an OrtValue (OrtInvalidType naming `what` otherwise).
 cdef int _require_value(object value, str what) except -1
-# Append the requested providers ([(name, options)], normalised) to `options`; returns
-# [(name, options)] as registered. Providers that cannot be used are left out with a
-# ProviderFallbackWarning, or raise ProviderError when `strict`.
-cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, bint strict=*)
-# The CUDA provider's options as onnxruntime will use them (defaults filled in).
-cdef dict _effective_cuda_options(dict settings)

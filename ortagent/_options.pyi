@@ -3,7 +3,6 @@ import enum
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-from contextlib import AbstractContextManager
 
 from ortagent._values import OrtValue
 
@@ -60,4 +59,3 @@ class LoraAdapter:
     def __init__(self) -> None: ...
     def Load(self, path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview) -> None: ...
 
-def strict_providers(enabled: bool = True) -> AbstractContextManager[None]: ...

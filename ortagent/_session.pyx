@@ -29,7 +29,7 @@ from ortagent._runtime cimport (
     HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
 )
 from ortagent._dtypes cimport MAX_INLINE_DIMS, tensor_type_name, element_size, has_builtin_numpy_type
-from ortagent._memory cimport OrtDevice, MEMORY_CPU
+from ortagent._memory cimport OrtDevice, MEMORY_CPU, session_memory_infos
 from ortagent._tensors cimport (
     FeedView, tensor_for_feed, feed_view, release_feed_view, clear_feed_view, tensor_data,
     new_output_array,
@@ -41,14 +41,12 @@ from ortagent._metadata cimport node_arg, read_model_metadata
 from ortagent._containers cimport value_for_feed, python_from_value
 from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
-from ortagent._options cimport (
-    SessionOptions, RunOptions, _encode, _require_value, _take_string, _configure_providers,
-    _effective_cuda_options,
-)
+from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_value, _take_string
+from ortagent._providers cimport _configure_providers, _effective_cuda_options
 from ortagent._memory import as_device
-from ortagent._options import (
-    GraphOptimizationLevel, ExecutionMode, _normalise_providers, _settings_for, _fallback_providers, _CPU, _CUDA,
-    _strict as _strict_scope,
+from ortagent._options import GraphOptimizationLevel, ExecutionMode
+from ortagent._providers import (
+    _normalise_providers, _settings_for, _fallback_providers, _CPU, _CUDA, _strict as _strict_scope,
 )
 import ortagent._options as _options_module
 
@@ -774,6 +772,15 @@ cdef class InferenceSession:
         check(ort.GetAllocatorWithDefaultOptions(&allocator))
         check(ort.SessionEndProfiling(self.handle, allocator, &name))
         return _take_string(name, allocator)
+
+    def get_input_memory_infos(self):
+        """Where each input is expected (OrtMemoryInfo per input; onnxruntime >= 1.23)."""
+        self.require_open()
+        return session_memory_infos(self.handle, <size_t>self.n_inputs, True)
+
+    def get_output_memory_infos(self):
+        self.require_open()
+        return session_memory_infos(self.handle, <size_t>self.n_outputs, False)
 
     def get_profiling_start_time_ns(self):
         self.require_open()

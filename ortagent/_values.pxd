@@ -41,6 +41,7 @@ cdef class OrtValue:
     cdef bint _reserve_dims(self, size_t count) noexcept
     cdef ort.OrtStatus* _type_and_shape(self, ort.ONNXTensorElementDataType* elem, size_t* count) noexcept
     cdef int require_handle(self) except -1
+    cdef int _onnx_type(self) except -2
     cdef int begin_use(self) except -1
     cdef void end_use(self) noexcept
     cdef void _release_if_unused(self) noexcept

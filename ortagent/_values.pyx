@@ -33,7 +33,7 @@ from ortagent._memory import (
 )
 
 from ortagent.errors import (
-    OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError,
+    OrtError, OrtFail, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -165,14 +165,31 @@ cdef class OrtValue:
                 raise MemoryError()
             memcpy(self.dims, shape, count * sizeof(int64_t))
         self.ndim = <int>count
+        status = NULL
         if known_memory_kind >= 0:
             self.memory_kind = known_memory_kind
             self.device_id = 0
         else:
-            check(ort.GetTensorMemoryInfo(self.handle, &mem))
-            self.memory_kind = memory_kind_of(mem, &self.device_id)
-        if elem != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING:
-            check(ort.GetTensorMutableData(self.handle, &self.data))
+            status = ort.GetTensorMemoryInfo(self.handle, &mem)
+            if status == NULL:
+                self.memory_kind = memory_kind_of(mem, &self.device_id)
+        if status == NULL and elem != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING:
+            status = ort.GetTensorMutableData(self.handle, &self.data)
+        if status != NULL:
+            # A sparse tensor reports a type and shape but has no dense data: not a tensor here.
+            try:
+                kind = self._onnx_type()
+            except BaseException:
+                ort.ReleaseStatus(status)
+                raise
+            if kind == ort.ONNX_TYPE_SPARSETENSOR:
+                ort.ReleaseStatus(status)
+                self.is_tensor_value = False
+                self.elem_type = 0
+                self.ndim = 0
+                self.data = NULL
+                return 0
+            check(status)
         self.elem_type = <int>elem
         return 0
 
@@ -239,9 +256,12 @@ cdef class OrtValue:
         return [self.dims[i] for i in range(self.ndim)]
 
     def data_type(self):
-        """onnxruntime's type string, e.g. 'tensor(float)'."""
+        """onnxruntime's type string, e.g. 'tensor(float)', 'seq(tensor(int64))',
+        'sparse_tensor(float)'."""
         self.describe()
-        self._require_tensor()
+        if not self.is_tensor_value:
+            from ortagent import _containers         # the layer above, for other kinds of values
+            return _containers.type_string(_containers.describe_value_type(self))
         return tensor_type_name(self.elem_type)
 
     def element_type(self):
@@ -253,6 +273,68 @@ cdef class OrtValue:
     def is_tensor(self):
         self.describe()
         return self.is_tensor_value
+
+    cdef int _onnx_type(self) except -2:
+        self.require_handle()
+        cdef int present = 0
+        cdef ort.ONNXType kind = ort.ONNX_TYPE_UNKNOWN
+        check(ort.HasValue(self.handle, &present))
+        if not present:
+            return -1
+        check(ort.GetValueType(self.handle, &kind))
+        return <int>kind
+
+    def is_sparse_tensor(self):
+        return self._onnx_type() == ort.ONNX_TYPE_SPARSETENSOR
+
+    def is_tensor_sequence(self):
+        """Whether this value is a sequence of tensors."""
+        if self._onnx_type() != ort.ONNX_TYPE_SEQUENCE:
+            return False
+        return self.data_type().startswith("seq(tensor(")
+
+    def as_sparse_tensor(self):
+        """The SparseTensor this value holds."""
+        from ortagent._sparse import sparse_tensor_of
+        return sparse_tensor_of(self)
+
+    @staticmethod
+    def ort_value_from_sparse_tensor(sparse_tensor):
+        """The OrtValue holding a SparseTensor (to feed it to a session)."""
+        from ortagent._sparse import SparseTensor
+        if not isinstance(sparse_tensor, SparseTensor):
+            raise OrtInvalidType(f"expected an ortagent.SparseTensor, got {type(sparse_tensor).__name__}")
+        return sparse_tensor.ort_value
+
+    @staticmethod
+    def ortvalue_from_numpy_with_onnx_type(data, onnx_element_type):
+        """A tensor over `data`'s memory (no copy) taken as ONNX element type
+        `onnx_element_type`, whose item size must be the array's (e.g. uint16 bits as bfloat16)."""
+        ensure_numpy()
+        np = numpy_module()
+        if not isinstance(data, np.ndarray):
+            raise OrtInvalidType(f"data must be a numpy.ndarray, got {type(data).__name__}")
+        number = _int_argument(onnx_element_type, "onnx_element_type")
+        if not 0 < number < 64:
+            raise OrtInvalidArgument(f"onnx_element_type must be an ONNX element type, got {number}")
+        cdef int elem = number
+        cdef int size = element_size(elem)
+        if size == 0:
+            raise OrtInvalidArgument(f"onnx_element_type {elem} has no fixed item size")
+        if data.itemsize != size:
+            # onnxruntime's words for the same mistake
+            raise OrtFail(f"Items size in the incoming array: {data.itemsize} specified by "
+                                     f"onnxtype: {size}")
+        array = np.ascontiguousarray(data)
+        return value_over_memory(<void*><size_t>array.ctypes.data, list(array.shape), elem, _CPU_DEVICE,
+                                 array, not array.flags.writeable)
+
+    def tensor_size_in_bytes(self):
+        """Bytes of the tensor's data (OrtApi::GetTensorSizeInBytes, onnxruntime >= 1.23)."""
+        self.require_handle()
+        cdef size_t size = 0
+        check(ort.GetTensorSizeInBytes(self.handle, &size))
+        return size
 
     def has_value(self):
         self.require_handle()

@@ -560,7 +560,7 @@ class _Graph:
 
     def inference_session(self):
         if self.session is None:
-            from ortagent._options import strict_providers
+            from ortagent._providers import strict_providers
             from ortagent._session import InferenceSession
 
             with strict_providers():        # the module's device, or an error: never another

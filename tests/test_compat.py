@@ -571,3 +571,129 @@ def test_sparse_input_to_a_session(ort_ref):
     expected = theirs.run_with_ort_values(["Y"], {"A": their_value, "B": ort_ref.OrtValue.ortvalue_from_numpy(b)})
     _same(ours.run(["Y"], {"A": our_value, "B": b})[0], expected[0].numpy())
     _same(our_value.as_sparse_tensor().values(), np.asarray(their_value.as_sparse_tensor().values()))
+
+
+# ---- values, devices, memory infos ------------------------------------------------------------------
+
+def test_ortvalue_with_onnx_type(ort_ref):
+    bits = np.array([0x3F80, 0x4000, 0xC040], np.uint16)      # bfloat16 1, 2, -3
+    theirs = ort_ref.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, T.BFLOAT16)
+    ours = ortagent.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, T.BFLOAT16)
+    assert ours.data_type() == theirs.data_type()
+    assert ours.element_type() == theirs.element_type()
+    assert ours.shape() == theirs.shape()
+    assert ours.tensor_size_in_bytes() == theirs.tensor_size_in_bytes()
+    model = _model([helper.make_node("Cast", ["x"], ["y"], to=T.FLOAT)], [_tensor("x", T.BFLOAT16, [3])],
+                   [_tensor("y", T.FLOAT, [3])])
+    their_session, our_session = _both(ort_ref, model)
+    _same(our_session.run(None, {"x": ours}), their_session.run(None, {"x": theirs}))
+    their_error, our_error = _raises_alike(
+        lambda: ort_ref.OrtValue.ortvalue_from_numpy_with_onnx_type(bits.astype(np.uint32), T.BFLOAT16),
+        lambda: ortagent.OrtValue.ortvalue_from_numpy_with_onnx_type(bits.astype(np.uint32), T.BFLOAT16))
+    assert str(our_error) in str(their_error)
+
+
+def test_tensor_size_in_bytes(ort_ref):
+    for array in (np.ones((2, 3), np.float32), np.arange(5, dtype=np.int64), np.zeros((0, 4), np.float16)):
+        assert ortagent.OrtValue.ortvalue_from_numpy(array).tensor_size_in_bytes() == \
+            ort_ref.OrtValue.ortvalue_from_numpy(array).tensor_size_in_bytes()
+
+
+def test_sequence_value_kinds(ort_ref):
+    theirs, ours = _both(ort_ref, sequence_output_model())
+    feeds = {"a": np.ones(2, np.float32), "b": np.zeros(3, np.float32)}
+    (value,) = ours.run_with_ort_values(None, feeds)
+    assert value.is_tensor_sequence() and not value.is_tensor() and not value.is_sparse_tensor()
+    assert value.data_type() == theirs.get_outputs()[0].type
+    assert not ortagent.OrtValue.ortvalue_from_numpy(np.ones(2)).is_tensor_sequence()
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "gpu"])
+def test_ort_device_make(ort_ref, name):
+    theirs, ours = ort_ref.OrtDevice.make(name, 0), ortagent.OrtDevice.make(name, 0)
+    assert (ours.device_type(), ours.device_id(), ours.device_mem_type(), ours.device_vendor_id()) == \
+        (theirs.device_type(), theirs.device_id(), theirs.device_mem_type(), theirs.device_vendor_id())
+
+
+def test_ort_device_make_unknown(ort_ref):
+    their_error, our_error = _raises_alike(lambda: ort_ref.OrtDevice.make("foo", 0),
+                                           lambda: ortagent.OrtDevice.make("foo", 0))
+    assert str(our_error) == str(their_error)
+
+
+def test_memory_enums(ort_ref):
+    for name in ("OrtAllocatorType", "OrtMemType", "OrtMemoryInfoDeviceType", "OrtDeviceMemoryType"):
+        theirs = getattr(ort_ref, name)
+        ours = getattr(ortagent, name)
+        their_members = {k: int(v) for k, v in theirs.__members__.items()}
+        assert {k: int(v) for k, v in ours.__members__.items()} == their_members, name
+
+
+@pytest.mark.parametrize("args", [("Cpu", 1, 0, 0), ("Cpu", 0, 0, -1), ("Cuda", 0, 1, 0), ("CudaPinned", 0, 0, -1)])
+def test_memory_info(ort_ref, args):
+    name, alloc, device, mem = args
+    theirs = ort_ref.OrtMemoryInfo(name, ort_ref.OrtAllocatorType(alloc), device, ort_ref.OrtMemType(mem))
+    ours = ortagent.OrtMemoryInfo(name, ortagent.OrtAllocatorType(alloc), device, ortagent.OrtMemType(mem))
+    assert ours.name == theirs.name and ours.device_id == theirs.device_id
+    assert int(ours.mem_type) == int(theirs.mem_type)
+    assert int(ours.allocator_type) == int(theirs.allocator_type)
+    assert int(ours.device_mem_type) == int(theirs.device_mem_type)
+    assert ours.device_vendor_id == theirs.device_vendor_id
+    assert ours == ortagent.OrtMemoryInfo(name, alloc, device, mem)
+
+
+def test_session_memory_infos(ort_ref):
+    theirs, ours = _both(ort_ref, add_model())
+    for mine, reference in ((ours.get_input_memory_infos(), theirs.get_input_memory_infos()),
+                            (ours.get_output_memory_infos(), theirs.get_output_memory_infos())):
+        assert [(m.name, m.device_id, int(m.mem_type), int(m.allocator_type)) for m in mine] == \
+            [(m.name, m.device_id, int(m.mem_type), int(m.allocator_type)) for m in reference]
+
+
+# ---- profiling and asynchronous runs ----------------------------------------------------------------
+
+def test_profiling(ort_ref, tmp_path):
+    files = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(tmp_path / module.__name__)
+        session = module.InferenceSession(add_model().SerializeToString(), options, providers=[CPU])
+        assert session.get_profiling_start_time_ns() > 0
+        session.run(None, {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)})
+        files.append(session.end_profiling())
+    for path in files:
+        assert os.path.exists(path)
+        import json
+        with open(path) as handle:
+            events = json.load(handle)
+        assert any(event.get("name") == "model_run" for event in events)
+    plain = ortagent.InferenceSession(add_model().SerializeToString())
+    assert plain.end_profiling() == ort_ref.InferenceSession(add_model().SerializeToString(),
+                                                              providers=[CPU]).end_profiling()
+
+
+def test_run_async(ort_ref):
+    import threading
+
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.ones(3, np.float32)}
+    results = {}
+    for module in (ort_ref, ortagent):
+        done = threading.Event()
+        session = module.InferenceSession(add_model().SerializeToString(), providers=[CPU])
+
+        def callback(outputs, data, error, done=done, name=module.__name__):
+            results[name] = (outputs, data, error)
+            done.set()
+
+        session.run_async(["z"], feeds, callback, "token")
+        assert done.wait(60)
+    (their_outputs, their_data, their_error), (our_outputs, our_data, our_error) = results.values()
+    assert our_error == their_error == "" and our_data == their_data == "token"
+    _same([np.asarray(a) for a in our_outputs], [np.asarray(a) for a in their_outputs])
+    failed = threading.Event()
+    seen = []
+    ortagent.InferenceSession(add_model().SerializeToString()).run_async(
+        None, {"x": feeds["x"]}, lambda o, d, e: (seen.append((o, d, e)), failed.set()), 7)
+    assert failed.wait(60)
+    assert seen[0][0] is None and seen[0][1] == 7 and "Required inputs" in seen[0][2]

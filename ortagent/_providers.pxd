@@ -1,0 +1,9 @@
+# cython: language_level=3
+from ortagent cimport _capi as ort
+
+# Append the requested providers ([(name, options)], normalised) to `options`; returns
+# [(name, options)] as registered. Providers that cannot be used are left out with a
+# ProviderFallbackWarning, or raise ProviderError when `strict` (or inside strict_providers()).
+cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, bint strict=*)
+# The CUDA provider's options as onnxruntime will use them (defaults filled in).
+cdef dict _effective_cuda_options(dict settings)

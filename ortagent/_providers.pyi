@@ -1,0 +1,3 @@
+from contextlib import AbstractContextManager
+
+def strict_providers(enabled: bool = True) -> AbstractContextManager[None]: ...
