@@ -40,6 +40,9 @@ _LAZY = {
     "OrtMemType": "ortagent._memory",
     "OrtMemoryInfoDeviceType": "ortagent._memory",
     "OrtDeviceMemoryType": "ortagent._memory",
+    "OrtArenaCfg": "ortagent._allocators",
+    "create_and_register_allocator": "ortagent._allocators",
+    "create_and_register_allocator_v2": "ortagent._allocators",
     "from_dlpack": "ortagent._dlpack",
     "SparseTensor": "ortagent._sparse",
     "OrtSparseFormat": "ortagent._sparse",
@@ -100,6 +103,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._metadata import NodeArg as NodeArg
     from ortagent._options import RunOptions as RunOptions
     from ortagent._options import SessionOptions as SessionOptions
+    from ortagent._allocators import OrtArenaCfg as OrtArenaCfg
+    from ortagent._allocators import create_and_register_allocator as create_and_register_allocator
+    from ortagent._allocators import create_and_register_allocator_v2 as create_and_register_allocator_v2
     from ortagent._memory import OrtAllocatorType as OrtAllocatorType
     from ortagent._memory import OrtDevice as OrtDevice
     from ortagent._memory import OrtDeviceMemoryType as OrtDeviceMemoryType

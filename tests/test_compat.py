@@ -697,3 +697,58 @@ def test_run_async(ort_ref):
         None, {"x": feeds["x"]}, lambda o, d, e: (seen.append((o, d, e)), failed.set()), 7)
     assert failed.wait(60)
     assert seen[0][0] is None and seen[0][1] == 7 and "Required inputs" in seen[0][2]
+
+
+# ---- arenas and shared allocators -------------------------------------------------------------------
+
+_ARENA_NAMES = ("max_mem", "arena_extend_strategy", "initial_chunk_size_bytes", "max_dead_bytes_per_chunk",
+                "initial_growth_chunk_size_bytes", "max_power_of_two_extend_bytes")
+
+
+@pytest.mark.parametrize("args", [({},), (0, -1, -1, -1), ({"max_mem": 1 << 20, "arena_extend_strategy": 1},),
+                                  (1 << 22, 0, 1 << 16, 1 << 10)])
+def test_arena_cfg(ort_ref, args):
+    theirs, ours = ort_ref.OrtArenaCfg(*args), ortagent.OrtArenaCfg(*args)
+    assert [getattr(ours, n) for n in _ARENA_NAMES] == [getattr(theirs, n) for n in _ARENA_NAMES]
+    theirs.max_mem = ours.max_mem = 4096
+    assert ours.max_mem == theirs.max_mem
+
+
+def test_arena_cfg_unknown_setting(ort_ref):
+    their_error, our_error = _raises_alike(lambda: ort_ref.OrtArenaCfg({"bogus": 1}),
+                                           lambda: ortagent.OrtArenaCfg({"bogus": 1}))
+    assert str(our_error) in str(their_error)
+
+
+def test_shared_allocator_in_a_fresh_process(tmp_path):
+    """A session on an allocator registered with the environment computes what onnxruntime's
+    does the same way."""
+    model = tmp_path / "add.onnx"
+    onnx.save_model(add_model(), str(model))
+    script = textwrap.dedent(f"""
+        import numpy as np, onnxruntime, ortagent
+        feeds = {{"x": np.arange(5, dtype=np.float32), "y": np.ones(5, np.float32)}}
+        results = []
+        for module in (onnxruntime, ortagent):
+            info = module.OrtMemoryInfo("Cpu", module.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                        module.OrtMemType.DEFAULT)
+            module.create_and_register_allocator(info, module.OrtArenaCfg({{"max_mem": 1 << 24}}))
+            options = module.SessionOptions()
+            options.add_session_config_entry("session.use_env_allocators", "1")
+            session = module.InferenceSession({str(model)!r}, options, providers=["CPUExecutionProvider"])
+            results.append(session.run(None, feeds))
+        for a, b in zip(*results):
+            np.testing.assert_array_equal(a, b)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_register_allocator_v2_bad_provider():
+    info = ortagent.OrtMemoryInfo("Cpu", ortagent.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ortagent.OrtMemType.DEFAULT)
+    with pytest.raises(ortagent.OrtError):
+        ortagent.create_and_register_allocator_v2("NoSuchExecutionProvider", info, {}, None)
+    with pytest.raises(ortagent.OrtInvalidType):
+        ortagent.create_and_register_allocator("Cpu", None)
