@@ -11,3 +11,5 @@ cdef bint is_plain_tensor_feed(object feed, object desc)
 cdef ort.OrtValue* value_for_feed(object feed, object desc, object name, list keep) except NULL
 # A value as onnxruntime's run() returns it: NumPy array, list, dict, or None.
 cdef object python_from_value(OrtValue value)
+# An OrtValue fed or bound as an input must hold a value (OrtNotImplemented otherwise).
+cdef int check_feedable(OrtValue value, object name) except -1

@@ -21,7 +21,7 @@ from libc.string cimport strlen
 
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
-from ortagent._runtime cimport check, ensure_loaded, shared_runtime
+from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._tensors cimport tensor_for_feed
 from ortagent._values cimport OrtValue, wrap_value, value_to_numpy
@@ -29,6 +29,7 @@ from ortagent._values cimport OrtValue, wrap_value, value_to_numpy
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 
 ort.ortagent_rt = shared_runtime()
+cdef Py_ssize_t* _live = live_handle_counts()
 
 _np = None
 
@@ -221,8 +222,8 @@ cdef ort.OrtValue* value_for_feed(object feed, object desc, object name, list ke
     if kind == "optional":
         if feed is None:
             raise OrtNotImplemented(
-                f"input {name!r} is {type_string(desc)}: onnxruntime's C API cannot make an optional "
-                "value without an element; feed a value, or leave out an optional graph input")
+                f"input {name!r} is {type_string(desc)}: an optional without an element cannot be fed "
+                "through onnxruntime's C API (its Run crashes on one); feed a value")
         return value_for_feed(feed, desc[1], name, keep)
     raise OrtNotImplemented(f"input {name!r} is {type_string(desc)}, which ortagent cannot feed")
 
@@ -233,8 +234,10 @@ cdef ort.OrtValue* _sequence_value(object feed, object inner, object name, list 
                              f"{type(feed).__name__}")
     cdef Py_ssize_t n = len(feed), i, made = 0
     if n == 0:
-        raise OrtNotImplemented(f"input {name!r}: onnxruntime's C API cannot make an empty sequence "
-                                "(OrtApi::CreateValue needs at least one element)")
+        if inner[0] != "tensor":
+            raise OrtNotImplemented(f"input {name!r}: an empty sequence of {type_string(inner)} cannot be "
+                                    "made (OrtApi::CreateValue needs at least one element)")
+        return _made_by_a_model(("seq", inner))
     if inner[0] != "tensor" and inner[0] != "map":
         raise OrtNotImplemented(f"input {name!r}: sequences of {type_string(inner)} cannot be made "
                                 "through onnxruntime's C API")
@@ -287,6 +290,47 @@ cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, obje
         if parts[1] != NULL:
             ort.ReleaseValue(parts[1])
     return result
+
+
+# Values the C API cannot create (OrtApi::CreateValue needs at least one element): a one-node
+# model makes each, once per type, on the CPU. (It could make optionals without an element too,
+# but onnxruntime's Run crashes when one is fed to it.)
+_MAKERS = {}
+
+
+cdef object _type_proto(object desc):
+    from onnx import helper
+    if desc[0] == "tensor":
+        return helper.make_tensor_type_proto(desc[1], None)
+    if desc[0] == "seq":
+        return helper.make_sequence_type_proto(_type_proto(desc[1]))
+    if desc[0] == "map":
+        return helper.make_map_type_proto(desc[1], _type_proto(desc[2]))
+    if desc[0] == "optional":
+        return helper.make_optional_type_proto(_type_proto(desc[1]))
+    raise OrtNotImplemented(f"values of type {type_string(desc)} cannot be made")
+
+
+cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
+    """A new value (the caller owns it): an empty sequence of tensors of the type `desc`."""
+    key = type_string(desc)
+    session = _MAKERS.get(key)
+    if session is None:
+        from onnx import helper
+        from ortagent._session import InferenceSession     # the layer above, on first use
+        from ortagent._providers import strict_providers
+        node = helper.make_node("SequenceEmpty", [], ["v"], dtype=desc[1][1])
+        graph = helper.make_graph([node], "maker", [], [helper.make_value_info("v", _type_proto(desc))])
+        model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18)])
+        with strict_providers():
+            session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        _MAKERS[key] = session
+    (made,) = session.run_with_ort_values(None, {})
+    cdef OrtValue value = made
+    cdef ort.OrtValue* handle = value.handle
+    value.handle = NULL              # handed over to the caller (the maker session stays cached)
+    _live[<int>HANDLE_VALUE] -= 1
+    return handle
 
 
 # ---- outputs: values -> Python objects ------------------------------------------------------------
@@ -397,3 +441,15 @@ cdef tuple _parse(str text):
     if not rest.startswith(")"):
         raise OrtInvalidArgument(f"cannot parse ONNX type string {text!r}")
     return (prefix[:-1], inner), rest[1:]
+
+
+cdef int check_feedable(OrtValue value, object name) except -1:
+    """An OrtValue given as a feed or bound input must hold something: onnxruntime's Run crashes
+    on an optional without an element (one that a model output, say)."""
+    cdef int present = 0
+    value.require_handle()
+    check(ort.HasValue(value.handle, &present))
+    if not present:
+        raise OrtNotImplemented(f"input {name!r}: an OrtValue without a value (an optional without an "
+                                "element) cannot be fed through onnxruntime's C API (its Run crashes on one)")
+    return 0

@@ -15,6 +15,7 @@ from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice
 from ortagent._tensors cimport tensor_data
 from ortagent._values cimport OrtValue, value_to_numpy, keep_aliased_feeds_alive, bound_output_values
+from ortagent._containers cimport check_feedable
 from ortagent._options cimport RunOptions, _encode, _require_value
 from ortagent._session cimport (
     InferenceSession, SessionBinding, run_binding_nogil, end_run_call,
@@ -156,6 +157,8 @@ cdef class IOBinding(SessionBinding):
         encoded = self._input_name(name)
         expected = self.session.input_elem_types[<Py_ssize_t>self.session.input_index[name]]
         v.describe()
+        if not v.is_tensor_value:
+            check_feedable(v, name)
         if expected >= 0 and v.elem_type != expected:
             raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got a value of "
                                      f"{tensor_type_name(v.elem_type)}")

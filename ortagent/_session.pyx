@@ -38,7 +38,7 @@ from ortagent._values cimport (
     OrtValue, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
 )
 from ortagent._metadata cimport node_arg, read_model_metadata
-from ortagent._containers cimport value_for_feed, python_from_value
+from ortagent._containers cimport value_for_feed, python_from_value, check_feedable
 from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
 from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_value, _take_string
@@ -626,6 +626,8 @@ cdef class InferenceSession:
                 a.in_refs[n_held] = item
                 n_held += 1
                 if type(<object>item) is OrtValue:
+                    if not (<OrtValue>item).is_tensor_value:
+                        check_feedable(<OrtValue>item, <object>key)
                     (<OrtValue>item).begin_use()        # close() waits for this run
                     a.in_values[n_ready] = (<OrtValue>item).handle
                     a.in_created[n_ready] = FEED_BORROWED

@@ -752,3 +752,32 @@ def test_register_allocator_v2_bad_provider():
         ortagent.create_and_register_allocator_v2("NoSuchExecutionProvider", info, {}, None)
     with pytest.raises(ortagent.OrtInvalidType):
         ortagent.create_and_register_allocator("Cpu", None)
+
+
+def sequence_length_model(elem=T.FLOAT):
+    return _model([helper.make_node("SequenceLength", ["s"], ["n"])],
+                  [helper.make_tensor_sequence_value_info("s", elem, None)], [_tensor("n", T.INT64, [])])
+
+
+@pytest.mark.parametrize("elem", [T.FLOAT, T.INT64])
+def test_empty_sequence_input(ort_ref, elem):
+    theirs, ours = _both(ort_ref, sequence_length_model(elem))
+    _same(ours.run(None, {"s": []}), theirs.run(None, {"s": []}))
+    _same(ours.run(None, {"s": []}), ours.run(None, {"s": []}))          # the maker is reused
+
+
+def test_optional_input_without_a_value(ort_ref):
+    """onnxruntime's Python module feeds None to an optional input; its C API's Run crashes on
+    such a value, so ortagent refuses it (an OrtNotImplemented), also as an OrtValue."""
+    theirs, ours = _both(ort_ref, optional_input_model())
+    assert theirs.run(None, {"o": None})[0].tolist() is False
+    with pytest.raises(ortagent.OrtNotImplemented, match="optional without an element"):
+        ours.run(None, {"o": None})
+    (empty, _) = ortagent.InferenceSession(optional_output_model(True).SerializeToString()).run_with_ort_values(
+        None, {"x": np.ones(2, np.float32)})
+    assert not empty.has_value()
+    with pytest.raises(ortagent.OrtNotImplemented, match="without a value"):
+        ours.run(None, {"o": empty})
+    with pytest.raises(ortagent.OrtNotImplemented, match="without a value"):
+        ours.io_binding().bind_ortvalue_input("o", empty)
+    _same(ours.run(None, {"o": np.ones(2, np.float32)}), theirs.run(None, {"o": np.ones(2, np.float32)}))
