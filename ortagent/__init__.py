@@ -53,6 +53,8 @@ _LAZY = {
     "IOBinding": "ortagent._iobinding",
     "NodeArg": "ortagent._metadata",
     "ModelMetadata": "ortagent._metadata",
+    "OrtEpAssignedSubgraph": "ortagent._metadata",
+    "OrtEpAssignedNode": "ortagent._metadata",
     "GraphOptimizationLevel": "ortagent._options",
     "ExecutionMode": "ortagent._options",
     "LoraAdapter": "ortagent._options",
@@ -101,6 +103,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._iobinding import IOBinding as IOBinding
     from ortagent._metadata import ModelMetadata as ModelMetadata
     from ortagent._metadata import NodeArg as NodeArg
+    from ortagent._metadata import OrtEpAssignedNode as OrtEpAssignedNode
+    from ortagent._metadata import OrtEpAssignedSubgraph as OrtEpAssignedSubgraph
     from ortagent._options import RunOptions as RunOptions
     from ortagent._options import SessionOptions as SessionOptions
     from ortagent._allocators import OrtArenaCfg as OrtArenaCfg

@@ -35,6 +35,8 @@ cdef extern from "ortagent/ort_abi.h" nogil:
     ctypedef struct OrtTensorRTProviderOptionsV2
     ctypedef struct OrtLoraAdapter
     ctypedef struct OrtArenaCfg
+    ctypedef struct OrtEpAssignedSubgraph
+    ctypedef struct OrtEpAssignedNode
 
     ctypedef enum OrtErrorCode:
         ORT_OK
@@ -322,4 +324,10 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* SessionGetMemoryInfoForInputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForInputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* SessionGetMemoryInfoForOutputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForOutputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* CopyTensors "ORTAGENT_CALL_NEWER(CopyTensors)"(const OrtEnv*, const OrtValue* const*, OrtValue* const*, OrtSyncStream*, size_t)
+    OrtStatus* Session_GetEpGraphAssignmentInfo "ORTAGENT_CALL_NEWER(Session_GetEpGraphAssignmentInfo)"(const OrtSession*, const OrtEpAssignedSubgraph* const**, size_t*)
+    OrtStatus* EpAssignedSubgraph_GetEpName "ORTAGENT_CALL_NEWER(EpAssignedSubgraph_GetEpName)"(const OrtEpAssignedSubgraph*, const char**)
+    OrtStatus* EpAssignedSubgraph_GetNodes "ORTAGENT_CALL_NEWER(EpAssignedSubgraph_GetNodes)"(const OrtEpAssignedSubgraph*, const OrtEpAssignedNode* const**, size_t*)
+    OrtStatus* EpAssignedNode_GetName "ORTAGENT_CALL_NEWER(EpAssignedNode_GetName)"(const OrtEpAssignedNode*, const char**)
+    OrtStatus* EpAssignedNode_GetDomain "ORTAGENT_CALL_NEWER(EpAssignedNode_GetDomain)"(const OrtEpAssignedNode*, const char**)
+    OrtStatus* EpAssignedNode_GetOperatorType "ORTAGENT_CALL_NEWER(EpAssignedNode_GetOperatorType)"(const OrtEpAssignedNode*, const char**)
     OrtStatus* GetTensorElementTypeAndShapeDataReference "ORTAGENT_CALL_NEWER(GetTensorElementTypeAndShapeDataReference)"(const OrtValue*, ONNXTensorElementDataType*, const int64_t**, size_t*)

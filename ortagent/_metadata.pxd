@@ -5,3 +5,5 @@ from ortagent cimport _capi as ort
 cdef object node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out)
 # The model's ModelMetadata.
 cdef object read_model_metadata(ort.OrtSession* session)
+# The execution providers' subgraphs and nodes (OrtEpAssignedSubgraph list; onnxruntime >= 1.24).
+cdef list read_graph_assignment(ort.OrtSession* session)

@@ -14,3 +14,14 @@ class ModelMetadata:
     custom_metadata_map: dict[str, str]
     def __init__(self, producer_name: str, graph_name: str, domain: str, description: str,
                  graph_description: str, version: int, custom_metadata_map: dict[str, str]) -> None: ...
+
+class OrtEpAssignedNode:
+    name: str
+    domain: str
+    op_type: str
+    def __init__(self, name: str, domain: str, op_type: str) -> None: ...
+
+class OrtEpAssignedSubgraph:
+    ep_name: str
+    def __init__(self, ep_name: str, nodes: list[OrtEpAssignedNode]) -> None: ...
+    def get_nodes(self) -> list[OrtEpAssignedNode]: ...

@@ -97,3 +97,64 @@ cdef object read_model_metadata(ort.OrtSession* session):
     finally:
         ort.ReleaseModelMetadata(meta)
     return ModelMetadata(producer, graph, domain, description, graph_description, version, custom)
+
+
+# ---- which execution provider runs which nodes (onnxruntime >= 1.24) ---------------------------------
+
+class OrtEpAssignedNode:
+    """A node as assigned to an execution provider: ``name``, ``domain``, ``op_type``."""
+
+    __slots__ = ("name", "domain", "op_type")
+
+    def __init__(self, name, domain, op_type):
+        self.name = name
+        self.domain = domain
+        self.op_type = op_type
+
+    def __repr__(self):
+        return f"OrtEpAssignedNode(name={self.name!r}, domain={self.domain!r}, op_type={self.op_type!r})"
+
+
+class OrtEpAssignedSubgraph:
+    """Nodes an execution provider runs together: ``ep_name`` and ``get_nodes()``."""
+
+    __slots__ = ("ep_name", "_nodes")
+
+    def __init__(self, ep_name, nodes):
+        self.ep_name = ep_name
+        self._nodes = list(nodes)
+
+    def get_nodes(self):
+        return list(self._nodes)
+
+    def __repr__(self):
+        return f"OrtEpAssignedSubgraph(ep_name={self.ep_name!r}, nodes={self._nodes!r})"
+
+
+cdef str _text(const char* value):
+    return value[:strlen(value)].decode("utf-8", "replace") if value != NULL else ""
+
+
+cdef list read_graph_assignment(ort.OrtSession* session):
+    """The subgraphs and nodes each execution provider was given (the session's options must set
+    'session.record_ep_graph_assignment_info' to '1')."""
+    cdef const ort.OrtEpAssignedSubgraph* const* subgraphs = NULL
+    cdef const ort.OrtEpAssignedNode* const* nodes = NULL
+    cdef size_t n_subgraphs = 0, n_nodes = 0, i, j
+    cdef const char* ep_name = NULL
+    cdef const char* name = NULL
+    cdef const char* domain = NULL
+    cdef const char* op_type = NULL
+    check(ort.Session_GetEpGraphAssignmentInfo(session, &subgraphs, &n_subgraphs))
+    result = []
+    for i in range(n_subgraphs):
+        check(ort.EpAssignedSubgraph_GetEpName(subgraphs[i], &ep_name))
+        check(ort.EpAssignedSubgraph_GetNodes(subgraphs[i], &nodes, &n_nodes))
+        members = []
+        for j in range(n_nodes):
+            check(ort.EpAssignedNode_GetName(nodes[j], &name))
+            check(ort.EpAssignedNode_GetDomain(nodes[j], &domain))
+            check(ort.EpAssignedNode_GetOperatorType(nodes[j], &op_type))
+            members.append(OrtEpAssignedNode(_text(name), _text(domain), _text(op_type)))
+        result.append(OrtEpAssignedSubgraph(_text(ep_name), members))
+    return result

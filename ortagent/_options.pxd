@@ -28,6 +28,7 @@ cdef class SessionOptions(_LogSettings):
     cdef str _optimized_model_filepath
     cdef bint _use_per_session_threads
     cdef int require_handle(self) except -1
+    cdef SessionOptions copy(self)
 
 
 cdef class RunOptions(_LogSettings):

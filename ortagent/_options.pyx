@@ -172,6 +172,33 @@ cdef class SessionOptions(_LogSettings):
             raise ObjectClosedError("these SessionOptions have been released")
         return 0
 
+    cdef SessionOptions copy(self):
+        """New options with the same settings (the C options cloned, the mirrors copied)."""
+        self.require_handle()
+        cdef SessionOptions other = SessionOptions.__new__(SessionOptions)
+        ort.ReleaseSessionOptions(other.handle)
+        other.handle = NULL
+        _live[<int>HANDLE_SESSION_OPTIONS] -= 1
+        check(ort.CloneSessionOptions(self.handle, &other.handle))
+        _live[<int>HANDLE_SESSION_OPTIONS] += 1
+        other._log_severity_level = self._log_severity_level
+        other._log_verbosity_level = self._log_verbosity_level
+        other._logid = self._logid
+        other._config_entries = dict(self._config_entries)
+        other._initializers = list(self._initializers)
+        other._dimension_overrides = dict(self._dimension_overrides)
+        other._intra_op_num_threads = self._intra_op_num_threads
+        other._inter_op_num_threads = self._inter_op_num_threads
+        other._graph_optimization_level = self._graph_optimization_level
+        other._execution_mode = self._execution_mode
+        other._enable_mem_pattern = self._enable_mem_pattern
+        other._enable_cpu_mem_arena = self._enable_cpu_mem_arena
+        other._enable_profiling = self._enable_profiling
+        other._profile_file_prefix = self._profile_file_prefix
+        other._optimized_model_filepath = self._optimized_model_filepath
+        other._use_per_session_threads = self._use_per_session_threads
+        return other
+
     @property
     def intra_op_num_threads(self):
         """Threads for parallelism inside an operator; 0 = onnxruntime's default."""
@@ -568,3 +595,49 @@ cdef class LoraAdapter:
 
     def __reduce__(self):
         raise OrtInvalidType("LoraAdapter cannot be pickled")
+
+
+
+# ---- options stored in the model ------------------------------------------------------------------
+
+# The settings onnxruntime reads from a model's "ort_config" metadata ({"session_options": {...}});
+# it ignores (and logs) any other key.
+_MODEL_CONFIG_KEYS = ("intra_op_num_threads", "inter_op_num_threads", "execution_mode",
+                      "graph_optimization_level", "enable_profiling")
+
+
+def options_from_model(SessionOptions sess_options, model_path, model_bytes):
+    """A copy of `sess_options` with the session options stored in the model's "ort_config"
+    metadata applied (what onnxruntime does for read_config_from_model /
+    ORT_LOAD_CONFIG_FROM_MODEL=1 in its Python module; the C API has no such call), or
+    `sess_options` itself when the model stores none."""
+    import json
+    import onnx
+    try:
+        if model_bytes is not None:
+            model = onnx.load_model_from_string(model_bytes)
+        else:
+            model = onnx.load(os.fsdecode(model_path), load_external_data=False)
+    except Exception as exc:
+        raise OrtInvalidArgument(f"cannot read the model's metadata for its session options: {exc}") from exc
+    text = None
+    for prop in model.metadata_props:
+        if prop.key == "ort_config":
+            text = prop.value
+    if text is None:
+        return sess_options
+    try:
+        config = json.loads(text).get("session_options", {})
+    except (ValueError, AttributeError) as exc:
+        raise OrtInvalidArgument(f"the model's ort_config metadata is not a JSON object: {exc}") from exc
+    options = sess_options.copy()
+    for key, value in config.items():
+        if key not in _MODEL_CONFIG_KEYS:
+            continue
+        if key == "enable_profiling":
+            options.enable_profiling = bool(int(value))
+        elif key == "execution_mode":
+            options.execution_mode = ExecutionMode(int(value))
+        else:
+            setattr(options, key, int(value))
+    return options

@@ -7,3 +7,5 @@ from ortagent cimport _capi as ort
 cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, bint strict=*)
 # The CUDA provider's options as onnxruntime will use them (defaults filled in).
 cdef dict _effective_cuda_options(dict settings)
+# Options the session's providers take while it lives (OrtApi::SetEpDynamicOptions).
+cdef int set_dynamic_options(ort.OrtSession* session, dict options) except -1

@@ -288,3 +288,13 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
     # options before this): the same here
     registered.append((_CPU, {}))
     return registered
+
+
+cdef int set_dynamic_options(ort.OrtSession* session, dict options) except -1:
+    """OrtApi::SetEpDynamicOptions: options the session's execution providers take while the
+    session lives (e.g. 'ep.dynamic.workload_type')."""
+    if not options:
+        raise OrtInvalidArgument("no options given")
+    cdef _OptionArrays arrays = _option_arrays({str(k): _option_text(v) for k, v in options.items()})
+    check(ort.SetEpDynamicOptions(session, arrays.keys, arrays.values, <size_t>arrays.count))
+    return 0

@@ -37,14 +37,14 @@ from ortagent._tensors cimport (
 from ortagent._values cimport (
     OrtValue, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
 )
-from ortagent._metadata cimport node_arg, read_model_metadata
+from ortagent._metadata cimport node_arg, read_model_metadata, read_graph_assignment
 from ortagent._containers cimport value_for_feed, python_from_value, check_feedable
 from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
 from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_value, _take_string
-from ortagent._providers cimport _configure_providers, _effective_cuda_options
+from ortagent._providers cimport _configure_providers, _effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
-from ortagent._options import GraphOptimizationLevel, ExecutionMode
+from ortagent._options import GraphOptimizationLevel, ExecutionMode, options_from_model
 from ortagent._providers import (
     _normalise_providers, _settings_for, _fallback_providers, _CPU, _CUDA, _strict as _strict_scope,
 )
@@ -185,9 +185,7 @@ def _check_extra_arguments(dict kwargs):
     """onnxruntime's extra constructor arguments: those ortagent cannot honour are errors."""
     for name, value in kwargs.items():
         if name == "read_config_from_model":
-            if value:
-                raise OrtNotImplemented("read_config_from_model: onnxruntime's C API does not load session "
-                                        "options from the model (onnxruntime's Python module parses them)")
+            pass
         elif name == "disabled_optimizers":
             if value:
                 raise OrtNotImplemented("disabled_optimizers cannot be set through onnxruntime's C API")
@@ -243,6 +241,11 @@ cdef class InferenceSession:
         else:
             raise OrtInvalidType("path_or_bytes must be a path, bytes or an onnx.ModelProto, got "
                                  f"{type(path_or_bytes).__name__}")
+        read_config = kwargs.get("read_config_from_model")
+        if read_config is None:
+            read_config = os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1"
+        if read_config and int(read_config) == 1:
+            sess_options = options_from_model(sess_options, self._model_path, self._model_bytes)
         self._sess_options = sess_options
         self._strict = strict_providers or _strict_scope.get()
         self._fallback = True
@@ -774,6 +777,19 @@ cdef class InferenceSession:
         check(ort.GetAllocatorWithDefaultOptions(&allocator))
         check(ort.SessionEndProfiling(self.handle, allocator, &name))
         return _take_string(name, allocator)
+
+    def set_ep_dynamic_options(self, options):
+        """Pass {key: value} options to the session's execution providers now."""
+        self.require_open()
+        if not isinstance(options, dict):
+            raise OrtInvalidType(f"options must be a dict, got {type(options).__name__}")
+        set_dynamic_options(self.handle, options)
+
+    def get_provider_graph_assignment_info(self):
+        """[OrtEpAssignedSubgraph]: which provider runs which nodes (needs the session config
+        entry 'session.record_ep_graph_assignment_info' = '1'; onnxruntime >= 1.24)."""
+        self.require_open()
+        return read_graph_assignment(self.handle)
 
     def get_input_memory_infos(self):
         """Where each input is expected (OrtMemoryInfo per input; onnxruntime >= 1.23)."""

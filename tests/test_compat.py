@@ -781,3 +781,76 @@ def test_optional_input_without_a_value(ort_ref):
     with pytest.raises(ortagent.OrtNotImplemented, match="without a value"):
         ours.io_binding().bind_ortvalue_input("o", empty)
     _same(ours.run(None, {"o": np.ones(2, np.float32)}), theirs.run(None, {"o": np.ones(2, np.float32)}))
+
+
+def test_provider_graph_assignment(ort_ref):
+    model = _model([helper.make_node("Add", ["x", "y"], ["s"], name="add"), helper.make_node("Relu", ["s"], ["z"], name="relu"),
+                    helper.make_node("Neg", ["x"], ["n"], name="neg")],
+                   [_tensor("x", T.FLOAT, [None]), _tensor("y", T.FLOAT, [None])],
+                   [_tensor("z", T.FLOAT, [None]), _tensor("n", T.FLOAT, [None])])
+    found = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+        session = module.InferenceSession(model.SerializeToString(), options, providers=[CPU])
+        found.append(sorted((g.ep_name, n.name, n.domain, n.op_type)
+                            for g in session.get_provider_graph_assignment_info() for n in g.get_nodes()))
+    assert found[1] == found[0] and found[0]
+    their_session, our_session = _both(ort_ref, model)
+    their_error, our_error = _raises_alike(their_session.get_provider_graph_assignment_info,
+                                           our_session.get_provider_graph_assignment_info)
+    assert "session.record_ep_graph_assignment_info" in str(our_error)
+
+
+def _model_with_ort_config(config):
+    model = add_model()
+    entry = model.metadata_props.add()
+    entry.key = "ort_config"
+    import json
+    entry.value = json.dumps({"session_options": config})
+    return model
+
+
+_CONFIG_ATTRIBUTES = ("intra_op_num_threads", "inter_op_num_threads", "execution_mode", "graph_optimization_level",
+                      "enable_profiling")
+
+
+@pytest.mark.parametrize("how", ["keyword", "environment"])
+def test_session_options_from_the_model(ort_ref, how, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)                # profiling writes its file here
+    model = _model_with_ort_config({"intra_op_num_threads": 2, "inter_op_num_threads": 5, "execution_mode": 1,
+                                    "graph_optimization_level": 1, "enable_profiling": 1})
+    # onnxruntime 1.31 honours the environment variable (its keyword had no effect when tried);
+    # ortagent honours both
+    monkeypatch.setenv("ORT_LOAD_CONFIG_FROM_MODEL", "1")
+    feeds = {"x": np.ones(2, np.float32), "y": np.ones(2, np.float32)}
+    given = {module: module.SessionOptions() for module in (ort_ref, ortagent)}
+    theirs = ort_ref.InferenceSession(model.SerializeToString(), given[ort_ref], providers=[CPU])
+    if how == "keyword":
+        monkeypatch.delenv("ORT_LOAD_CONFIG_FROM_MODEL")
+        ours = ortagent.InferenceSession(model.SerializeToString(), given[ortagent], read_config_from_model=1)
+    else:
+        ours = ortagent.InferenceSession(model.SerializeToString(), given[ortagent])
+    for name in _CONFIG_ATTRIBUTES:
+        assert int(getattr(ours.get_session_options(), name)) == int(getattr(theirs.get_session_options(), name)), name
+    assert ours.get_session_options().intra_op_num_threads == 2
+    assert given[ortagent].intra_op_num_threads == 0          # the caller's options are not changed
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+    ours.end_profiling()
+    theirs.end_profiling()
+
+
+def test_ep_dynamic_options(ort_ref):
+    theirs, ours = _both(ort_ref, add_model())
+    options = {"ep.dynamic.workload_type": "Efficient"}
+    try:
+        theirs.set_ep_dynamic_options(options)
+    except Exception as exc:                    # the CPU provider may refuse: then both refuse
+        with pytest.raises(ortagent.OrtError) as ours_error:
+            ours.set_ep_dynamic_options(options)
+        bases = [b for b in type(exc).__mro__ if b.__module__ == "builtins" and b is not object]
+        assert isinstance(ours_error.value, bases[0])
+    else:
+        assert ours.set_ep_dynamic_options(options) is None
+    with pytest.raises(ortagent.OrtInvalidType):
+        ours.set_ep_dynamic_options([("a", "b")])

@@ -47,6 +47,8 @@ typedef struct OrtThreadingOptions OrtThreadingOptions;
 typedef struct OrtTensorRTProviderOptionsV2 OrtTensorRTProviderOptionsV2;
 typedef struct OrtLoraAdapter OrtLoraAdapter;
 typedef struct OrtArenaCfg OrtArenaCfg;
+typedef struct OrtEpAssignedSubgraph OrtEpAssignedSubgraph;
+typedef struct OrtEpAssignedNode OrtEpAssignedNode;
 /* OrtAllocator is a struct of callbacks in the runtime; ortagent only passes pointers to it. */
 typedef struct OrtAllocator OrtAllocator;
 
@@ -314,6 +316,16 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(386, 23, OrtStatus*, CopyTensors, (const OrtEnv* env, const OrtValue* const* sources, \
                                          OrtValue* const* destinations, OrtSyncStream* stream, \
                                          size_t count)) \
+    X(407, 24, OrtStatus*, Session_GetEpGraphAssignmentInfo, \
+      (const OrtSession* session, const OrtEpAssignedSubgraph* const** subgraphs, size_t* count)) \
+    X(408, 24, OrtStatus*, EpAssignedSubgraph_GetEpName, (const OrtEpAssignedSubgraph* subgraph, \
+                                                          const char** name)) \
+    X(409, 24, OrtStatus*, EpAssignedSubgraph_GetNodes, \
+      (const OrtEpAssignedSubgraph* subgraph, const OrtEpAssignedNode* const** nodes, size_t* count)) \
+    X(410, 24, OrtStatus*, EpAssignedNode_GetName, (const OrtEpAssignedNode* node, const char** name)) \
+    X(411, 24, OrtStatus*, EpAssignedNode_GetDomain, (const OrtEpAssignedNode* node, const char** domain)) \
+    X(412, 24, OrtStatus*, EpAssignedNode_GetOperatorType, (const OrtEpAssignedNode* node, \
+                                                            const char** op_type)) \
     X(414, 24, OrtStatus*, GetTensorElementTypeAndShapeDataReference, \
       (const OrtValue* value, ONNXTensorElementDataType* elem_type, const int64_t** shape_data, \
        size_t* shape_data_count))
