@@ -9,3 +9,10 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
 cdef dict _effective_cuda_options(dict settings)
 # Options the session's providers take while it lives (OrtApi::SetEpDynamicOptions).
 cdef int set_dynamic_options(ort.OrtSession* session, dict options) except -1
+# A new OrtSession for the model (a path or the serialized bytes) with the requested providers
+# appended to a clone of `base`, retried once on onnxruntime's fallback providers when creating it
+# fails (unless `strict` or not `fallback`); `registered` receives [(name, options)] and
+# fell_back[0] whether the retry happened.
+cdef ort.OrtSession* create_session(const ort.OrtSessionOptions* base, object model_path, object model_bytes,
+                                    list requested, bint strict, bint fallback, list registered,
+                                    bint* fell_back) except NULL

@@ -15,7 +15,7 @@ from ortagent._runtime cimport check, shared_runtime
 from ortagent._options cimport _encode, _take_string
 from ortagent._runtime import get_available_providers, ALL_PROVIDERS
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, ProviderError, ProviderFallbackWarning,
+    OrtError, OrtInvalidArgument, OrtInvalidType, ProviderError, ProviderFallbackWarning,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -298,3 +298,54 @@ cdef int set_dynamic_options(ort.OrtSession* session, dict options) except -1:
     cdef _OptionArrays arrays = _option_arrays({str(k): _option_text(v) for k, v in options.items()})
     check(ort.SetEpDynamicOptions(session, arrays.keys, arrays.values, <size_t>arrays.count))
     return 0
+
+
+cdef ort.OrtSession* _create(const ort.OrtSessionOptions* base, object model_path, object model_bytes,
+                             list requested, bint strict, list registered) except NULL:
+    """A new OrtSession for the model with `requested` providers appended to a clone of `base`
+    (the caller's options stay reusable); `registered` receives [(name, options)]."""
+    cdef ort.OrtSessionOptions* options = NULL
+    cdef ort.OrtSession* session = NULL
+    cdef const char* path_c
+    cdef const char* data_c
+    cdef size_t data_len
+    cdef ort.OrtStatus* status
+    check(ort.CloneSessionOptions(base, &options))
+    try:
+        if _settings_for(requested, _CPU).get("use_arena") in ("0", "False", "false"):
+            check(ort.DisableCpuMemArena(options))
+        chosen = _configure_providers(options, requested, strict)
+        if model_path is not None:
+            path_c = model_path
+            with nogil:
+                status = ort.CreateSession(shared_runtime().env, path_c, options, &session)
+        else:
+            data_c = model_bytes
+            data_len = <size_t>len(model_bytes)
+            with nogil:
+                status = ort.CreateSessionFromArray(shared_runtime().env, data_c, data_len, options, &session)
+        check(status)
+    finally:
+        ort.ReleaseSessionOptions(options)
+    registered[:] = chosen
+    return session
+
+
+cdef ort.OrtSession* create_session(const ort.OrtSessionOptions* base, object model_path, object model_bytes,
+                                    list requested, bint strict, bint fallback, list registered,
+                                    bint* fell_back) except NULL:
+    """A new OrtSession (see _create). When creating it fails with providers other than the
+    CPU's, and neither `strict` nor fallback is off, it is created again on onnxruntime's
+    fallback providers, with onnxruntime's "EP Error" text as a warning; fell_back[0] says so."""
+    fell_back[0] = False
+    try:
+        return _create(base, model_path, model_bytes, requested, strict, registered)
+    except OrtError as exc:
+        attempted = [name for name, _ in requested]
+        if strict or not fallback or attempted == [_CPU]:
+            raise
+        retry = _fallback_providers(requested)
+        warnings.warn(f"EP Error {exc} when using {attempted}\nFalling back to "
+                      f"{[name for name, _ in retry]} and retrying.", ProviderFallbackWarning)
+        fell_back[0] = True
+        return _create(base, model_path, model_bytes, retry, False, registered)

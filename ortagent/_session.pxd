@@ -107,7 +107,6 @@ cdef class InferenceSession:
     cdef int output_positions(self, object output_names, const char** names_out,
                               Py_ssize_t* positions_out, Py_ssize_t capacity) except -1
     cdef int _read_io_metadata(self) except -1
-    cdef list _create(self, list requested, bint strict)
     cdef _create_with_fallback(self, list requested)
     cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1
     cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,

@@ -10,7 +10,6 @@ around ``OrtApi::Run`` and returns NumPy views of the buffers ORT produced.
 import enum
 import os
 import threading
-import warnings
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -42,12 +41,10 @@ from ortagent._containers cimport value_for_feed, python_from_value, check_feeda
 from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
 from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_value, _take_string
-from ortagent._providers cimport _configure_providers, _effective_cuda_options, set_dynamic_options
+from ortagent._providers cimport create_session, _effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
 from ortagent._options import GraphOptimizationLevel, ExecutionMode, options_from_model
-from ortagent._providers import (
-    _normalise_providers, _settings_for, _fallback_providers, _CPU, _CUDA, _strict as _strict_scope,
-)
+from ortagent._providers import _normalise_providers, _CPU, _CUDA, _strict as _strict_scope
 import ortagent._options as _options_module
 
 # the option classes, also under this module's name (where they lived before); the cimported
@@ -253,57 +250,21 @@ cdef class InferenceSession:
         self._read_io_metadata()
 
     cdef _create_with_fallback(self, list requested):
-        """Create the session; when that fails with providers other than the CPU's registered,
-        retry once on onnxruntime's fallback providers (with a warning, as onnxruntime does),
-        unless strict or fallback is disabled."""
-        try:
-            registered = self._create(requested, self._strict)
-        except OrtError as exc:
-            attempted = [name for name, _ in requested]
-            if self._strict or not self._fallback or attempted == [_CPU]:
-                raise
-            fallback = _fallback_providers(requested)
-            warnings.warn(f"EP Error {exc} when using {attempted}\nFalling back to "
-                          f"{[name for name, _ in fallback]} and retrying.", ProviderFallbackWarning)
-            registered = self._create(fallback, False)
+        """Create the session (replacing any held) with onnxruntime's provider fallback (see
+        _providers.create_session)."""
+        cdef list registered = []
+        cdef bint fell_back = False
+        cdef ort.OrtSession* session = create_session(
+            (<SessionOptions>self._sess_options).handle, self._model_path, self._model_bytes, requested,
+            self._strict, self._fallback, registered, &fell_back)
+        self._release_handle()
+        self.handle = session
+        _live[<int>HANDLE_SESSION] += 1
+        if fell_back:
             self._fallback = False          # onnxruntime falls back once
         self._providers = [name for name, _ in registered]
         self.cpu_only = self._providers == [_CPU]
         self._provider_options = [settings for _, settings in registered]
-
-    cdef list _create(self, list requested, bint strict):
-        """A new OrtSession for the model with `requested` providers, replacing any held;
-        returns the providers registered ([(name, options)])."""
-        # Providers are appended to a clone, so the caller's options stay reusable.
-        cdef ort.OrtSessionOptions* options = NULL
-        check(ort.CloneSessionOptions((<SessionOptions>self._sess_options).handle, &options))
-        cdef ort.OrtSession* session = NULL
-        cdef const char* path_c
-        cdef const char* data_c
-        cdef size_t data_len
-        cdef ort.OrtStatus* status
-        try:
-            cpu_settings = _settings_for(requested, _CPU)
-            if cpu_settings.get("use_arena") in ("0", "False", "false"):
-                check(ort.DisableCpuMemArena(options))
-            registered = _configure_providers(options, requested, strict)
-            if self._model_path is not None:
-                path_c = self._model_path
-                with nogil:
-                    status = ort.CreateSession(shared_runtime().env, path_c, options, &session)
-            else:
-                data_c = self._model_bytes
-                data_len = <size_t>len(self._model_bytes)
-                with nogil:
-                    status = ort.CreateSessionFromArray(shared_runtime().env, data_c, data_len,
-                                                        options, &session)
-            check(status)
-        finally:
-            ort.ReleaseSessionOptions(options)
-        self._release_handle()
-        self.handle = session
-        _live[<int>HANDLE_SESSION] += 1
-        return registered
 
     cdef int _read_io_metadata(self) except -1:
         """Encode names once and read types: inputs (then overridable initializers, which may

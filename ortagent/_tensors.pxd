@@ -42,3 +42,5 @@ cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1
 # write an output into; the caller releases the tensor, the array owns the memory.
 cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
                              ort.OrtValue** tensor_out)
+# A new NumPy object array of `shape` holding the `count` strings of a string tensor.
+cdef object strings_to_numpy(ort.OrtValue* handle, Py_ssize_t count, list shape)

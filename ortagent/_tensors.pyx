@@ -247,3 +247,26 @@ cdef ort.OrtValue* string_tensor(object arr) except NULL:
 cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1:
     """Refill a string tensor with UTF-8 copies of `arr`'s items (the same count)."""
     return _fill_strings(handle, _encoded_strings(arr))
+
+
+cdef object strings_to_numpy(ort.OrtValue* handle, Py_ssize_t count, list shape):
+    """A new NumPy object array of `shape` with the `count` strings of a string tensor, decoded."""
+    cdef size_t total = 0
+    check(ort.GetStringTensorDataLength(handle, &total))
+    cdef char* buffer = <char*>malloc(total + 1)
+    cdef size_t* offsets = <size_t*>malloc((count + 1) * sizeof(size_t))
+    if buffer == NULL or offsets == NULL:
+        free(buffer)
+        free(offsets)
+        raise MemoryError()
+    try:
+        if count:
+            check(ort.GetStringTensorContent(handle, buffer, total, offsets, <size_t>count))
+        offsets[count] = total
+        items = [buffer[offsets[i]:offsets[i + 1]].decode("utf-8", "replace") for i in range(count)]
+    finally:
+        free(buffer)
+        free(offsets)
+    result = numpy_module().empty(count, dtype=object)
+    result[:] = items
+    return result.reshape(shape)

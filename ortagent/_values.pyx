@@ -25,7 +25,7 @@ from ortagent._dtypes cimport (
 from ortagent._memory cimport (
     OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, MEMORY_OTHER, memory_kind_of,
 )
-from ortagent._tensors cimport tensor_for_feed, tensor_data, fill_string_tensor
+from ortagent._tensors cimport tensor_for_feed, tensor_data, fill_string_tensor, strings_to_numpy
 from ortagent._dtypes import _element_type_from
 from ortagent._memory import (
     as_device, _int_argument, _DEVICE_NAMES, _CPU_DEVICE, _ORT_DEVICE_CPU, _ORT_DEVICE_GPU,
@@ -627,29 +627,6 @@ cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_f
 
 
 
-cdef object _strings_to_numpy(OrtValue value):
-    cdef size_t total = 0
-    cdef Py_ssize_t count = _element_count(value)
-    check(ort.GetStringTensorDataLength(value.handle, &total))
-    cdef char* buffer = <char*>malloc(total + 1)
-    cdef size_t* offsets = <size_t*>malloc((count + 1) * sizeof(size_t))
-    if buffer == NULL or offsets == NULL:
-        free(buffer)
-        free(offsets)
-        raise MemoryError()
-    try:
-        if count:
-            check(ort.GetStringTensorContent(value.handle, buffer, total, offsets, <size_t>count))
-        offsets[count] = total
-        items = [buffer[offsets[i]:offsets[i + 1]].decode("utf-8", "replace") for i in range(count)]
-    finally:
-        free(buffer)
-        free(offsets)
-    result = numpy_module().empty(count, dtype=object)
-    result[:] = items
-    return result.reshape([value.dims[i] for i in range(value.ndim)])
-
-
 @cython.final
 @cython.freelist(64)
 @cython.no_gc_clear          # __dealloc__ reads the value
@@ -678,7 +655,7 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     if not value.is_tensor_value:
         raise OrtNotImplemented("this OrtValue is not a tensor; ortagent converts tensors only")
     if value.elem_type == ORTAGENT_ELEM_STRING:
-        return _strings_to_numpy(value)
+        return strings_to_numpy(value.handle, _element_count(value), [value.dims[i] for i in range(value.ndim)])
     if value.memory_kind == MEMORY_CUDA or value.memory_kind == MEMORY_OTHER:
         return _device_value_to_numpy(value)
     cdef npc.npy_intp stack_dims[MAX_INLINE_DIMS]
