@@ -854,3 +854,29 @@ def test_ep_dynamic_options(ort_ref):
         assert ours.set_ep_dynamic_options(options) is None
     with pytest.raises(ortagent.OrtInvalidType):
         ours.set_ep_dynamic_options([("a", "b")])
+
+
+def test_container_runs_release_what_they_make(ort_ref):
+    """Sequence, map and list feeds and outputs leave no ORT handle behind (after a warm-up run
+    that creates the cached SequenceEmpty maker)."""
+    import gc
+
+    cases = [(sequence_input_model(), {"s": [np.ones(2, np.float32), np.zeros(1, np.float32)]}),
+             (sequence_length_model(), {"s": []}),
+             (dict_vectorizer_model(), {"m": {1: 2.0, 5: 3.5}}),
+             (zipmap_model(True), {"x": np.ones((2, 2), np.float32)}),
+             (add_model(), {"x": [1.0, 2.0], "y": (3.0, 4.0)}),
+             (optional_output_model(True), {"x": np.ones(2, np.float32)})]
+    sessions = [(ortagent.InferenceSession(m.SerializeToString()), feeds) for m, feeds in cases]
+    for session, feeds in sessions:
+        session.run(None, feeds)
+    gc.collect()
+    before = ortagent.live_handles()
+    for _ in range(3):
+        for session, feeds in sessions:
+            session.run(None, feeds)
+            session.run_with_ort_values(None, feeds)
+        with pytest.raises(ortagent.OrtInvalidArgument):
+            sessions[0][0].run(None, {"s": [np.ones(2, np.int64)]})
+    gc.collect()
+    assert ortagent.live_handles() == before
