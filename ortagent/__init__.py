@@ -44,6 +44,7 @@ _LAZY = {
     "create_and_register_allocator": "ortagent._allocators",
     "create_and_register_allocator_v2": "ortagent._allocators",
     "from_dlpack": "ortagent._dlpack",
+    "copy_tensors": "ortagent._device",
     "SparseTensor": "ortagent._sparse",
     "OrtSparseFormat": "ortagent._sparse",
     # sessions
@@ -110,6 +111,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._allocators import OrtArenaCfg as OrtArenaCfg
     from ortagent._allocators import create_and_register_allocator as create_and_register_allocator
     from ortagent._allocators import create_and_register_allocator_v2 as create_and_register_allocator_v2
+    from ortagent._device import copy_tensors as copy_tensors
     from ortagent._memory import OrtAllocatorType as OrtAllocatorType
     from ortagent._memory import OrtDevice as OrtDevice
     from ortagent._memory import OrtDeviceMemoryType as OrtDeviceMemoryType

@@ -37,6 +37,8 @@ cdef extern from "ortagent/ort_abi.h" nogil:
     ctypedef struct OrtArenaCfg
     ctypedef struct OrtEpAssignedSubgraph
     ctypedef struct OrtEpAssignedNode
+    # C's bool (stdbool.h, included by ort_abi.h)
+    ctypedef bint bool
 
     ctypedef enum OrtErrorCode:
         ORT_OK
@@ -311,6 +313,7 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* CastTypeInfoToOptionalTypeInfo "ORTAGENT_CALL(CastTypeInfoToOptionalTypeInfo)"(const OrtTypeInfo*, const OrtOptionalTypeInfo**)
     OrtStatus* GetOptionalContainedTypeInfo "ORTAGENT_CALL(GetOptionalContainedTypeInfo)"(const OrtOptionalTypeInfo*, OrtTypeInfo**)
     OrtStatus* CreateAndRegisterAllocatorV2 "ORTAGENT_CALL(CreateAndRegisterAllocatorV2)"(OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)
+    OrtStatus* SetDeterministicCompute "ORTAGENT_CALL(SetDeterministicCompute)"(OrtSessionOptions*, bool)
     OrtStatus* AddExternalInitializersFromFilesInMemory "ORTAGENT_CALL(AddExternalInitializersFromFilesInMemory)"(OrtSessionOptions*, const char* const*, char* const*, const size_t*, size_t)
     const char* GetBuildInfoString "ORTAGENT_CALL(GetBuildInfoString)"()
     OrtStatus* CreateLoraAdapter "ORTAGENT_CALL(CreateLoraAdapter)"(const char*, OrtAllocator*, OrtLoraAdapter**)

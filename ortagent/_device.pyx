@@ -16,9 +16,10 @@ from ortagent._element_types cimport ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_ALLOCATOR
 from ortagent._dtypes cimport ensure_numpy
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED
-from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors, allocate_with
+from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors as copy_value_tensors, allocate_with
 from ortagent._session cimport InferenceSession
 from ortagent._memory import as_device
+from ortagent._values import _copy_tensors_with_ort
 from ortagent._dtypes import _element_type_from, numpy_dtype_for_element_type
 from ortagent._providers import strict_providers
 from ortagent.errors import OrtError, OrtInvalidArgument, OrtNotImplemented, OrtEPFail
@@ -144,7 +145,7 @@ def copy(OrtValue source not None, OrtValue destination not None):
     device_index = source.device_id if not source_host else destination.device_id
     if _copy_tensors_works[0] is not False and shared_runtime().api_version >= ort.ortagent_since_CopyTensors:
         try:
-            copy_tensors([source], [destination])
+            copy_value_tensors([source], [destination])
             _copy_tensors_works[0] = True
             return
         except OrtError:
@@ -173,3 +174,11 @@ def from_host(array, OrtDevice device):
     target = allocate(shape, host.element_type(), device)
     copy(host, target)
     return target
+
+
+def copy_tensors(src, dst, stream=None):
+    """onnxruntime.copy_tensors: copy each tensor of `src` into the tensor of `dst` at the same
+    place (same shapes and types, any devices; OrtApi::CopyTensors, onnxruntime >= 1.23)."""
+    if stream is not None:
+        raise OrtNotImplemented("ortagent does not expose onnxruntime's sync streams: pass stream=None")
+    _copy_tensors_with_ort(src, dst)

@@ -27,6 +27,7 @@ cdef class SessionOptions(_LogSettings):
     cdef str _profile_file_prefix
     cdef str _optimized_model_filepath
     cdef bint _use_per_session_threads
+    cdef bint _use_deterministic_compute
     cdef int require_handle(self) except -1
     cdef SessionOptions copy(self)
 

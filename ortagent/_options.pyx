@@ -160,6 +160,7 @@ cdef class SessionOptions(_LogSettings):
         self._profile_file_prefix = "onnxruntime_profile_"
         self._optimized_model_filepath = ""
         self._use_per_session_threads = True
+        self._use_deterministic_compute = False
 
     def __dealloc__(self):
         if self.handle != NULL:
@@ -197,6 +198,7 @@ cdef class SessionOptions(_LogSettings):
         other._profile_file_prefix = self._profile_file_prefix
         other._optimized_model_filepath = self._optimized_model_filepath
         other._use_per_session_threads = self._use_per_session_threads
+        other._use_deterministic_compute = self._use_deterministic_compute
         return other
 
     @property
@@ -369,6 +371,16 @@ cdef class SessionOptions(_LogSettings):
                                      "API can only disable per-session threads; create new SessionOptions")
         check(ort.DisablePerSessionThreads(self.handle))
         self._use_per_session_threads = False
+
+    @property
+    def use_deterministic_compute(self):
+        """Deterministic kernels where a provider has a choice (OrtApi::SetDeterministicCompute)."""
+        return self._use_deterministic_compute
+
+    @use_deterministic_compute.setter
+    def use_deterministic_compute(self, bint value):
+        check(ort.SetDeterministicCompute(self.handle, value))
+        self._use_deterministic_compute = value
 
     def add_external_initializers(self, names, ort_values):
         """Use these CPU OrtValues for the initializers the model stores in external files

@@ -880,3 +880,32 @@ def test_container_runs_release_what_they_make(ort_ref):
             sessions[0][0].run(None, {"s": [np.ones(2, np.int64)]})
     gc.collect()
     assert ortagent.live_handles() == before
+
+
+def test_copy_tensors(ort_ref):
+    """onnxruntime's CopyTensors has no CPU-to-CPU data transfer: both modules refuse alike (the
+    device directions need a GPU and run in tests/test_device.py's CUDA tests)."""
+    def pair(module):
+        return ([module.OrtValue.ortvalue_from_numpy(np.arange(6, dtype=np.float32))],
+                [module.OrtValue.ortvalue_from_numpy(np.zeros(6, np.float32))])
+    their_error, our_error = _raises_alike(lambda: ort_ref.copy_tensors(*pair(ort_ref)),
+                                           lambda: ortagent.copy_tensors(*pair(ortagent)))
+    assert str(our_error) == str(their_error)
+    with pytest.raises(ortagent.OrtInvalidArgument, match="shape"):
+        ortagent.copy_tensors([ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))],
+                              [ortagent.OrtValue.ortvalue_from_numpy(np.ones(3, np.float32))])
+    with pytest.raises(ortagent.OrtNotImplemented, match="stream"):
+        ortagent.copy_tensors(*pair(ortagent), stream=object())
+
+
+def test_deterministic_compute(ort_ref):
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.ones(3, np.float32)}
+    results = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        assert options.use_deterministic_compute is False
+        options.use_deterministic_compute = True
+        assert options.use_deterministic_compute is True
+        results.append(module.InferenceSession(add_model().SerializeToString(), options,
+                                               providers=[CPU]).run(None, feeds))
+    _same(results[1], results[0])

@@ -16,6 +16,7 @@
 #ifndef ORTAGENT_ORT_ABI_H
 #define ORTAGENT_ORT_ABI_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -296,6 +297,7 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(251, 15, OrtStatus*, GetOptionalContainedTypeInfo, (const OrtOptionalTypeInfo*, OrtTypeInfo**)) \
     X(254, 15, const char*, GetBuildInfoString, (void)) \
     X(259, 16, OrtStatus*, CreateAndRegisterAllocatorV2, (OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)) \
+    X(273, 17, OrtStatus*, SetDeterministicCompute, (OrtSessionOptions*, bool)) \
     X(279, 18, OrtStatus*, AddExternalInitializersFromFilesInMemory, (OrtSessionOptions*, const char* const*, char* const*, const size_t*, size_t)) \
     X(280, 20, OrtStatus*, CreateLoraAdapter, (const char*, OrtAllocator*, OrtLoraAdapter**)) \
     X(281, 20, OrtStatus*, CreateLoraAdapterFromArray, (const void*, size_t, OrtAllocator*, OrtLoraAdapter**)) \
