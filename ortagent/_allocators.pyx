@@ -37,10 +37,12 @@ cdef class OrtArenaCfg:
     onnxruntime (max_mem: 0)."""
     cdef dict _values
 
-    def __init__(self, *args):
+    def __cinit__(self):
         self._values = {"max_mem": 0}
         for name in _KEYS[1:]:
             self._values[name] = -1
+
+    def __init__(self, *args):
         if len(args) == 1 and isinstance(args[0], dict):
             for name, value in args[0].items():
                 if name not in _KEYS:

@@ -64,6 +64,13 @@ cdef str _take_string(char* text, ort.OrtAllocator* allocator):
         check(ort.AllocatorFree(allocator, text))
 
 
+def _immutable_copy(buffer, index):
+    try:
+        return bytes(memoryview(buffer).cast("B"))
+    except TypeError:
+        raise OrtInvalidType(f"buffers[{index}] must be bytes-like, got {type(buffer).__name__}") from None
+
+
 cdef object _dimension(object value, object name):
     """A dimension override as an int (anything with __index__ but bool), in int64 range."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
@@ -418,7 +425,9 @@ cdef class SessionOptions(_LogSettings):
         model's external data locations, `buffers` bytes-like objects, `lengths` their sizes.
         The buffers are kept alive by these options (onnxruntime reads them at session creation)."""
         names = list(names)
-        buffers = list(buffers)
+        # immutable copies: onnxruntime reads the buffers when a session is created, after a
+        # caller's bytearray or array may have been changed or resized
+        buffers = [b if type(b) is bytes else _immutable_copy(b, i) for i, b in enumerate(buffers)]
         lengths = list(lengths)
         if not len(names) == len(buffers) == len(lengths):
             raise OrtInvalidArgument(f"{len(names)} names, {len(buffers)} buffers and {len(lengths)} "
@@ -435,10 +444,7 @@ cdef class SessionOptions(_LogSettings):
             if views == NULL or names_c == NULL or data_c == NULL or sizes_c == NULL:
                 raise MemoryError()
             for i in range(n):
-                try:
-                    PyObject_GetBuffer(buffers[i], &views[i], PyBUF_SIMPLE)
-                except TypeError:
-                    raise OrtInvalidType(f"buffers[{i}] must be bytes-like, got {type(buffers[i]).__name__}") from None
+                PyObject_GetBuffer(buffers[i], &views[i], PyBUF_SIMPLE)
                 got += 1
                 length = lengths[i]
                 if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= views[i].len:

@@ -472,6 +472,14 @@ def test_external_initializer_files_in_memory(ort_ref, tmp_path):
     np.testing.assert_allclose(results[1][0], x * weights)
     with pytest.raises(ortagent.OrtInvalidArgument, match="lengths"):
         ortagent.SessionOptions().add_external_initializers_from_files_in_memory(["w"], [b"ab"], [3])
+    # the contents given are used, even if the caller's buffer changes before the session is made
+    mutable = bytearray(contents)
+    options = ortagent.SessionOptions()
+    options.add_external_initializers_from_files_in_memory(["weights.bin"], [mutable], [len(mutable)])
+    mutable[:] = bytes(len(mutable))
+    _same(ortagent.InferenceSession(path, options).run(None, {"x": x}), results[0])
+    with pytest.raises(ortagent.OrtInvalidType, match="bytes-like"):
+        ortagent.SessionOptions().add_external_initializers_from_files_in_memory(["w"], ["text"], [4])
 
 
 def test_lora_adapter(ort_ref, tmp_path):
