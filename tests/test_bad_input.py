@@ -102,6 +102,48 @@ case("options", "session-config-missing", OrtNotFound, "SessionOptions does not 
      lambda w: SO().get_session_config_entry("session.nope"))
 case("options", "session-initializer-ndarray", OrtInvalidType, "initializer 'scale' must be an ortagent.OrtValue",
      lambda w: SO().add_initializer("scale", np.ones(1, np.float32)))
+case("options", "external-initializers-count", OrtInvalidArgument, "2 names but 1 values",
+     lambda w: SO().add_external_initializers(["a", "b"], [OrtValue.ortvalue_from_numpy(np.ones(1, np.float32))]))
+case("options", "external-initializers-ndarray", OrtInvalidType, "initializer 'a' must be an ortagent.OrtValue",
+     lambda w: SO().add_external_initializers(["a"], [np.ones(1, np.float32)]))
+case("options", "external-files-length", OrtInvalidArgument, "lengths[0] must be an int in [0, 2]",
+     lambda w: SO().add_external_initializers_from_files_in_memory(["w.bin"], [b"ab"], [-1]))
+case("options", "per-session-threads-back-on", OrtInvalidArgument, "cannot be turned back on",
+     lambda w: _per_session_threads_back_on())
+case("options", "custom-ops-library-int", OrtInvalidType, "library_path must be a path",
+     lambda w: SO().register_custom_ops_library(5))
+case("options", "lora-load-int", OrtInvalidType, "path_or_bytes must be a path or bytes",
+     lambda w: ortagent.LoraAdapter().Load(5))
+case("options", "lora-load-garbage", ortagent.OrtFail, "adapter",
+     lambda w: ortagent.LoraAdapter().Load(b"not an adapter"))
+case("options", "lora-not-loaded", OrtInvalidArgument, "call Load() first",
+     lambda w: ortagent.RunOptions().add_active_adapter(ortagent.LoraAdapter()))
+case("options", "arena-cfg-unknown", ortagent.OrtFail, "Invalid OrtArenaCfg option: bogus",
+     lambda w: ortagent.OrtArenaCfg({"bogus": 1}))
+case("options", "arena-cfg-negative", OrtInvalidArgument, "max_mem must be -1",
+     lambda w: ortagent.OrtArenaCfg(-5, 0, 0, 0))
+case("options", "memory-info-alloc-type", OrtInvalidArgument, "bad memory info",
+     lambda w: ortagent.OrtMemoryInfo("Cpu", 7, 0, 0))
+case("options", "memory-info-name-int", OrtInvalidType, "name must be a str",
+     lambda w: ortagent.OrtMemoryInfo(3, 0, 0, 0))
+case("options", "device-make-unknown", OrtInvalidArgument, "Unsupported device type: tpu",
+     lambda w: ortagent.OrtDevice.make("tpu", 0))
+case("options", "sparse-coo-indices-float", OrtInvalidArgument, "coo_indices must be int64",
+     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.ones(1, np.float32), np.zeros(1, np.float32)))
+case("options", "sparse-coo-out-of-bounds", OrtInvalidArgument, "COO linear index out of bounds",
+     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.ones(1, np.float32), np.array([5], np.int64)))
+case("options", "sparse-strings", ortagent.OrtNotImplemented, "numeric NumPy types only",
+     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.array(["a"], object), np.array([0], np.int64)))
+case("options", "global-pools-after-first-use", ortagent.OrtFail, "environment exists already",
+     lambda w: ortagent.set_global_thread_pool_sizes(3, 3))
+case("options", "global-pools-str", OrtInvalidType, "intra_op_num_threads must be an int",
+     lambda w: ortagent.set_global_thread_pool_sizes("2"))
+
+
+def _per_session_threads_back_on():
+    options = SO()
+    options.use_per_session_threads = False
+    options.use_per_session_threads = True
 
 
 def _closed_value(array=None):
