@@ -591,7 +591,9 @@ cdef class InferenceSession:
                 n_held += 1
                 if type(<object>item) is OrtValue:
                     if not (<OrtValue>item).is_tensor_value:
-                        check_feedable(<OrtValue>item, <object>key)
+                        (<OrtValue>item).describe()      # once: afterwards a tensor skips this
+                        if not (<OrtValue>item).is_tensor_value:
+                            check_feedable(<OrtValue>item, <object>key)
                     (<OrtValue>item).begin_use()        # close() waits for this run
                     a.in_values[n_ready] = (<OrtValue>item).handle
                     a.in_created[n_ready] = FEED_BORROWED
