@@ -48,6 +48,10 @@ CASES = {
         ("symbol: _AgentEngine.forward", "__pyx_f_8ortagent_6_agent_12_AgentEngine_forward"),
         ("symbol: _AgentEngine.backward", "__pyx_f_8ortagent_6_agent_12_AgentEngine_backward"),
     ]),
+    "c-run": ("the C floor: OrtApi::Run on Identity f32[1] (benchmarks/c_floor, mode run)",
+              [("symbol: time_calls (the timed loop)", "time_calls")]),
+    "c-run-prealloc": ("the C floor: OrtApi::Run into preallocated outputs (mode run-prealloc)",
+                       [("symbol: time_calls (the timed loop)", "time_calls")]),
     "serving": ("ortagent run on Identity f32[1] with a fresh NumPy feed each call", [("loop", None)]),
 }
 
@@ -114,12 +118,26 @@ def child(case: str, calls: int) -> None:
 
 # ---- the parent -----------------------------------------------------------------------------------
 
+def _c_floor_command(case: str, calls: int, tmp: str) -> list[str]:
+    """ort_floor timing `calls` calls once (no warm-up: its count is exactly the calls')."""
+    sys.path.insert(0, str(HERE / "c_floor"))
+    import build
+    model = Path(tmp) / "identity.onnx"
+    model.write_bytes(_identity_bytes())
+    return [str(build.build()), str(model), "--lib", str(build.default_library()), "--threads", "1",
+            "--inter-threads", "1", "--opt-level", "all", "--modes", case[2:], "--iterations",
+            str(calls), "--repeat", "1", "--warmup", "0"]
+
+
 def _count(case: str, symbol: str | None, calls: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
+        if case.startswith("c-"):
+            target = _c_floor_command(case, calls, tmp)
+        else:
+            target = [sys.executable, str(Path(__file__).resolve()), "--child", case, str(calls)]
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
-                   f"--toggle-collect={symbol or 'deque_extend'}",
-                   sys.executable, str(Path(__file__).resolve()), "--child", case, str(calls)]
+                   f"--toggle-collect={symbol or 'deque_extend'}", *target]
         env = dict(os.environ, PYTHONHASHSEED="0",
                    PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -128,8 +146,8 @@ def _count(case: str, symbol: str | None, calls: int) -> float:
         text = out.read_text()
         match = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
         total = int(match.group(1)) if match else 0
-        per_object = _by_object(out) if symbol is None else {}
-    divisor = calls if symbol is None else calls + WARMUP
+        per_object = _by_object(out)
+    divisor = calls if symbol is None or case.startswith("c-") else calls + WARMUP
     return total / divisor, {name: count / divisor for name, count in per_object.items()}
 
 
