@@ -52,6 +52,8 @@ CASES = {
               [("symbol: time_calls (the timed loop)", "time_calls")]),
     "c-run-prealloc": ("the C floor: OrtApi::Run into preallocated outputs (mode run-prealloc)",
                        [("symbol: time_calls (the timed loop)", "time_calls")]),
+    "ref-agent-tiny": ("onnxruntime-training 1.19.2's TrainingAgent step, x*w+bias f32 (.venv-refagent, "
+                       "refagent_worker.py)", [("difference of two runs of 1x and 3x --calls steps", "diff")]),
     "serving": ("ortagent run on Identity f32[1] with a fresh NumPy feed each call", [("loop", None)]),
 }
 
@@ -129,7 +131,47 @@ def _c_floor_command(case: str, calls: int, tmp: str) -> list[str]:
             str(calls), "--repeat", "1", "--warmup", "0"]
 
 
+def _ref_agent_count(calls: int) -> tuple[float, dict]:
+    """The 1.19.2 agent's step: its worker loops in Python with no C function of its own to
+    toggle on, so count whole runs of `calls` and 3 x `calls` steps and divide the difference."""
+    import json
+
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "tests"))
+    import training_graphs
+    from reference_agent.client import reference_python
+    python = reference_python()
+    if python is None:
+        raise SystemExit("ref-agent-tiny: no .venv-refagent (make refagent)")
+    case = training_graphs.mul_add_case(np.float32)
+    feeds = case.make_feeds(np.random.default_rng(0))
+    totals, objects = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "model.onnx").write_bytes(case.model.SerializeToString())
+        np.savez(folder / "feeds.npz", *[feeds[n] for n in case.input_names])
+        np.savez(folder / "grads.npz", np.ones((2, 3), np.float32))
+        (folder / "meta.json").write_text(json.dumps({
+            "fw_feed_names": case.input_names, "fw_fetch_count": 1,
+            "bw_fetch_names": case.graph_output_names}))
+        for n in (calls, 3 * calls):
+            out = folder / f"callgrind.{n}.out"
+            done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python,
+                                   str(HERE / "refagent_worker.py"), str(folder)],
+                                  input=f"step {WARMUP}\nstep {n}\nquit\n", capture_output=True, text=True,
+                                  env=dict(os.environ, PYTHONHASHSEED="0"), cwd=ROOT)
+            if done.returncode != 0:
+                raise SystemExit(f"ref-agent-tiny: valgrind failed:\n{done.stderr[-3000:]}")
+            totals.append(int(re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M).group(1)))
+            objects.append(_by_object(out))
+    per_object = {name: (objects[1].get(name, 0) - objects[0].get(name, 0)) / (2 * calls)
+                  for name in set(objects[0]) | set(objects[1])}
+    return (totals[1] - totals[0]) / (2 * calls), per_object
+
+
 def _count(case: str, symbol: str | None, calls: int) -> float:
+    if case == "ref-agent-tiny":
+        return _ref_agent_count(calls)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         if case.startswith("c-"):

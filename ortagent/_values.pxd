@@ -123,6 +123,8 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
 # write an output into; the caller releases the tensor, the array owns the memory.
 cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
                              ort.OrtValue** tensor_out)
+# A new C-contiguous NumPy array like new_output_array's, holding a copy of `nbytes` at `data`.
+cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const void* data, size_t nbytes)
 # Whether NumPy has a builtin type for ONNX element type `elem_type` (new_output_array's types).
 cdef bint has_builtin_numpy_type(int elem_type) noexcept
 # Bytes per element of ONNX element type `elem_type` (0 for strings and unknown types).
