@@ -18,7 +18,8 @@ from Cython.Compiler import Options
 Options.warning_errors = True
 from setuptools import Extension, setup
 
-MODULES = ["_runtime", "_values", "_options", "_session", "_device", "_dlpack", "_agent"]
+MODULES = ["_runtime", "_dtypes", "_memory", "_tensors", "_values", "_options", "_metadata", "_session",
+           "_iobinding", "_device", "_dlpack", "_agent"]
 
 # The C warnings that mean a declaration is wrong are errors: a `.pxd` signature that disagrees
 # with the ABI header (include/ortagent/ort_abi.h) is an incompatible pointer type where the call

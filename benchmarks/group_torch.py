@@ -17,7 +17,6 @@ the export is not timed). Skipped, with the reason, when torch or onnxscript is 
 from __future__ import annotations
 
 import copy
-import math
 import time
 
 import _common
@@ -27,38 +26,11 @@ from _report import Group, Row
 ROUNDS_FULL, ROUNDS_QUICK = 21, 5
 
 
-def _gpt_block(torch, vocab=256, d=128, heads=4, ctx=64):
-    nn = torch.nn
-
-    class GPTBlock(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.heads = heads
-            self.wte = nn.Embedding(vocab, d)
-            self.wpe = nn.Embedding(ctx, d)
-            self.ln1 = nn.LayerNorm(d)
-            self.qkv = nn.Linear(d, 3 * d)
-            self.proj = nn.Linear(d, d)
-            self.ln2 = nn.LayerNorm(d)
-            self.fc = nn.Linear(d, 4 * d)
-            self.out = nn.Linear(4 * d, d)
-            self.lnf = nn.LayerNorm(d)
-            self.head = nn.Linear(d, vocab, bias=False)
-            self.head.weight = self.wte.weight
-            self.register_buffer("causal", torch.tril(torch.ones(ctx, ctx, dtype=torch.bool)))
-
-        def forward(self, idx):
-            b, t = idx.shape
-            x = self.wte(idx) + self.wpe(torch.arange(t))
-            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-            q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // heads))
-            att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(-1)
-            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-            x = x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
-            return self.head(self.lnf(x))
-
-    return GPTBlock()
+def _gpt_block(vocab=256, d=128, heads=4, ctx=64):
+    """One pre-LN GPT-2 block with token/position embeddings and a tied head: the demo's CharGPT
+    (demo/train_char_gpt.py) with one layer and no dropout."""
+    demo = _common.load_module("train_char_gpt", _common.REPO_ROOT / "demo" / "train_char_gpt.py")
+    return demo.CharGPT(vocab, ctx=ctx, d=d, heads=heads, layers=1, dropout=0.0)
 
 
 def _cases(torch):
@@ -78,7 +50,7 @@ def _cases(torch):
         ("transformer", "TransformerEncoderLayer d256 b8 s64",
          lambda: nn.TransformerEncoderLayer(256, 8, 1024, dropout=0.0),
          torch.randn(64, 8, 256, generator=gen), square),
-        ("gpt", "GPT-2 block d128 b8 s64 (tied head)", lambda: _gpt_block(torch), idx, gpt_loss),
+        ("gpt", "GPT-2 block d128 b8 s64 (tied head)", lambda: _gpt_block(), idx, gpt_loss),
     ]
 
 

@@ -29,15 +29,15 @@ _LAZY = {
     "api_version": "ortagent._runtime",
     # values
     "OrtValue": "ortagent._values",
-    "OrtDevice": "ortagent._values",
+    "OrtDevice": "ortagent._memory",
     "from_dlpack": "ortagent._dlpack",
     # sessions
     "SessionOptions": "ortagent._options",
     "RunOptions": "ortagent._options",
     "InferenceSession": "ortagent._session",
-    "IOBinding": "ortagent._session",
-    "NodeArg": "ortagent._session",
-    "ModelMetadata": "ortagent._session",
+    "IOBinding": "ortagent._iobinding",
+    "NodeArg": "ortagent._metadata",
+    "ModelMetadata": "ortagent._metadata",
     "GraphOptimizationLevel": "ortagent._options",
     "ExecutionMode": "ortagent._options",
     # training
@@ -74,12 +74,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._options import ExecutionMode as ExecutionMode
     from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
     from ortagent._session import InferenceSession as InferenceSession
-    from ortagent._session import IOBinding as IOBinding
-    from ortagent._session import ModelMetadata as ModelMetadata
-    from ortagent._session import NodeArg as NodeArg
+    from ortagent._iobinding import IOBinding as IOBinding
+    from ortagent._metadata import ModelMetadata as ModelMetadata
+    from ortagent._metadata import NodeArg as NodeArg
     from ortagent._options import RunOptions as RunOptions
     from ortagent._options import SessionOptions as SessionOptions
-    from ortagent._values import OrtDevice as OrtDevice
+    from ortagent._memory import OrtDevice as OrtDevice
     from ortagent._values import OrtValue as OrtValue
     from ortagent._values import from_dlpack as from_dlpack
     from ortagent.agent import PartialGraphExecutionState as PartialGraphExecutionState

@@ -2,6 +2,8 @@ from typing import final
 from collections.abc import Sequence
 from typing import Any, overload
 
+from typing_extensions import disjoint_base
+
 @final
 class PartialGraphExecutionState:
     run_id: Any
@@ -33,6 +35,7 @@ class _AgentEngine:
     def backward(self, state: PartialGraphExecutionState, gradients: list[Any], output_positions: list[int],
                  output_targets: list[Any], run_options: Any) -> list[Any]: ...
 
+@disjoint_base
 class _AgentHotPath:
     """Base of ortagent.TrainingAgent: run_forward / run_backward (state API in C)."""
     def _enable_hot_path(self, engine: _AgentEngine, forward: bool, backward: bool,

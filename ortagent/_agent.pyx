@@ -27,17 +27,18 @@ from ortagent._runtime cimport (
     check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE, interruptible_begin,
     interruptible_end,
 )
+from ortagent._dtypes cimport tensor_type_name
+from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
+from ortagent._tensors cimport tensor_data, tensor_for_feed
 from ortagent._values cimport (
-    tensor_data, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
-    OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, tensor_for_feed,
-    tensor_type_name, memory_kind_of,
+    OrtValue, wrap_value, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
 )
 from ortagent._options cimport RunOptions
 from ortagent._session cimport (
     InferenceSession, FixedOutput, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
     run_nogil, run_binding_nogil, end_run_call, check_run_status,
 )
-from ortagent._values import as_device
+from ortagent._memory import as_device
 from ortagent.errors import (
     OrtError, OrtInvalidArgument, OrtInvalidType, RunStateError, ObjectClosedError,
 )

@@ -2,7 +2,8 @@ from collections.abc import Sequence
 
 import numpy.typing as npt
 
-from ortagent._values import OrtDevice, OrtValue
+from ortagent._memory import OrtDevice
+from ortagent._values import OrtValue
 
 def allocate(dims: Sequence[int], elem_type: int, device: OrtDevice) -> OrtValue: ...
 def copy(source: OrtValue, destination: OrtValue) -> None: ...

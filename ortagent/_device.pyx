@@ -14,12 +14,12 @@ cimport cython
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_ALLOCATOR
-from ortagent._values cimport (
-    OrtValue, OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, wrap_value, value_to_numpy,
-    copy_tensors, ensure_numpy, allocate_with,
-)
+from ortagent._dtypes cimport ensure_numpy
+from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED
+from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors, allocate_with
 from ortagent._session cimport InferenceSession
-from ortagent._values import as_device, _element_type_from
+from ortagent._memory import as_device
+from ortagent._dtypes import _element_type_from, numpy_dtype_for_element_type
 from ortagent.errors import OrtError, OrtInvalidArgument, OrtNotImplemented, OrtEPFail
 
 ort.ortagent_rt = shared_runtime()
@@ -156,7 +156,6 @@ def to_host(OrtValue value not None):
     """A NumPy copy of a device tensor."""
     ensure_numpy()
     import numpy
-    from ortagent._values import numpy_dtype_for_element_type
     value.describe()
     array = numpy.empty(value.shape(), dtype=numpy_dtype_for_element_type(value.elem_type))
     host = OrtValue.ortvalue_from_numpy(array)

@@ -87,10 +87,9 @@ from libc.string cimport memcpy, strcmp, strncmp
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport *
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_DLPACK_EXPORT
-from ortagent._values cimport (
-    OrtValue, OrtDevice, wrap_value, export_guard, value_to_numpy, copy_tensors, tensor_type_name,
-    MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED,
-)
+from ortagent._dtypes cimport tensor_type_name
+from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED
+from ortagent._values cimport OrtValue, wrap_value, export_guard, value_to_numpy, copy_tensors
 
 from operator import index as _index
 

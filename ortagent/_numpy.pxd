@@ -1,6 +1,7 @@
 # cython: language_level=3
 """The small part of NumPy's C API that ortagent uses (declared by hand so that nothing imports
-NumPy at module import: `ensure_numpy()` in _values runs `_import_array()` on first use)."""
+NumPy at module import). NumPy binds its C API per extension module: each module that uses it
+calls numpy_api() before its first use (after _dtypes.ensure_numpy has imported NumPy)."""
 
 from cpython.object cimport PyObject, PyTypeObject
 
@@ -58,6 +59,7 @@ cdef extern from "numpy/arrayobject.h":
     PyTypeObject PyArray_Type
 
     int _import_array() except -1
+    void** PyArray_API              # this module's table; NULL until _import_array()
     bint PyArray_Check(object)
     int PyArray_TYPE(PyArrayObject*)
     PyArray_Descr* PyArray_DESCR(PyArrayObject*)
@@ -78,3 +80,10 @@ cdef extern from "numpy/arrayobject.h":
     PyArray_Descr* PyArray_DescrFromType(int type_num) except NULL
     # Steals the reference to `base`.
     int PyArray_SetBaseObject(PyArrayObject* arr, PyObject* base) except -1
+
+
+cdef inline int numpy_api() except -1:
+    """Bind NumPy's C API in the calling extension module (idempotent)."""
+    if PyArray_API == NULL:
+        _import_array()
+    return 0

@@ -2,7 +2,16 @@
 from ortagent cimport _capi as ort
 
 
-cdef class SessionOptions:
+cdef class _LogSettings:
+    cdef int _log_severity_level
+    cdef int _log_verbosity_level
+    cdef str _logid
+    cdef int apply_log_severity(self, int level) except -1
+    cdef int apply_log_verbosity(self, int level) except -1
+    cdef int apply_logid(self, bytes logid) except -1
+
+
+cdef class SessionOptions(_LogSettings):
     cdef object __weakref__
     cdef ort.OrtSessionOptions* handle
     cdef dict _config_entries
@@ -12,9 +21,6 @@ cdef class SessionOptions:
     cdef int _inter_op_num_threads
     cdef int _graph_optimization_level
     cdef int _execution_mode
-    cdef int _log_severity_level
-    cdef int _log_verbosity_level
-    cdef str _logid
     cdef bint _enable_mem_pattern
     cdef bint _enable_cpu_mem_arena
     cdef bint _enable_profiling
@@ -23,12 +29,9 @@ cdef class SessionOptions:
     cdef int require_handle(self) except -1
 
 
-cdef class RunOptions:
+cdef class RunOptions(_LogSettings):
     cdef object __weakref__
     cdef ort.OrtRunOptions* handle
-    cdef int _log_severity_level
-    cdef int _log_verbosity_level
-    cdef str _logid
     cdef bint _terminate
     cdef dict _config_entries
 

@@ -82,8 +82,58 @@ cdef int _check_int_range(object value, str what, long low, long high) except -1
 
 # ---- SessionOptions ----------------------------------------------------------------------------
 
+cdef class _LogSettings:
+    """The logging settings SessionOptions and RunOptions share (onnxruntime's names and
+    defaults); each applies them to its handle with its own C calls (apply_log_*)."""
+
+    def __cinit__(self):
+        self._log_severity_level = 2
+        self._log_verbosity_level = 0
+        self._logid = ""
+
+    cdef int apply_log_severity(self, int level) except -1:
+        raise NotImplementedError
+
+    cdef int apply_log_verbosity(self, int level) except -1:
+        raise NotImplementedError
+
+    cdef int apply_logid(self, bytes logid) except -1:
+        raise NotImplementedError
+
+    @property
+    def log_severity_level(self):
+        """0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
+        return self._log_severity_level
+
+    @log_severity_level.setter
+    def log_severity_level(self, value):
+        _check_int_range(value, "log_severity_level", 0, 4)
+        self.apply_log_severity(value)
+        self._log_severity_level = value
+
+    @property
+    def log_verbosity_level(self):
+        return self._log_verbosity_level
+
+    @log_verbosity_level.setter
+    def log_verbosity_level(self, value):
+        _check_int_range(value, "log_verbosity_level", 0, 1 << 30)
+        self.apply_log_verbosity(value)
+        self._log_verbosity_level = value
+
+    @property
+    def logid(self):
+        """The log id (RunOptions: the run tag)."""
+        return self._logid
+
+    @logid.setter
+    def logid(self, value):
+        self.apply_logid(_encode(value, "logid"))
+        self._logid = value
+
+
 @cython.final
-cdef class SessionOptions:
+cdef class SessionOptions(_LogSettings):
     """Options for creating sessions (onnxruntime.SessionOptions' names and defaults).
 
     ORT keeps no readable copy of most options, so this object mirrors what was set. A session
@@ -101,9 +151,6 @@ cdef class SessionOptions:
         self._inter_op_num_threads = 0
         self._graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self._execution_mode = ExecutionMode.ORT_SEQUENTIAL
-        self._log_severity_level = 2
-        self._log_verbosity_level = 0
-        self._logid = ""
         self._enable_mem_pattern = True
         self._enable_cpu_mem_arena = True
         self._enable_profiling = False
@@ -172,35 +219,17 @@ cdef class SessionOptions:
         check(ort.SetSessionExecutionMode(self.handle, <ort.ExecutionMode><int>mode))
         self._execution_mode = mode
 
-    @property
-    def log_severity_level(self):
-        """0 verbose, 1 info, 2 warning, 3 error, 4 fatal."""
-        return self._log_severity_level
+    cdef int apply_log_severity(self, int level) except -1:
+        check(ort.SetSessionLogSeverityLevel(self.handle, level))
+        return 0
 
-    @log_severity_level.setter
-    def log_severity_level(self, value):
-        _check_int_range(value, "log_severity_level", 0, 4)
-        check(ort.SetSessionLogSeverityLevel(self.handle, value))
-        self._log_severity_level = value
+    cdef int apply_log_verbosity(self, int level) except -1:
+        check(ort.SetSessionLogVerbosityLevel(self.handle, level))
+        return 0
 
-    @property
-    def log_verbosity_level(self):
-        return self._log_verbosity_level
-
-    @log_verbosity_level.setter
-    def log_verbosity_level(self, value):
-        _check_int_range(value, "log_verbosity_level", 0, 1 << 30)
-        check(ort.SetSessionLogVerbosityLevel(self.handle, value))
-        self._log_verbosity_level = value
-
-    @property
-    def logid(self):
-        return self._logid
-
-    @logid.setter
-    def logid(self, value):
-        check(ort.SetSessionLogId(self.handle, _encode(value, "logid")))
-        self._logid = value
+    cdef int apply_logid(self, bytes logid) except -1:
+        check(ort.SetSessionLogId(self.handle, logid))
+        return 0
 
     @property
     def enable_mem_pattern(self):
@@ -320,7 +349,7 @@ cdef class SessionOptions:
 # ---- RunOptions ----------------------------------------------------------------------------------
 
 @cython.final
-cdef class RunOptions:
+cdef class RunOptions(_LogSettings):
     """Per-run options. ``terminate = True`` (from any thread) stops the runs using this object
     with an error as soon as onnxruntime checks the flag; set it back to False to reuse it."""
 
@@ -328,9 +357,6 @@ cdef class RunOptions:
         ensure_loaded()
         check(ort.CreateRunOptions(&self.handle))
         _live[<int>HANDLE_RUN_OPTIONS] += 1
-        self._log_severity_level = 2
-        self._log_verbosity_level = 0
-        self._logid = ""
         self._terminate = False
         self._config_entries = {}
 
@@ -340,35 +366,18 @@ cdef class RunOptions:
             self.handle = NULL
             _live[<int>HANDLE_RUN_OPTIONS] -= 1
 
-    @property
-    def log_severity_level(self):
-        return self._log_severity_level
+    cdef int apply_log_severity(self, int level) except -1:
+        check(ort.RunOptionsSetRunLogSeverityLevel(self.handle, level))
+        return 0
 
-    @log_severity_level.setter
-    def log_severity_level(self, value):
-        _check_int_range(value, "log_severity_level", 0, 4)
-        check(ort.RunOptionsSetRunLogSeverityLevel(self.handle, value))
-        self._log_severity_level = value
+    cdef int apply_log_verbosity(self, int level) except -1:
+        check(ort.RunOptionsSetRunLogVerbosityLevel(self.handle, level))
+        return 0
 
-    @property
-    def log_verbosity_level(self):
-        return self._log_verbosity_level
-
-    @log_verbosity_level.setter
-    def log_verbosity_level(self, value):
-        _check_int_range(value, "log_verbosity_level", 0, 1 << 30)
-        check(ort.RunOptionsSetRunLogVerbosityLevel(self.handle, value))
-        self._log_verbosity_level = value
-
-    @property
-    def logid(self):
+    cdef int apply_logid(self, bytes logid) except -1:
         """The run tag."""
-        return self._logid
-
-    @logid.setter
-    def logid(self, value):
-        check(ort.RunOptionsSetRunTag(self.handle, _encode(value, "logid")))
-        self._logid = value
+        check(ort.RunOptionsSetRunTag(self.handle, logid))
+        return 0
 
     @property
     def terminate(self):

@@ -2,7 +2,9 @@
 from cpython.object cimport PyObject
 from ortagent cimport _capi as ort
 from libc.stdint cimport int64_t
-from ortagent._values cimport OrtValue, FeedView, MAX_INLINE_DIMS
+from ortagent._dtypes cimport MAX_INLINE_DIMS
+from ortagent._values cimport OrtValue
+from ortagent._tensors cimport FeedView
 from ortagent._options cimport SessionOptions, RunOptions
 
 
@@ -118,34 +120,6 @@ cdef class InferenceSession:
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)
 
 
-cdef class IOBinding:
-    cdef object __weakref__
-    cdef ort.OrtIoBinding* handle
-    cdef readonly InferenceSession session
-    cdef dict bound_inputs                      # name -> OrtValue, kept alive while bound
-    cdef list bound_outputs                     # [_BoundOutput] in binding order
-    cdef readonly bint reuse_output_buffers
-    cdef bint outputs_stale                     # re-bind device outputs before the next run
-    cdef bint inputs_verified                   # every required input is bound
-    cdef bint outputs_unsynchronized            # last run disabled the end-of-run device sync
-    cdef Py_ssize_t runs_in_flight              # changed with the GIL held
-    cdef bint close_pending                     # close() asked for while a run was in flight
-    cdef int require_open(self) except -1
-    cdef tuple bound_values                     # bound_inputs' and bound outputs' values
-    cdef int _bindings_changed(self) except -1
-    cdef tuple begin_run(self)
-    cdef void end_run(self, tuple used) noexcept
-    cdef void _release(self) noexcept
-    cdef bytes _input_name(self, object name)
-    cdef bytes _output_name(self, object name)
-    cdef _remember_output(self, _BoundOutput bound)
-    cdef int _check_output_type(self, object name, OrtValue value) except -1
-    cdef bint has_device_outputs(self)
-    cdef bint rebind_device_outputs(self, bint always) except -1
-    cdef list output_values(self)
-
-
-cdef class _BoundOutput:
-    cdef bytes name
-    cdef object device
-    cdef object value
+# What run_with_iobinding runs (ortagent._iobinding.IOBinding implements run_in).
+cdef class SessionBinding:
+    cdef int run_in(self, InferenceSession session, object run_options) except -1

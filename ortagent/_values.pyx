@@ -1,5 +1,5 @@
 # cython: language_level=3
-"""OrtValue and OrtDevice: tensors owned by onnxruntime or viewed over caller memory.
+"""OrtValue: tensors owned by onnxruntime or viewed over caller memory.
 
 NumPy arrays go in and come out without copies on the CPU: a C-contiguous, aligned, native-order
 array becomes a tensor over the same bytes (the value keeps the array alive), and ``numpy()`` is a
@@ -18,8 +18,18 @@ from operator import index as _index
 from ortagent cimport _capi as ort
 from ortagent cimport _numpy as npc
 from ortagent._element_types cimport *
-from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE, HANDLE_MEMORY_INFO,
+from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE
+from ortagent._dtypes cimport (
+    MAX_INLINE_DIMS, ensure_numpy, numpy_module, npy_type_of, numpy_dtype_for, tensor_type_name, element_size,
+)
+from ortagent._memory cimport (
+    OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, MEMORY_OTHER, memory_kind_of,
+)
+from ortagent._tensors cimport tensor_for_feed, tensor_data, fill_string_tensor
+from ortagent._dtypes import _element_type_from
+from ortagent._memory import (
+    as_device, _int_argument, _DEVICE_NAMES, _CPU_DEVICE, _ORT_DEVICE_CPU, _ORT_DEVICE_GPU,
+    _ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED,
 )
 
 from ortagent.errors import (
@@ -29,400 +39,7 @@ from ortagent.errors import (
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
 
-# ---- element types ---------------------------------------------------------------------------
-
-# Every element type's facts come from the one table (include/ortagent/element_types.h).
-
-cdef str element_type_name(int elem_type):
-    """'float' for 1, ...; '' when `elem_type` is not an element type."""
-    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
-    return info.name.decode() if info != NULL else ""
-
-
-cdef str tensor_type_name(int elem_type):
-    cdef str name = element_type_name(elem_type)
-    return f"tensor({name})" if name else f"tensor(undefined:{elem_type})"
-
-
-def _tensor_type_names():
-    """{'tensor(float)': 1, ...} for every element type."""
-    return {f"tensor({element_type_name(t)})": t for t in range(1, <int>ORTAGENT_ELEM_COUNT)}
-
-
-_TENSOR_TYPES = _tensor_type_names()
-
-
-# ---- NumPy bridge ------------------------------------------------------------------------------
-
-cdef bint _numpy_ready = False
-_np = None
-# NumPy type number -> ONNX element type, for NumPy's own types.
-cdef int[32] _NPY_TO_ONNX
-# ONNX element type -> NumPy type number (-1: not a builtin NumPy type).
-cdef int[<int>ORTAGENT_ELEM_COUNT] _ONNX_TO_NPY
-# ml_dtypes: type number (dynamic) -> ONNX type, and ONNX type -> dtype object.
-_user_type_to_onnx = {}
-_onnx_to_user_dtype = {}
-_ml_dtypes_state = [None]   # None: not tried, False: not installed, module otherwise
-
-
-cdef int ensure_numpy() except -1:
-    global _numpy_ready, _np
-    if _numpy_ready:
-        return 0
-    import numpy
-    npc._import_array()
-    _np = numpy
-    cdef int i
-    for i in range(32):
-        _NPY_TO_ONNX[i] = -1
-    for i in range(<int>ORTAGENT_ELEM_COUNT):
-        _ONNX_TO_NPY[i] = -1
-    pairs = (
-        (npc.NPY_FLOAT, ORTAGENT_ELEM_FLOAT), (npc.NPY_UINT8, ORTAGENT_ELEM_UINT8),
-        (npc.NPY_INT8, ORTAGENT_ELEM_INT8), (npc.NPY_UINT16, ORTAGENT_ELEM_UINT16),
-        (npc.NPY_INT16, ORTAGENT_ELEM_INT16), (npc.NPY_INT32, ORTAGENT_ELEM_INT32),
-        (npc.NPY_INT64, ORTAGENT_ELEM_INT64), (npc.NPY_BOOL, ORTAGENT_ELEM_BOOL),
-        (npc.NPY_HALF, ORTAGENT_ELEM_FLOAT16), (npc.NPY_DOUBLE, ORTAGENT_ELEM_DOUBLE),
-        (npc.NPY_UINT32, ORTAGENT_ELEM_UINT32), (npc.NPY_UINT64, ORTAGENT_ELEM_UINT64),
-        (npc.NPY_CFLOAT, ORTAGENT_ELEM_COMPLEX64), (npc.NPY_CDOUBLE, ORTAGENT_ELEM_COMPLEX128),
-    )
-    for npy, onnx_type in pairs:
-        _NPY_TO_ONNX[npy] = onnx_type
-        _ONNX_TO_NPY[onnx_type] = npy
-    # C long / long long are both 64 bits here: map the one NPY_INT64 is not.
-    _NPY_TO_ONNX[<int>npc.NPY_LONG] = (ORTAGENT_ELEM_INT64 if numpy.dtype("long").itemsize == 8
-                                       else ORTAGENT_ELEM_INT32)
-    _NPY_TO_ONNX[<int>npc.NPY_ULONG] = (ORTAGENT_ELEM_UINT64 if numpy.dtype("ulong").itemsize == 8
-                                        else ORTAGENT_ELEM_UINT32)
-    _NPY_TO_ONNX[<int>npc.NPY_LONGLONG] = ORTAGENT_ELEM_INT64
-    _NPY_TO_ONNX[<int>npc.NPY_ULONGLONG] = ORTAGENT_ELEM_UINT64
-    _numpy_ready = True
-    return 0
-
-
-cdef inline int _npy_type_of(int elem_type) noexcept:
-    """NumPy's builtin type number for an ONNX element type, -1 if NumPy has none."""
-    cdef unsigned int index = <unsigned int>elem_type
-    if index >= <unsigned int>ORTAGENT_ELEM_COUNT:
-        return -1
-    return _ONNX_TO_NPY[index]
-
-
-cdef object _ml_dtypes():
-    if _ml_dtypes_state[0] is None:
-        try:
-            import ml_dtypes
-        except ImportError:
-            _ml_dtypes_state[0] = False
-        else:
-            _ml_dtypes_state[0] = ml_dtypes
-            for onnx_type in range(1, <int>ORTAGENT_ELEM_COUNT):
-                info = ortagent_element_info_of(onnx_type)
-                if not info.from_ml_dtypes:
-                    continue
-                dtype = _np.dtype(getattr(ml_dtypes, info.numpy_name.decode()))
-                _user_type_to_onnx[dtype.num] = onnx_type
-                _onnx_to_user_dtype[onnx_type] = dtype
-    return _ml_dtypes_state[0]
-
-
-cdef int onnx_type_of_array(npc.PyArrayObject* arr) except -2:
-    """ONNX element type of a NumPy array, -1 when it has no ONNX equivalent."""
-    cdef int type_num = npc.PyArray_TYPE(arr)
-    if type_num < 32 and _NPY_TO_ONNX[type_num] >= 0:
-        return _NPY_TO_ONNX[type_num]
-    if type_num == npc.NPY_OBJECT or type_num == npc.NPY_UNICODE or type_num == npc.NPY_STRING:
-        return ORTAGENT_ELEM_STRING
-    if type_num >= npc.NPY_USERDEF and _ml_dtypes():
-        return _user_type_to_onnx.get(type_num, -1)
-    return -1
-
-
-cdef object numpy_dtype_for(int elem_type):
-    ensure_numpy()
-    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
-    if _npy_type_of(elem_type) >= 0 or elem_type == ORTAGENT_ELEM_STRING:
-        return _np.dtype(info.numpy_name.decode())
-    if info != NULL and info.from_ml_dtypes:
-        if not _ml_dtypes():
-            raise OrtNotImplemented(
-                f"{tensor_type_name(elem_type)} values need the ml_dtypes package for NumPy: "
-                "pip install ml_dtypes")
-        return _onnx_to_user_dtype[elem_type]
-    raise OrtNotImplemented(f"{tensor_type_name(elem_type)} has no NumPy equivalent")
-
-
-def _element_type_from(element_type):
-    """An ONNX element type (int) from an int, a 'tensor(float)' string or a NumPy dtype-like."""
-    if element_type is None:
-        # numpy.dtype(None) is float64: never what a caller who forgot the type meant.
-        raise OrtInvalidType("element_type is required: a NumPy dtype, an ONNX type number or "
-                             "'tensor(...)', got None")
-    if isinstance(element_type, int) and not isinstance(element_type, bool):
-        if ortagent_element_info_of(element_type) != NULL:
-            return element_type
-        raise OrtInvalidArgument(f"unknown ONNX element type {element_type}")
-    if isinstance(element_type, str) and element_type.startswith("tensor("):
-        if element_type in _TENSOR_TYPES:
-            return _TENSOR_TYPES[element_type]
-        raise OrtInvalidArgument(f"unknown tensor type {element_type!r}")
-    ensure_numpy()
-    try:
-        dtype = _np.dtype(element_type)
-    except (TypeError, ValueError) as exc:
-        raise OrtInvalidType(f"element_type must be a NumPy dtype, an ONNX type number or "
-                             f"'tensor(...)', got {element_type!r}") from exc
-    probe = _np.empty(0, dtype=dtype)
-    cdef int onnx_type = onnx_type_of_array(<npc.PyArrayObject*>probe)
-    if onnx_type < 0:
-        raise OrtInvalidArgument(f"NumPy dtype {dtype} has no ONNX tensor equivalent")
-    return onnx_type
-
-
-# ---- memory descriptions -----------------------------------------------------------------------
-
-cdef ort.OrtMemoryInfo* _cpu_memory_info = NULL
-
-cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL:
-    global _cpu_memory_info
-    if _cpu_memory_info == NULL:
-        ensure_loaded()
-        check(ort.CreateCpuMemoryInfo(ort.OrtArenaAllocator, ort.OrtMemTypeDefault,
-                                      &_cpu_memory_info))
-    return _cpu_memory_info
-
-
-# Device ids and types are C ints in onnxruntime's memory descriptions.
-_INT_MAX = 2**31 - 1
-
-
-def _int_argument(value, what):
-    """`value` as a Python int (anything with __index__, not bool), else OrtInvalidType."""
-    if isinstance(value, bool):
-        raise OrtInvalidType(f"{what} must be an int, got bool")
-    try:
-        return _index(value)
-    except TypeError:
-        raise OrtInvalidType(f"{what} must be an int, got {type(value).__name__}") from None
-
-
-def _device_id_argument(value):
-    device_id = _int_argument(value, "device_id")
-    if not 0 <= device_id <= _INT_MAX:
-        raise OrtInvalidArgument(f"device_id must be in [0, {_INT_MAX}], got {device_id}")
-    return device_id
-
-
-_DEVICE_NAMES = {MEMORY_CPU: "cpu", MEMORY_CUDA: "cuda", MEMORY_CUDA_PINNED: "cuda_pinned"}
-# onnxruntime's OrtDevice numbering (device type; memory type).
-_ORT_DEVICE_CPU, _ORT_DEVICE_GPU = 0, 1
-_ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE = 0, 1, 5
-# Memory descriptions by (kind, index), owned here for the life of the process.
-cdef dict _memory_infos = {}
-
-
-cdef class _MemoryInfoHandle:
-    cdef ort.OrtMemoryInfo* handle
-
-    def __dealloc__(self):
-        if self.handle != NULL:
-            ort.ReleaseMemoryInfo(self.handle)
-            _live[<int>HANDLE_MEMORY_INFO] -= 1
-
-
-@cython.final
-cdef class OrtDevice:
-    """Where a tensor lives: ``cpu``, ``cuda:<id>`` or ``cuda_pinned`` (page-locked host memory).
-
-    Accepted wherever a device is expected, as are the strings ``"cpu"``, ``"cuda"``,
-    ``"cuda:1"``, ``"cuda_pinned"`` and objects shaped like onnxruntime's own ``OrtDevice``
-    (``device_type()``, ``device_id()`` and optionally ``mem_type()``).
-    Constructor arguments follow onnxruntime's: ``OrtDevice(device_type, memory_type, device_id)``
-    with device type 0 = CPU, 1 = GPU and memory type 0 = default, 1 = CUDA pinned.
-    """
-
-    def __init__(self, device_type=0, memory_type=0, device_id=0):
-        device_type = _int_argument(device_type, "device_type")
-        memory_type = _int_argument(memory_type, "memory_type")
-        device_id = _device_id_argument(device_id)
-        if device_type == _ORT_DEVICE_CPU and memory_type == _ORT_MEM_DEFAULT:
-            self.kind = MEMORY_CPU
-        elif device_type == _ORT_DEVICE_GPU and memory_type == _ORT_MEM_DEFAULT:
-            self.kind = MEMORY_CUDA
-        elif memory_type in (_ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE) and device_type in (
-                _ORT_DEVICE_CPU, _ORT_DEVICE_GPU):
-            self.kind = MEMORY_CUDA_PINNED
-        else:
-            raise OrtInvalidArgument(
-                f"unsupported device (device_type={device_type}, memory_type={memory_type}); "
-                "ortagent supports CPU (0, 0), CUDA (1, 0) and CUDA pinned memory (0 or 1, 1)")
-        self.index = device_id
-
-    # onnxruntime-compatible helpers
-    @staticmethod
-    def cpu():
-        return _ORT_DEVICE_CPU
-
-    @staticmethod
-    def cuda():
-        return _ORT_DEVICE_GPU
-
-    @staticmethod
-    def default_memory():
-        return _ORT_MEM_DEFAULT
-
-    @staticmethod
-    def cuda_pinned_memory():
-        return _ORT_MEM_CUDA_PINNED
-
-    def device_type(self):
-        return _ORT_DEVICE_GPU if self.kind == MEMORY_CUDA else _ORT_DEVICE_CPU
-
-    def mem_type(self):
-        return _ORT_MEM_CUDA_PINNED if self.kind == MEMORY_CUDA_PINNED else _ORT_MEM_DEFAULT
-
-    def device_id(self):
-        return self.index
-
-    @property
-    def name(self):
-        """'cpu', 'cuda' or 'cuda_pinned'."""
-        return _DEVICE_NAMES[self.kind]
-
-    @staticmethod
-    def parse(device, device_id=None):
-        """An OrtDevice from a string ('cuda:1'), an OrtDevice or an onnxruntime OrtDevice."""
-        return as_device(device, device_id)
-
-    def __repr__(self):
-        if self.kind == MEMORY_CUDA:
-            return f"OrtDevice('cuda:{self.index}')"
-        if self.kind == MEMORY_CUDA_PINNED:
-            return f"OrtDevice('cuda_pinned:{self.index}')" if self.index else "OrtDevice('cuda_pinned')"
-        return "OrtDevice('cpu')"
-
-    def __eq__(self, other):
-        if not isinstance(other, OrtDevice):
-            return NotImplemented
-        return self.kind == (<OrtDevice>other).kind and self.index == (<OrtDevice>other).index
-
-    def __hash__(self):
-        return hash((self.kind, self.index))
-
-    def __reduce__(self):
-        return (OrtDevice, (self.device_type(), self.mem_type(), self.index))
-
-    cdef ort.OrtMemoryInfo* memory_info(self) except NULL:
-        if self.kind == MEMORY_CPU:
-            return cpu_memory_info()
-        key = (self.kind, self.index)
-        holder = _memory_infos.get(key)
-        if holder is None:
-            ensure_loaded()
-            holder = _MemoryInfoHandle.__new__(_MemoryInfoHandle)
-            if self.kind == MEMORY_CUDA:
-                check(ort.CreateMemoryInfo(b"Cuda", ort.OrtDeviceAllocator, self.index,
-                                           ort.OrtMemTypeDefault, &(<_MemoryInfoHandle>holder).handle))
-            elif self.kind == MEMORY_CUDA_PINNED:
-                check(ort.CreateMemoryInfo(b"CudaPinned", ort.OrtDeviceAllocator, self.index,
-                                           ort.OrtMemTypeCPUOutput,
-                                           &(<_MemoryInfoHandle>holder).handle))
-            else:
-                raise OrtNotImplemented(f"no memory description for {self!r}")
-            _live[<int>HANDLE_MEMORY_INFO] += 1
-            _memory_infos[key] = holder
-        return (<_MemoryInfoHandle>holder).handle
-
-
-_CPU_DEVICE = OrtDevice()
-
-
-def as_device(device, device_id=None):
-    """Normalise the many spellings of a device into an OrtDevice."""
-    if ((device is None or (type(device) is str and device == "cpu"))
-            and (device_id is None or (type(device_id) is int and device_id == 0))):
-        return _CPU_DEVICE          # the common case, first
-    if device_id is not None:
-        device_id = _device_id_argument(device_id)
-    if isinstance(device, OrtDevice):
-        if device_id is not None and device_id != (<OrtDevice>device).index:
-            raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
-        return device
-    if device is None:
-        return _CPU_DEVICE
-    if isinstance(device, str):
-        text = device.strip().lower()
-        index = 0
-        if ":" in text:
-            text, _, index_text = text.partition(":")
-            if not (index_text.isascii() and index_text.isdigit()):
-                raise OrtInvalidArgument(f"invalid device {device!r}: the index must be a number")
-            index = _device_id_argument(int(index_text))
-            if device_id is not None and device_id != index:
-                raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
-        elif device_id is not None:
-            index = device_id
-        if text == "cpu":
-            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_DEFAULT, index) if index == 0 else _bad_cpu_index(device)
-        if text in ("cuda", "gpu"):
-            return OrtDevice(_ORT_DEVICE_GPU, _ORT_MEM_DEFAULT, index)
-        if text in ("cuda_pinned", "cudapinned", "pinned"):
-            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_CUDA_PINNED, index)
-        raise OrtInvalidArgument(
-            f"unknown device {device!r}; expected 'cpu', 'cuda', 'cuda:<id>' or 'cuda_pinned'")
-    if hasattr(device, "device_type") and hasattr(device, "device_id"):
-        # onnxruntime's OrtDevice (or a look-alike): methods device_type(), device_id(), mem_type()
-        try:
-            mem_type = device.mem_type() if hasattr(device, "mem_type") else _ORT_MEM_DEFAULT
-            device_type, device_index = device.device_type(), device.device_id()
-        except Exception as exc:
-            raise OrtInvalidType(f"cannot interpret {device!r} as a device: its device_type(), "
-                                 f"device_id() or mem_type() failed: {exc}") from exc
-        for part, what in ((device_type, "device_type()"), (mem_type, "mem_type()"),
-                           (device_index, "device_id()")):
-            if isinstance(part, bool) or not hasattr(part, "__index__"):
-                raise OrtInvalidType(f"cannot interpret {device!r} as a device: its {what} "
-                                     f"returned {part!r}, not an int")
-        device = OrtDevice(device_type, mem_type, device_index)
-        if device_id is not None and device_id != (<OrtDevice>device).index:
-            raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
-        return device
-    if hasattr(device, "type") and hasattr(device, "index"):
-        # torch.device
-        kind, index = device.type, device.index
-        if not isinstance(kind, str):
-            raise OrtInvalidType(f"cannot interpret {device!r} as a device")
-        return as_device(kind if index is None else f"{kind}:{index}", device_id)
-    raise OrtInvalidType(f"cannot interpret {device!r} as a device")
-
-
-def _bad_cpu_index(device):
-    raise OrtInvalidArgument(f"invalid device {device!r}: the CPU has only device id 0")
-
-
 # ---- OrtValue ------------------------------------------------------------------------------------
-
-cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1:
-    cdef const char* name = NULL
-    cdef int mem_id = 0
-    cdef ort.OrtMemType mem_type = ort.OrtMemTypeDefault
-    check(ort.MemoryInfoGetName(info, &name))
-    check(ort.MemoryInfoGetId(info, &mem_id))
-    check(ort.MemoryInfoGetMemType(info, &mem_type))
-    device_id[0] = mem_id
-    text = name[:strlen(name)] if name != NULL else b""
-    # Classify by name first: pinned memory reports a GPU device type in recent releases.
-    if text == b"Cpu":
-        return MEMORY_CPU
-    if text == b"CudaPinned":
-        return MEMORY_CUDA_PINNED
-    if text == b"Cuda":
-        return MEMORY_CUDA
-    if mem_type == ort.OrtMemTypeCPUInput or mem_type == ort.OrtMemTypeCPUOutput:
-        return MEMORY_CPU
-    return MEMORY_OTHER
-
 
 @cython.final
 @cython.freelist(64)
@@ -567,6 +184,8 @@ cdef class OrtValue:
         device = as_device(device_type, device_id)
         if (<OrtDevice>device).kind != MEMORY_CPU:
             return _device_value_from_numpy(numpy_obj, device)
+        ensure_numpy()
+        npc.numpy_api()
         cdef list keep = []
         cdef ort.OrtValue* handle = tensor_for_feed(numpy_obj, None, -1, keep)
         owner = keep[len(keep) - 1] if keep else numpy_obj
@@ -660,9 +279,9 @@ cdef class OrtValue:
         self._require_tensor()
         if self.memory_kind not in (MEMORY_CPU, MEMORY_CUDA_PINNED):
             return _update_device_value(self, np_arr)
-        ensure_numpy()
+        np = numpy_module()
         target = value_to_numpy(self, True)
-        source = _np.asarray(np_arr)
+        source = np.asarray(np_arr)
         if source.shape != target.shape:
             raise OrtInvalidArgument(f"update_inplace: shape {source.shape} does not match the "
                                      f"value's shape {target.shape}")
@@ -673,14 +292,14 @@ cdef class OrtValue:
             if source.dtype.kind not in "OUS":
                 raise OrtInvalidArgument(f"update_inplace: dtype {source.dtype} does not match the "
                                          f"value's {self.data_type()}")
-            _fill_strings(self.handle, _encoded_strings(source))
+            fill_string_tensor(self.handle, source)
             return
         if source.dtype != target.dtype:
             raise OrtInvalidArgument(f"update_inplace: dtype {source.dtype} does not match the "
                                      f"value's {self.data_type()}")
         if self.readonly:
             raise OrtInvalidArgument("update_inplace: this value views read-only memory")
-        _np.copyto(target, source)
+        np.copyto(target, source)
 
     def close(self):
         """Release the ORT value. Views and DLPack capsules taken earlier stay valid: the memory
@@ -817,189 +436,6 @@ cdef OrtValue allocate_with(ort.OrtAllocator* allocator, list dims, int onnx_typ
     return wrap_value(handle, owner, None)
 
 
-cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL:
-    ensure_numpy()
-    if not npc.PyArray_Check(feed):
-        if isinstance(feed, _np.generic):
-            feed = _np.asarray(feed)
-            keep.append(feed)
-        else:
-            where = f"input {name!r}" if name is not None else "the value"
-            raise OrtInvalidType(
-                f"{where} must be a numpy.ndarray or an OrtValue, got {type(feed).__name__}")
-    cdef npc.PyArrayObject* arr = <npc.PyArrayObject*>feed
-    cdef int onnx_type = onnx_type_of_array(arr)
-    if onnx_type < 0:
-        where = f"input {name!r}" if name is not None else "array"
-        raise OrtInvalidArgument(f"{where}: NumPy dtype {feed.dtype} has no ONNX tensor equivalent")
-    if expected_type >= 0 and onnx_type != expected_type:
-        raise OrtInvalidArgument(
-            f"input {name!r} expects {tensor_type_name(expected_type)}, got a NumPy array of "
-            f"{feed.dtype} ({tensor_type_name(onnx_type)})")
-    if onnx_type == ORTAGENT_ELEM_STRING:
-        return _string_tensor(feed)
-    cdef int flags = npc.PyArray_FLAGS(arr)
-    if ((flags & npc.NPY_ARRAY_C_CONTIGUOUS) == 0 or (flags & npc.NPY_ARRAY_ALIGNED) == 0
-            or not npc.PyArray_ISNOTSWAPPED(arr)):
-        feed = _np.ascontiguousarray(feed, dtype=feed.dtype.newbyteorder("="))
-        keep.append(feed)
-        arr = <npc.PyArrayObject*>feed
-    cdef int ndim = npc.PyArray_NDIM(arr)
-    cdef int64_t stack_dims[MAX_INLINE_DIMS]
-    cdef int64_t* shape_ptr = stack_dims
-    cdef npc.npy_intp* np_dims = npc.PyArray_DIMS(arr)
-    cdef int i
-    cdef ort.OrtValue* handle = NULL
-    cdef void* data = npc.PyArray_DATA(arr)
-    cdef size_t nbytes = <size_t>npc.PyArray_NBYTES(arr)
-    cdef ort.OrtMemoryInfo* info = cpu_memory_info()
-    cdef ort.OrtStatus* status
-    if ndim > MAX_INLINE_DIMS:
-        shape_ptr = <int64_t*>malloc(ndim * sizeof(int64_t))
-        if shape_ptr == NULL:
-            raise MemoryError()
-    for i in range(ndim):
-        shape_ptr[i] = np_dims[i]
-    status = ort.CreateTensorWithDataAsOrtValue(info, data, nbytes, shape_ptr, <size_t>ndim,
-                                                <ort.ONNXTensorElementDataType>onnx_type, &handle)
-    if shape_ptr != stack_dims:
-        free(shape_ptr)
-    check(status)
-    return handle
-
-
-cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expected_type,
-                             list keep, bint* from_cache) except NULL:
-    from_cache[0] = False
-    cdef npc.PyArrayObject* arr
-    cdef int flags, ndim, i, onnx_type
-    cdef npc.npy_intp* np_dims
-    cdef bint eligible = False
-    if _numpy_ready and npc.PyArray_Check(feed):
-        arr = <npc.PyArrayObject*>feed
-        flags = npc.PyArray_FLAGS(arr)
-        ndim = npc.PyArray_NDIM(arr)
-        eligible = ((flags & npc.NPY_ARRAY_C_CONTIGUOUS) != 0 and (flags & npc.NPY_ARRAY_ALIGNED) != 0
-                    and npc.PyArray_ISNOTSWAPPED(arr) and ndim <= MAX_INLINE_DIMS
-                    and npc.PyArray_TYPE(arr) != npc.NPY_OBJECT)
-        if eligible and cache.value != NULL and cache.data == npc.PyArray_DATA(arr) \
-                and cache.ndim == ndim and cache.nbytes == <size_t>npc.PyArray_NBYTES(arr):
-            np_dims = npc.PyArray_DIMS(arr)
-            for i in range(ndim):
-                if cache.dims[i] != np_dims[i]:
-                    break
-            else:
-                onnx_type = onnx_type_of_array(arr)
-                if onnx_type == cache.elem_type and (expected_type < 0 or onnx_type == expected_type):
-                    cache.users += 1
-                    from_cache[0] = True
-                    return cache.value
-    cdef ort.OrtValue* handle = tensor_for_feed(feed, name, expected_type, keep)
-    if eligible and cache.users == 0:
-        # Keep this one for the next run, replacing the previous array's.
-        if cache.value != NULL:
-            ort.ReleaseValue(cache.value)
-        arr = <npc.PyArrayObject*>feed
-        cache.value = handle
-        cache.data = npc.PyArray_DATA(arr)
-        cache.nbytes = <size_t>npc.PyArray_NBYTES(arr)
-        cache.elem_type = onnx_type_of_array(arr)
-        cache.ndim = npc.PyArray_NDIM(arr)
-        np_dims = npc.PyArray_DIMS(arr)
-        for i in range(cache.ndim):
-            cache.dims[i] = np_dims[i]
-        cache.users = 1
-        from_cache[0] = True
-    return handle
-
-
-cdef list bound_output_values(ort.OrtIoBinding* binding, object session):
-    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) that keep
-    `session` alive, in binding order."""
-    cdef ort.OrtAllocator* allocator = NULL
-    cdef ort.OrtValue** values = NULL
-    cdef size_t count = 0, i
-    check(ort.GetAllocatorWithDefaultOptions(&allocator))
-    check(ort.GetBoundOutputValues(binding, allocator, &values, &count))
-    cdef list result = []
-    try:
-        for i in range(count):
-            result.append(wrap_value(values[i], None, session))
-            values[i] = NULL
-    finally:
-        for i in range(count):
-            if values[i] != NULL:
-                ort.ReleaseValue(values[i])
-        if values != NULL:
-            check(ort.AllocatorFree(allocator, values))
-    return result
-
-
-cdef void* tensor_data(ort.OrtValue* handle) noexcept:
-    """The data address of a tensor value; NULL for non-tensors, empty tensors or on error."""
-    cdef void* data = NULL
-    cdef ort.OrtStatus* status = ort.GetTensorMutableData(handle, &data)
-    if status != NULL:
-        ort.ReleaseStatus(status)
-        return NULL
-    return data
-
-
-cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** holders,
-                                    Py_ssize_t n_feeds, object session, object skip) except -1:
-    """onnxruntime may return a feed itself (a graph input that is also a graph output) or an
-    alias of it (Identity, Reshape, ...) as an output sharing the feed's buffer. That buffer may
-    be caller memory (a NumPy array, a value over caller memory) that only the feed kept alive:
-    such an output keeps the feed's owner (`holders[j]`) alive too, and is read-only where the
-    feed was. Outputs that are None or marked in `skip` are left alone."""
-    cdef Py_ssize_t i, j
-    cdef void* data
-    cdef OrtValue value
-    cdef object holder
-    for i in range(len(outputs)):
-        if outputs[i] is None or (skip is not None and skip[i]):
-            continue
-        value = outputs[i]
-        data = value.data if value.elem_type > 0 else tensor_data(value.handle)
-        if data == NULL:
-            continue
-        for j in range(n_feeds):
-            if feed_data[j] == data and holders[j] != NULL:
-                holder = <object>holders[j]
-                value.memory_owner = holder
-                if type(holder) is OrtValue:
-                    value.readonly = value.readonly or (<OrtValue>holder).readonly
-                elif _numpy_ready and npc.PyArray_Check(holder) and (
-                        npc.PyArray_FLAGS(<npc.PyArrayObject*>holder) & npc.NPY_ARRAY_WRITEABLE) == 0:
-                    value.readonly = True
-                break
-    return 0
-
-
-cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
-                                  object session, object skip) except -1:
-    """keep_aliased_feeds_alive_c with the feeds' owners in a list."""
-    cdef Py_ssize_t j
-    cdef PyObject** array = <PyObject**>malloc((n_feeds + 1) * sizeof(PyObject*))
-    if array == NULL:
-        raise MemoryError()
-    try:
-        for j in range(n_feeds):
-            array[j] = <PyObject*>holders[j] if holders[j] is not None else NULL
-        return keep_aliased_feeds_alive_c(outputs, feed_data, array, n_feeds, session, skip)
-    finally:
-        free(array)
-
-
-cdef void release_feed_view(FeedView* cache) noexcept:
-    cache.users -= 1
-
-
-cdef void clear_feed_view(FeedView* cache) noexcept:
-    if cache.value != NULL and cache.users == 0:
-        ort.ReleaseValue(cache.value)
-        cache.value = NULL
-
 
 cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevice device,
                                 object owner, bint readonly):
@@ -1035,54 +471,74 @@ cdef OrtValue value_over_memory(void* data, object dims, int elem_type, OrtDevic
     return value
 
 
-cdef list _encoded_strings(object arr):
-    """UTF-8 bytes of every item of `arr` (str or bytes), in C order."""
-    encoded = []
-    for item in arr.ravel(order="C").tolist():
-        if isinstance(item, bytes):
-            data = item
-        elif isinstance(item, str):
-            try:
-                data = item.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise OrtInvalidArgument(f"string {item!r} cannot be encoded as UTF-8: {exc}") from None
-        else:
-            raise OrtInvalidType(f"string tensors hold str or bytes, got {type(item).__name__}")
-        if b"\0" in data:
-            # The C API takes NUL-terminated strings: the rest would be dropped silently.
-            raise OrtInvalidArgument(f"string {item!r} contains a NUL character, which onnxruntime's "
-                                     "C API cannot store")
-        encoded.append(data)
-    return encoded
-
-
-cdef int _fill_strings(ort.OrtValue* handle, list encoded) except -1:
-    cdef Py_ssize_t n = len(encoded), i
-    cdef const char** pointers = <const char**>malloc(max(n, 1) * sizeof(char*))
-    if pointers == NULL:
-        raise MemoryError()
+cdef list bound_output_values(ort.OrtIoBinding* binding, object session):
+    """The output values an IoBinding holds, as new OrtValues (sharing the buffers) that keep
+    `session` alive, in binding order."""
+    cdef ort.OrtAllocator* allocator = NULL
+    cdef ort.OrtValue** values = NULL
+    cdef size_t count = 0, i
+    check(ort.GetAllocatorWithDefaultOptions(&allocator))
+    check(ort.GetBoundOutputValues(binding, allocator, &values, &count))
+    cdef list result = []
     try:
-        for i in range(n):
-            pointers[i] = <const char*>(<bytes>encoded[i])
-        check(ort.FillStringTensor(handle, pointers, <size_t>n))
+        for i in range(count):
+            result.append(wrap_value(values[i], None, session))
+            values[i] = NULL
     finally:
-        free(pointers)
+        for i in range(count):
+            if values[i] != NULL:
+                ort.ReleaseValue(values[i])
+        if values != NULL:
+            check(ort.AllocatorFree(allocator, values))
+    return result
+
+
+cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** holders,
+                                    Py_ssize_t n_feeds, object session, object skip) except -1:
+    """onnxruntime may return a feed itself (a graph input that is also a graph output) or an
+    alias of it (Identity, Reshape, ...) as an output sharing the feed's buffer. That buffer may
+    be caller memory (a NumPy array, a value over caller memory) that only the feed kept alive:
+    such an output keeps the feed's owner (`holders[j]`) alive too, and is read-only where the
+    feed was. Outputs that are None or marked in `skip` are left alone."""
+    cdef Py_ssize_t i, j
+    cdef void* data
+    cdef OrtValue value
+    cdef object holder
+    for i in range(len(outputs)):
+        if outputs[i] is None or (skip is not None and skip[i]):
+            continue
+        value = outputs[i]
+        data = value.data if value.elem_type > 0 else tensor_data(value.handle)
+        if data == NULL:
+            continue
+        for j in range(n_feeds):
+            if feed_data[j] == data and holders[j] != NULL:
+                holder = <object>holders[j]
+                value.memory_owner = holder
+                if type(holder) is OrtValue:
+                    value.readonly = value.readonly or (<OrtValue>holder).readonly
+                elif npc.PyArray_API != NULL and npc.PyArray_Check(holder) and (
+                        npc.PyArray_FLAGS(<npc.PyArrayObject*>holder) & npc.NPY_ARRAY_WRITEABLE) == 0:
+                    value.readonly = True
+                break
     return 0
 
 
-cdef ort.OrtValue* _string_tensor(object arr) except NULL:
-    """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects)."""
-    ensure_loaded()      # this can be a process's first call into onnxruntime
-    encoded = _encoded_strings(arr)
-    cdef ort.OrtAllocator* allocator = NULL
-    check(ort.GetAllocatorWithDefaultOptions(&allocator))
-    cdef OrtValue value = allocate_with(allocator, list(arr.shape), ORTAGENT_ELEM_STRING, None)
-    _fill_strings(value.handle, encoded)
-    # Hand the handle over to the caller.
-    cdef ort.OrtValue* handle = value.handle
-    value.handle = NULL
-    _live[<int>HANDLE_VALUE] -= 1
-    return handle
+cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
+                                  object session, object skip) except -1:
+    """keep_aliased_feeds_alive_c with the feeds' owners in a list."""
+    cdef Py_ssize_t j
+    cdef PyObject** array = <PyObject**>malloc((n_feeds + 1) * sizeof(PyObject*))
+    if array == NULL:
+        raise MemoryError()
+    try:
+        for j in range(n_feeds):
+            array[j] = <PyObject*>holders[j] if holders[j] is not None else NULL
+        return keep_aliased_feeds_alive_c(outputs, feed_data, array, n_feeds, session, skip)
+    finally:
+        free(array)
+
+
 
 
 cdef object _strings_to_numpy(OrtValue value):
@@ -1103,7 +559,7 @@ cdef object _strings_to_numpy(OrtValue value):
     finally:
         free(buffer)
         free(offsets)
-    result = _np.empty(count, dtype=object)
+    result = numpy_module().empty(count, dtype=object)
     result[:] = items
     return result.reshape([value.dims[i] for i in range(value.ndim)])
 
@@ -1131,6 +587,7 @@ cdef object export_guard(OrtValue value):
 
 cdef object value_to_numpy(OrtValue value, bint tracked):
     ensure_numpy()
+    npc.numpy_api()
     value.describe()
     if not value.is_tensor_value:
         raise OrtNotImplemented("this OrtValue is not a tensor; ortagent converts tensors only")
@@ -1142,7 +599,7 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     cdef npc.npy_intp* dims = stack_dims
     cdef int i
     cdef npc.PyArray_Descr* descr
-    cdef int npy_type = _npy_type_of(value.elem_type)
+    cdef int npy_type = npy_type_of(value.elem_type)
     if npy_type >= 0:
         descr = npc.PyArray_DescrFromType(npy_type)
     else:
@@ -1177,52 +634,6 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     npc.PyArray_SetBaseObject(<npc.PyArrayObject*>array, <PyObject*>base)
     return array
 
-
-cdef int element_size(int elem_type) noexcept:
-    """Bytes per element; 0 for strings, sub-byte types and unknown numbers."""
-    cdef const ortagent_element_info* info = ortagent_element_info_of(elem_type)
-    return info.item_size if info != NULL else 0
-
-
-cdef bint has_builtin_numpy_type(int elem_type) noexcept:
-    return elem_type != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING and _npy_type_of(elem_type) >= 0
-
-
-cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
-                             ort.OrtValue** tensor_out):
-    ensure_numpy()
-    cdef npc.npy_intp npy_dims[MAX_INLINE_DIMS]
-    cdef int i
-    if ndim > MAX_INLINE_DIMS or not has_builtin_numpy_type(elem_type):
-        raise OrtInvalidArgument(f"no preallocated NumPy output for {tensor_type_name(elem_type)} "
-                                 f"of rank {ndim}")
-    for i in range(ndim):
-        npy_dims[i] = <npc.npy_intp>dims[i]
-    array = npc.PyArray_NewFromDescr(&npc.PyArray_Type, npc.PyArray_DescrFromType(_npy_type_of(elem_type)),
-                                     ndim, npy_dims, NULL, NULL, 0, NULL)
-    check(ort.CreateTensorWithDataAsOrtValue(
-        cpu_memory_info(), npc.PyArray_DATA(<npc.PyArrayObject*>array),
-        <size_t>npc.PyArray_NBYTES(<npc.PyArrayObject*>array), dims, <size_t>ndim,
-        <ort.ONNXTensorElementDataType>elem_type, tensor_out))
-    return array
-
-
-cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const void* data, size_t nbytes):
-    """A new C-contiguous NumPy array (type and shape as in new_output_array) holding a copy of
-    the `nbytes` bytes at `data` (InferenceSession.run's small outputs, see _session.pyx)."""
-    ensure_numpy()
-    cdef npc.npy_intp npy_dims[MAX_INLINE_DIMS]
-    cdef int i
-    if ndim > MAX_INLINE_DIMS or not has_builtin_numpy_type(elem_type):
-        raise OrtInvalidArgument(f"no NumPy array for {tensor_type_name(elem_type)} of rank {ndim}")
-    for i in range(ndim):
-        npy_dims[i] = <npc.npy_intp>dims[i]
-    array = npc.PyArray_NewFromDescr(&npc.PyArray_Type, npc.PyArray_DescrFromType(_npy_type_of(elem_type)),
-                                     ndim, npy_dims, NULL, NULL, 0, NULL)
-    if <size_t>npc.PyArray_NBYTES(<npc.PyArrayObject*>array) != nbytes:
-        raise OrtInvalidArgument("new_array_from: the array and the data differ in size")
-    memcpy(npc.PyArray_DATA(<npc.PyArrayObject*>array), data, nbytes)
-    return array
 
 
 cdef int copy_tensors(list sources, list destinations) except -1:
@@ -1294,13 +705,9 @@ def _device_module():
     return _device_cache[0]
 
 
-def numpy_dtype_for_element_type(int elem_type):
-    return numpy_dtype_for(elem_type)
-
 
 def _device_value_from_numpy(numpy_obj, device):
-    ensure_numpy()
-    return _device_module().from_host(_np.asarray(numpy_obj), device)
+    return _device_module().from_host(numpy_module().asarray(numpy_obj), device)
 
 
 def _allocate_device_value(dims, onnx_type, device):
@@ -1308,8 +715,7 @@ def _allocate_device_value(dims, onnx_type, device):
 
 
 def _update_device_value(value, np_arr):
-    ensure_numpy()
-    source = OrtValue.ortvalue_from_numpy(_np.asarray(np_arr))
+    source = OrtValue.ortvalue_from_numpy(numpy_module().asarray(np_arr))
     if source.shape() != value.shape() or source.element_type() != value.element_type():
         raise OrtInvalidArgument(f"update_inplace: {source!r} does not match {value!r}")
     _device_module().copy(source, value)

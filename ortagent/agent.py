@@ -39,8 +39,9 @@ from typing import Any
 
 from ortagent._agent import PartialGraphExecutionState, _AgentEngine, _AgentHotPath
 from ortagent._options import RunOptions, SessionOptions
-from ortagent._session import IOBinding
-from ortagent._values import OrtDevice, OrtValue, as_device, output_target
+from ortagent._iobinding import IOBinding
+from ortagent._memory import OrtDevice, as_device
+from ortagent._values import OrtValue, output_target
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,

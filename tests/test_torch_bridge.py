@@ -4,7 +4,6 @@ statistics, dropout masks, optimizer runs, accumulation, eval / no_grad, refusal
 from __future__ import annotations
 
 import copy
-import math
 import os
 import subprocess
 import sys
@@ -104,44 +103,12 @@ def _cnn():
                          nn.Linear(8 * 2 * 2, 5, bias=False), nn.BatchNorm1d(5))
 
 
-def _gpt_block_class():
-    torch = _torch()
-    nn = torch.nn
+def _char_gpt_demo():
+    """demo/train_char_gpt.py as a module: its CharGPT is the one GPT model of the tests, the
+    demo and the benchmark."""
+    from conftest import load_file_module
 
-    class TinyGPT(nn.Module):
-        """Embedding + positions, one pre-LN block (causal attention, GELU MLP), tied head."""
-
-        def __init__(self, vocab=23, d=16, heads=2, ctx=8, dropout=0.0):
-            super().__init__()
-            self.heads = heads
-            self.wte = nn.Embedding(vocab, d)
-            self.wpe = nn.Embedding(ctx, d)
-            self.ln1 = nn.LayerNorm(d)
-            self.qkv = nn.Linear(d, 3 * d)
-            self.proj = nn.Linear(d, d)
-            self.ln2 = nn.LayerNorm(d)
-            self.fc = nn.Linear(d, 4 * d)
-            self.out = nn.Linear(4 * d, d)
-            self.drop = nn.Dropout(dropout)
-            self.lnf = nn.LayerNorm(d)
-            self.head = nn.Linear(d, vocab, bias=False)
-            self.head.weight = self.wte.weight            # tied
-            self.register_buffer("causal", torch.tril(torch.ones(ctx, ctx, dtype=torch.bool)))
-
-        def forward(self, idx):
-            b, t = idx.shape
-            pos = torch.arange(t, device=idx.device)
-            x = self.drop(self.wte(idx) + self.wpe(pos))
-            q, k, v = self.qkv(self.ln1(x)).split(x.shape[-1], dim=-1)
-            q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
-            att = att.masked_fill(~self.causal[:t, :t], float("-inf")).softmax(-1)
-            y = (att @ v).transpose(1, 2).reshape(b, t, -1)
-            x = x + self.drop(self.proj(y))
-            x = x + self.drop(self.out(torch.nn.functional.gelu(self.fc(self.ln2(x)))))
-            return self.head(self.lnf(x))
-
-    return TinyGPT
+    return load_file_module("train_char_gpt", os.path.join(REPO_ROOT, "demo", "train_char_gpt.py"))
 
 
 def _ce(out):
@@ -281,14 +248,15 @@ def test_functional_dropout_and_attention_weights():
 
 def test_gpt_block_tied_head():
     torch = _torch()
-    gpt = _gpt_block_class()
+    char_gpt = _char_gpt_demo().CharGPT
     idx = torch.randint(0, 23, (2, 8), generator=torch.Generator().manual_seed(1))
 
     def loss(logits):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                                  torch.roll(idx, -1, 1).reshape(-1))
 
-    eager, bridged, errors = _compare(lambda: gpt(dropout=0.1), lambda step: (idx,), loss, steps=2)
+    eager, bridged, errors = _compare(lambda: char_gpt(23, ctx=8, d=16, heads=2, layers=1, dropout=0.1),
+                                      lambda step: (idx,), loss, steps=2)
     assert bridged.module.head.weight is bridged.module.wte.weight
     assert errors["grad"] < 1e-5
 
@@ -501,9 +469,7 @@ def test_ddp_over_ortmodule_matches_single_process(tmp_path):
 
 def test_char_gpt_demo_tracks_eager():
     """demo/train_char_gpt.py (make demo-torch), a few steps: the bridge's loss curve is eager's."""
-    from conftest import load_file_module
-
-    demo = load_file_module("train_char_gpt", os.path.join(REPO_ROOT, "demo", "train_char_gpt.py"))
+    demo = _char_gpt_demo()
     text = demo.load_text("textwrap")[:4000]
     result = demo.train(text, steps=4, batch=4, ctx=16, d=32, layers=1)
     assert len(result.bridge_losses) == len(result.eager_losses) == 4

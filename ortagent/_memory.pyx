@@ -1,0 +1,263 @@
+# cython: language_level=3
+"""Where memory lives: OrtDevice (cpu, cuda:N, cuda_pinned), the onnxruntime memory
+descriptions behind it (owned here for the life of the process), and the reverse mapping from a
+memory description to a MemoryKind.
+"""
+
+cimport cython
+from libc.string cimport strlen
+
+from operator import index as _index
+
+from ortagent cimport _capi as ort
+from ortagent._runtime cimport (
+    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_MEMORY_INFO,
+)
+
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
+
+ort.ortagent_rt = shared_runtime()
+cdef Py_ssize_t* _live = live_handle_counts()
+
+# ---- memory descriptions -----------------------------------------------------------------------
+
+cdef ort.OrtMemoryInfo* _cpu_memory_info = NULL
+
+cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL:
+    global _cpu_memory_info
+    if _cpu_memory_info == NULL:
+        ensure_loaded()
+        check(ort.CreateCpuMemoryInfo(ort.OrtArenaAllocator, ort.OrtMemTypeDefault,
+                                      &_cpu_memory_info))
+    return _cpu_memory_info
+
+
+# Device ids and types are C ints in onnxruntime's memory descriptions.
+_INT_MAX = 2**31 - 1
+
+
+def _int_argument(value, what):
+    """`value` as a Python int (anything with __index__, not bool), else OrtInvalidType."""
+    if isinstance(value, bool):
+        raise OrtInvalidType(f"{what} must be an int, got bool")
+    try:
+        return _index(value)
+    except TypeError:
+        raise OrtInvalidType(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+def _device_id_argument(value):
+    device_id = _int_argument(value, "device_id")
+    if not 0 <= device_id <= _INT_MAX:
+        raise OrtInvalidArgument(f"device_id must be in [0, {_INT_MAX}], got {device_id}")
+    return device_id
+
+
+_DEVICE_NAMES = {MEMORY_CPU: "cpu", MEMORY_CUDA: "cuda", MEMORY_CUDA_PINNED: "cuda_pinned"}
+# onnxruntime's OrtDevice numbering (device type; memory type).
+_ORT_DEVICE_CPU, _ORT_DEVICE_GPU = 0, 1
+_ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE = 0, 1, 5
+# Memory descriptions by (kind, index), owned here for the life of the process.
+cdef dict _memory_infos = {}
+
+
+cdef class _MemoryInfoHandle:
+    cdef ort.OrtMemoryInfo* handle
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            ort.ReleaseMemoryInfo(self.handle)
+            _live[<int>HANDLE_MEMORY_INFO] -= 1
+
+
+@cython.final
+cdef class OrtDevice:
+    """Where a tensor lives: ``cpu``, ``cuda:<id>`` or ``cuda_pinned`` (page-locked host memory).
+
+    Accepted wherever a device is expected, as are the strings ``"cpu"``, ``"cuda"``,
+    ``"cuda:1"``, ``"cuda_pinned"`` and objects shaped like onnxruntime's own ``OrtDevice``
+    (``device_type()``, ``device_id()`` and optionally ``mem_type()``).
+    Constructor arguments follow onnxruntime's: ``OrtDevice(device_type, memory_type, device_id)``
+    with device type 0 = CPU, 1 = GPU and memory type 0 = default, 1 = CUDA pinned.
+    """
+
+    def __init__(self, device_type=0, memory_type=0, device_id=0):
+        device_type = _int_argument(device_type, "device_type")
+        memory_type = _int_argument(memory_type, "memory_type")
+        device_id = _device_id_argument(device_id)
+        if device_type == _ORT_DEVICE_CPU and memory_type == _ORT_MEM_DEFAULT:
+            self.kind = MEMORY_CPU
+        elif device_type == _ORT_DEVICE_GPU and memory_type == _ORT_MEM_DEFAULT:
+            self.kind = MEMORY_CUDA
+        elif memory_type in (_ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE) and device_type in (
+                _ORT_DEVICE_CPU, _ORT_DEVICE_GPU):
+            self.kind = MEMORY_CUDA_PINNED
+        else:
+            raise OrtInvalidArgument(
+                f"unsupported device (device_type={device_type}, memory_type={memory_type}); "
+                "ortagent supports CPU (0, 0), CUDA (1, 0) and CUDA pinned memory (0 or 1, 1)")
+        self.index = device_id
+
+    # onnxruntime-compatible helpers
+    @staticmethod
+    def cpu():
+        return _ORT_DEVICE_CPU
+
+    @staticmethod
+    def cuda():
+        return _ORT_DEVICE_GPU
+
+    @staticmethod
+    def default_memory():
+        return _ORT_MEM_DEFAULT
+
+    @staticmethod
+    def cuda_pinned_memory():
+        return _ORT_MEM_CUDA_PINNED
+
+    def device_type(self):
+        return _ORT_DEVICE_GPU if self.kind == MEMORY_CUDA else _ORT_DEVICE_CPU
+
+    def mem_type(self):
+        return _ORT_MEM_CUDA_PINNED if self.kind == MEMORY_CUDA_PINNED else _ORT_MEM_DEFAULT
+
+    def device_id(self):
+        return self.index
+
+    @property
+    def name(self):
+        """'cpu', 'cuda' or 'cuda_pinned'."""
+        return _DEVICE_NAMES[self.kind]
+
+    @staticmethod
+    def parse(device, device_id=None):
+        """An OrtDevice from a string ('cuda:1'), an OrtDevice or an onnxruntime OrtDevice."""
+        return as_device(device, device_id)
+
+    def __repr__(self):
+        if self.kind == MEMORY_CUDA:
+            return f"OrtDevice('cuda:{self.index}')"
+        if self.kind == MEMORY_CUDA_PINNED:
+            return f"OrtDevice('cuda_pinned:{self.index}')" if self.index else "OrtDevice('cuda_pinned')"
+        return "OrtDevice('cpu')"
+
+    def __eq__(self, other):
+        if not isinstance(other, OrtDevice):
+            return NotImplemented
+        return self.kind == (<OrtDevice>other).kind and self.index == (<OrtDevice>other).index
+
+    def __hash__(self):
+        return hash((self.kind, self.index))
+
+    def __reduce__(self):
+        return (OrtDevice, (self.device_type(), self.mem_type(), self.index))
+
+    cdef ort.OrtMemoryInfo* memory_info(self) except NULL:
+        if self.kind == MEMORY_CPU:
+            return cpu_memory_info()
+        key = (self.kind, self.index)
+        holder = _memory_infos.get(key)
+        if holder is None:
+            ensure_loaded()
+            holder = _MemoryInfoHandle.__new__(_MemoryInfoHandle)
+            if self.kind == MEMORY_CUDA:
+                check(ort.CreateMemoryInfo(b"Cuda", ort.OrtDeviceAllocator, self.index,
+                                           ort.OrtMemTypeDefault, &(<_MemoryInfoHandle>holder).handle))
+            elif self.kind == MEMORY_CUDA_PINNED:
+                check(ort.CreateMemoryInfo(b"CudaPinned", ort.OrtDeviceAllocator, self.index,
+                                           ort.OrtMemTypeCPUOutput,
+                                           &(<_MemoryInfoHandle>holder).handle))
+            else:
+                raise OrtNotImplemented(f"no memory description for {self!r}")
+            _live[<int>HANDLE_MEMORY_INFO] += 1
+            _memory_infos[key] = holder
+        return (<_MemoryInfoHandle>holder).handle
+
+
+_CPU_DEVICE = OrtDevice()
+
+
+def as_device(device, device_id=None):
+    """Normalise the many spellings of a device into an OrtDevice."""
+    if ((device is None or (type(device) is str and device == "cpu"))
+            and (device_id is None or (type(device_id) is int and device_id == 0))):
+        return _CPU_DEVICE          # the common case, first
+    if device_id is not None:
+        device_id = _device_id_argument(device_id)
+    if isinstance(device, OrtDevice):
+        if device_id is not None and device_id != (<OrtDevice>device).index:
+            raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
+        return device
+    if device is None:
+        return _CPU_DEVICE
+    if isinstance(device, str):
+        text = device.strip().lower()
+        index = 0
+        if ":" in text:
+            text, _, index_text = text.partition(":")
+            if not (index_text.isascii() and index_text.isdigit()):
+                raise OrtInvalidArgument(f"invalid device {device!r}: the index must be a number")
+            index = _device_id_argument(int(index_text))
+            if device_id is not None and device_id != index:
+                raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
+        elif device_id is not None:
+            index = device_id
+        if text == "cpu":
+            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_DEFAULT, index) if index == 0 else _bad_cpu_index(device)
+        if text in ("cuda", "gpu"):
+            return OrtDevice(_ORT_DEVICE_GPU, _ORT_MEM_DEFAULT, index)
+        if text in ("cuda_pinned", "cudapinned", "pinned"):
+            return OrtDevice(_ORT_DEVICE_CPU, _ORT_MEM_CUDA_PINNED, index)
+        raise OrtInvalidArgument(
+            f"unknown device {device!r}; expected 'cpu', 'cuda', 'cuda:<id>' or 'cuda_pinned'")
+    if hasattr(device, "device_type") and hasattr(device, "device_id"):
+        # onnxruntime's OrtDevice (or a look-alike): methods device_type(), device_id(), mem_type()
+        try:
+            mem_type = device.mem_type() if hasattr(device, "mem_type") else _ORT_MEM_DEFAULT
+            device_type, device_index = device.device_type(), device.device_id()
+        except Exception as exc:
+            raise OrtInvalidType(f"cannot interpret {device!r} as a device: its device_type(), "
+                                 f"device_id() or mem_type() failed: {exc}") from exc
+        for part, what in ((device_type, "device_type()"), (mem_type, "mem_type()"),
+                           (device_index, "device_id()")):
+            if isinstance(part, bool) or not hasattr(part, "__index__"):
+                raise OrtInvalidType(f"cannot interpret {device!r} as a device: its {what} "
+                                     f"returned {part!r}, not an int")
+        device = OrtDevice(device_type, mem_type, device_index)
+        if device_id is not None and device_id != (<OrtDevice>device).index:
+            raise OrtInvalidArgument(f"device {device!r} given with a different device_id {device_id}")
+        return device
+    if hasattr(device, "type") and hasattr(device, "index"):
+        # torch.device
+        kind, index = device.type, device.index
+        if not isinstance(kind, str):
+            raise OrtInvalidType(f"cannot interpret {device!r} as a device")
+        return as_device(kind if index is None else f"{kind}:{index}", device_id)
+    raise OrtInvalidType(f"cannot interpret {device!r} as a device")
+
+
+def _bad_cpu_index(device):
+    raise OrtInvalidArgument(f"invalid device {device!r}: the CPU has only device id 0")
+
+
+
+cdef int memory_kind_of(const ort.OrtMemoryInfo* info, int* device_id) except -1:
+    cdef const char* name = NULL
+    cdef int mem_id = 0
+    cdef ort.OrtMemType mem_type = ort.OrtMemTypeDefault
+    check(ort.MemoryInfoGetName(info, &name))
+    check(ort.MemoryInfoGetId(info, &mem_id))
+    check(ort.MemoryInfoGetMemType(info, &mem_type))
+    device_id[0] = mem_id
+    text = name[:strlen(name)] if name != NULL else b""
+    # Classify by name first: pinned memory reports a GPU device type in recent releases.
+    if text == b"Cpu":
+        return MEMORY_CPU
+    if text == b"CudaPinned":
+        return MEMORY_CUDA_PINNED
+    if text == b"Cuda":
+        return MEMORY_CUDA
+    if mem_type == ort.OrtMemTypeCPUInput or mem_type == ort.OrtMemTypeCPUOutput:
+        return MEMORY_CPU
+    return MEMORY_OTHER
+

@@ -1,0 +1,46 @@
+# cython: language_level=3
+from libc.stdint cimport int64_t
+from ortagent cimport _capi as ort
+from ortagent._dtypes cimport MAX_INLINE_DIMS
+
+# A new ORT tensor over a NumPy array's memory (or over a contiguous copy, appended to `keep`).
+# `expected_type` (ONNX element type, or -1) is checked first and reported with `name`.
+# The caller owns the returned handle and must keep the array (and `keep`) alive while it lives.
+cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, list keep) except NULL
+
+# A reusable tensor over the memory of the NumPy array last fed to one input. A run that feeds
+# an array with the same address, size, element type and shape reuses the tensor instead of
+# creating one: the tensor is only a description of that memory, so it describes the new array
+# exactly. `users` counts the runs using `value` (changed with the GIL held).
+cdef struct FeedView:
+    ort.OrtValue* value
+    void* data
+    size_t nbytes
+    int elem_type
+    int ndim
+    int64_t dims[MAX_INLINE_DIMS]
+    Py_ssize_t users
+
+# The tensor for `feed` (see tensor_for_feed). When `*from_cache` comes back true the tensor
+# belongs to `cache` and the caller must call release_feed_view(cache) once done with it;
+# otherwise the caller owns the returned handle.
+cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expected_type,
+                             list keep, bint* from_cache) except NULL
+cdef void release_feed_view(FeedView* cache) noexcept
+cdef void clear_feed_view(FeedView* cache) noexcept
+
+# The data address of a tensor value (NULL for non-tensors, empty tensors, errors).
+cdef void* tensor_data(ort.OrtValue* handle) noexcept
+
+# A new ORT string tensor holding UTF-8 copies of a NumPy array's items (str, bytes or objects).
+cdef ort.OrtValue* string_tensor(object arr) except NULL
+# Refill string tensor `handle` with UTF-8 copies of `arr`'s items (as many as it holds).
+cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1
+
+# A new C-contiguous NumPy array of ONNX element type `elem_type` (one NumPy has a builtin type
+# for) and shape dims[:ndim], and in tensor_out a new tensor over its memory, for onnxruntime to
+# write an output into; the caller releases the tensor, the array owns the memory.
+cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
+                             ort.OrtValue** tensor_out)
+# A new C-contiguous NumPy array like new_output_array's, holding a copy of `nbytes` at `data`.
+cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const void* data, size_t nbytes)
