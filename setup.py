@@ -32,6 +32,14 @@ extra_compile_args = (["-O2", "-Wno-unused-function", *STRICT_C_WARNINGS]
                       + shlex.split(os.environ.get("ORTAGENT_CFLAGS", "")))
 extra_link_args = shlex.split(os.environ.get("ORTAGENT_LDFLAGS", ""))
 
+# ORTAGENT_FREETHREADING=1 builds modules that declare free-threading support (Cython's
+# freethreading_compatible: a free-threaded CPython, 3.13t+, then keeps the GIL off when they are
+# imported). Off by default: ortagent's per-object bookkeeping (run counters, feed caches, the
+# agent's run states) is still protected by the GIL alone, so only runs that share no ortagent
+# object between threads (a session and values per thread) are safe without it. See README,
+# "Performance" (free-threaded CPython).
+FREETHREADING = os.environ.get("ORTAGENT_FREETHREADING", "") == "1"
+
 extensions = [
     Extension(
         f"ortagent.{name}",
@@ -66,6 +74,7 @@ setup(
             "warn.unreachable": True,
             "warn.maybe_uninitialized": True,
             "warn.unused": True,
+            "freethreading_compatible": FREETHREADING,
         },
         include_path=["."],
     ),

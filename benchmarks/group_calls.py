@@ -10,6 +10,11 @@ MLP 3x256 batch 32. For each model, in every round and in a random order:
   ``run_with_iobinding`` (inputs bound once, outputs bound to the CPU);
 * onnxruntime's Python: the same three calls.
 
+Two more blocks: a 64 MiB output (``models.large_output``: y = Expand(x[1])), C ``Run`` vs
+ortagent's and onnxruntime's ``run``; and a serving loop on Identity f32[1]: each run gets a new
+feed dict holding the next of 1,000 distinct NumPy arrays (made before timing), as a server
+handing each request's array to ``run`` does, instead of the same dict and array every call.
+
 The per-extra-input+output-pair figure of each contender is, per round,
 (10-in/10-out time - Identity time) / 9.
 """
@@ -117,6 +122,52 @@ def _contenders(name: str, settings, program, library, servers: list):
     return rows
 
 
+SERVING_ARRAYS = 1000
+
+
+def _extra_contenders(settings, program, library, servers: list):
+    """The 64 MiB output block and the serving-loop block (see the module docstring)."""
+    import itertools
+
+    import ortagent
+
+    large = []
+    proto = models.large_output()
+    path = settings.workdir / "large_output.onnx"
+    path.write_bytes(proto.SerializeToString())
+    feeds = {"x": np.ones(1, np.float32)}
+    t = "64 MiB output"
+    server = BurstServer([str(program), str(path), "--serve", "--lib", str(library),
+                          "--threads", str(_common.INTRA_OP_THREADS),
+                          "--inter-threads", str(_common.INTER_OP_THREADS), "--opt-level", "all"],
+                         what="ort_floor large_output")
+    servers.append(server)
+    large.append((Served("large/c-run", f"{t}: C Run", "C", server, "run"), None, None))
+    oa = ortagent.InferenceSession(path.read_bytes(), _common.ortagent_options())
+    ort = _common.onnxruntime_session(path.read_bytes())
+    expect, got = oa.run(None, feeds)[0], ort.run(None, feeds)[0]
+    assert expect.shape == got.shape == (16 << 20,) and expect[-1] == got[-1] == 1.0
+    large.append((PyCalls("large/oa-run", f"{t}: ortagent run", "ortagent", oa.run, None, dict(feeds)),
+                  "large/c-run", "large/ort-run"))
+    large.append((PyCalls("large/ort-run", f"{t}: onnxruntime run", "onnxruntime", ort.run, None,
+                          dict(feeds)), "large/c-run", None))
+
+    serving = []
+    model_bytes = models.identity().SerializeToString()
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(1).astype(np.float32) for _ in range(SERVING_ARRAYS)]
+    t = f"serving loop, Identity f32[1], a new feed dict and one of {SERVING_ARRAYS:,} arrays each run"
+    for side, tag, sess in (("ortagent", "oa", ortagent.InferenceSession(model_bytes, _common.ortagent_options())),
+                            ("onnxruntime", "ort", _common.onnxruntime_session(model_bytes))):
+        np.testing.assert_array_equal(sess.run(None, {"x": arrays[7]})[0], arrays[7])
+
+        def serve(run=sess.run, following=itertools.cycle(arrays).__next__):
+            return run(None, {"x": following()})
+        serving.append((PyCalls(f"serving/{tag}-run", f"{t}: {side} run", side, serve),
+                        "identity/c-run", "serving/ort-run" if tag == "oa" else None))
+    return [large, serving]
+
+
 def run(settings) -> Group:
     started = time.perf_counter()
     group = Group("calls", "1. call overhead (µs per call)", rounds=settings.rounds["calls"],
@@ -130,13 +181,14 @@ def run(settings) -> Group:
     servers: list[BurstServer] = []
     try:
         plan = {name: _contenders(name, settings, program, library, servers) for name in MODEL_ORDER}
-        blocks = [[c for c, _, _ in plan[name]] for name in MODEL_ORDER]
+        plan["large"], plan["serving"] = _extra_contenders(settings, program, library, servers)
+        blocks = [[c for c, _, _ in plan[name]] for name in plan]
         samples = run_rounds(blocks, settings.rounds["calls"], settings.burst_s,
                              desc="1/5 call overhead", seed=settings.seed, clock=settings.clock)
     finally:
         for server in servers:
             server.close()
-    for name in MODEL_ORDER:
+    for name in plan:
         for contender, ref, peer in plan[name]:
             group.rows.append(Row(contender.key, contender.label, contender.side,
                                   samples[contender.key], ref=ref, peer=peer,

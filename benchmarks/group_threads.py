@@ -8,6 +8,9 @@ batch 32 (the kernels dominate). For each model and library, in every round (ran
 * 2 threads, each with its own session;
 * 2 threads sharing one session.
 
+On a free-threaded CPython with the GIL off (3.13t+, ortagent built with
+ORTAGENT_FREETHREADING=1) a fourth contender runs 4 threads with a session each.
+
 Sessions have 1 intra-op thread, so two Python threads can at best use two cores; what stops
 them is the GIL held outside ORT's ``Run``. A burst starts the threads, releases them together
 and takes the wall time from the first start to the last end; the figure is that time per call
@@ -19,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import os
 import statistics
+import sys
+import sysconfig
 import time
 
 import _common
@@ -27,6 +32,9 @@ from _harness import Threaded, run_rounds
 from _report import Group, Row
 
 MODELS = (("identity", "Identity f32[1]"), ("add", "Add f32[16]"), ("mlp", "MLP 3x256 b32"))
+# On a free-threaded CPython (3.13t+) with the GIL off, also 4 threads with a session each.
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED")) and not getattr(
+    sys, "_is_gil_enabled", lambda: True)()
 
 
 def run(settings) -> Group:
@@ -49,12 +57,21 @@ def run(settings) -> Group:
                 ("onnxruntime", "ort", lambda: _common.onnxruntime_session(data))):
             one, other = make(), make()
             single = f"{name}/{tag}-1"
-            for key, label, calls in (
-                    (single, "1 thread", [(one.run, (None, dict(feeds)))]),
-                    (f"{name}/{tag}-2-separate", "2 threads, a session each",
-                     [(one.run, (None, dict(feeds))), (other.run, (None, dict(feeds)))]),
-                    (f"{name}/{tag}-2-shared", "2 threads, one shared session",
-                     [(one.run, (None, dict(feeds))), (one.run, (None, dict(feeds)))])):
+            cases = [
+                (single, "1 thread", [(one.run, (None, dict(feeds)))]),
+                (f"{name}/{tag}-2-separate", "2 threads, a session each",
+                 [(one.run, (None, dict(feeds))), (other.run, (None, dict(feeds)))]),
+                (f"{name}/{tag}-2-shared", "2 threads, one shared session",
+                 [(one.run, (None, dict(feeds))), (one.run, (None, dict(feeds)))])]
+            if FREE_THREADED:
+                # ortagent's per-session bookkeeping is still GIL-guarded (README, free-threaded
+                # CPython): no shared-session rows without the GIL
+                if tag == "oa":
+                    del cases[2]
+                sessions = [one, other, make(), make()]
+                cases.append((f"{name}/{tag}-4-separate", "4 threads, a session each",
+                              [(sess.run, (None, dict(feeds))) for sess in sessions]))
+            for key, label, calls in cases:
                 contender = Threaded(key, f"{title}: {side}, {label}", side, calls)
                 block.append(contender)
                 other_tag = "ort" if tag == "oa" else None
@@ -80,6 +97,9 @@ def run(settings) -> Group:
                               ref=ref, peer=peer, speedup=True, ref_name="1 thread",
                               peer_name="onnxruntime"))
     headroom = statistics.median(group.ratio("cpu/2", "cpu/1", speedup=True))
+    if FREE_THREADED:
+        group.notes.append("free-threaded CPython with the GIL off "
+                           f"({sys.version.split()[0]}): 4-thread rows added")
     for name, title in MODELS[:2]:
         ort_speedup = statistics.median(
             group.ratio(f"{name}/ort-2-separate", f"{name}/ort-1", speedup=True))

@@ -80,6 +80,16 @@ def mlp(layers: int = 3, width: int = 256, batch: int = 32, seed: int = 0) -> on
     return _model(nodes, [_f32("x", [batch, width])], [_f32("y", [batch, width])], "mlp", inits)
 
 
+def large_output(nbytes: int = 64 << 20) -> onnx.ModelProto:
+    """y = Expand(x, shape): a float32[1] input, an output of `nbytes` (64 MiB): what returning
+    a large output costs (not in MODELS: the call-overhead blocks and the C floor's tests stay
+    on the small models)."""
+    count = nbytes // 4
+    shape = numpy_helper.from_array(np.array([count], np.int64), "shape")
+    return _model([helper.make_node("Expand", ["x", "shape"], ["y"])],
+                  [_f32("x", [1])], [_f32("y", [count])], "large_output", [shape])
+
+
 def _normal_init(rng, name: str, shape, scale: float) -> onnx.TensorProto:
     return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
 

@@ -1,5 +1,6 @@
 # cython: language_level=3
-from ortagent._session cimport InferenceSession
+from ortagent cimport _capi as ort
+from ortagent._session cimport InferenceSession, FixedOutput
 
 
 cdef class PartialGraphExecutionState:
@@ -45,9 +46,35 @@ cdef class _AgentEngine:
     cdef readonly list forward_output_devices   # where ORT produces each forward output
     cdef readonly list graph_output_devices     # where ORT produces each graph output
     cdef bint closed
+    # -- the state API's hot path (forward_hot / backward_hot): C data prepared once ------------
+    cdef Py_ssize_t* forward_input_pos_c      # graph-input index of each forward input
+    cdef Py_ssize_t* backward_input_pos_c     # graph-input index of each graph input the backward reads
+    cdef Py_ssize_t* forward_output_slot_c    # session output position of each forward output
+    cdef bint* forward_output_twice_c         # that forward output name is listed twice
+    cdef bint prealloc_forward                # off once a preallocated forward failed where a plain one ran
+    cdef bint prealloc_backward
+    cdef list fixed_gradient_shapes           # gradient_shapes shared by every run once all are fixed
+    cdef ort.OrtAllocator* allocator          # onnxruntime's default CPU allocator
     cdef int require_open(self) except -1
+    cdef int forward_hot(self, PartialGraphExecutionState state, list graph_inputs, list fetches) except -1
+    cdef int backward_hot(self, PartialGraphExecutionState state, list gradients, list fetches,
+                          char** output_names, Py_ssize_t* output_slots, Py_ssize_t n_out) except -1
     cpdef list forward(self, PartialGraphExecutionState state, list graph_inputs, object run_options,
                       list module_output_targets)
     cdef int check_gradients(self, PartialGraphExecutionState state, list gradients) except -1
     cpdef list backward(self, PartialGraphExecutionState state, list gradients, list output_positions,
                        list output_targets, object run_options)
+
+
+# The state API's entry points (TrainingAgent derives from this class): run_forward and
+# run_backward take the hot path in C when the call is the common one -- list feeds in graph
+# order, OrtValues, a fresh PartialGraphExecutionState, every output on the CPU -- and hand any
+# other call to the TrainingAgent's general methods (_run_forward / _run_backward).
+cdef class _AgentHotPath:
+    cdef _AgentEngine hot_engine              # None: no hot path (set by _enable_hot_path)
+    cdef bint hot_forward
+    cdef bint hot_backward
+    cdef Py_ssize_t n_hot_feeds
+    cdef Py_ssize_t n_hot_outputs
+    cdef char** hot_output_names              # borrowed from the engine's graph_output_names
+    cdef Py_ssize_t* hot_output_slots         # backward-session output position of each fetch

@@ -1,5 +1,8 @@
 from typing import final
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, overload
+
+from typing_extensions import disjoint_base
 
 @final
 class PartialGraphExecutionState:
@@ -31,3 +34,18 @@ class _AgentEngine:
                 module_output_targets: list[Any] | None) -> list[Any]: ...
     def backward(self, state: PartialGraphExecutionState, gradients: list[Any], output_positions: list[int],
                  output_targets: list[Any], run_options: Any) -> list[Any]: ...
+
+@disjoint_base
+class _AgentHotPath:
+    """Base of ortagent.TrainingAgent: run_forward / run_backward (state API in C)."""
+    def _enable_hot_path(self, engine: _AgentEngine, forward: bool, backward: bool,
+                         forward_targets: list[Any], output_positions: list[int],
+                         output_targets: list[Any]) -> None: ...
+    @overload
+    def run_forward(self, feeds_or_iobinding: Any, fetches_or_run_options: Any = None,
+                    state: None = None, cache: Any = None) -> tuple[list[Any], int]: ...
+    @overload
+    def run_forward(self, feeds_or_iobinding: Sequence[Any], fetches_or_run_options: list[Any],
+                    state: PartialGraphExecutionState, cache: Any = None) -> None: ...
+    def run_backward(self, feeds_or_grads: Sequence[Any], fetches_or_run_id: Any,
+                     state: PartialGraphExecutionState | None = None) -> None: ...

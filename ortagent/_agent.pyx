@@ -18,6 +18,9 @@ cimport cython
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport strcpy
+from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_SetSlice
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_DECREF
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
@@ -27,10 +30,12 @@ from ortagent._runtime cimport (
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
 from ortagent._tensors cimport tensor_data, tensor_for_feed
-from ortagent._values cimport OrtValue, wrap_value, keep_aliased_feeds_alive, bound_output_values
+from ortagent._values cimport (
+    OrtValue, wrap_value, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
+)
 from ortagent._options cimport RunOptions
 from ortagent._session cimport (
-    InferenceSession, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
+    InferenceSession, FixedOutput, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
     run_nogil, run_binding_nogil, end_run_call, check_run_status,
 )
 from ortagent._memory import as_device
@@ -240,6 +245,27 @@ cdef class _AgentEngine:
             self.forward_session, self.n_module_outputs + self.n_stash, forward_default)
         self.graph_output_devices = _output_devices(
             self.backward_session, self.n_graph_outputs, backward_default)
+        # the hot path's C data (forward_hot, backward_hot)
+        cdef Py_ssize_t n_forward_outputs = self.n_module_outputs + self.n_stash
+        self.forward_input_pos_c = <Py_ssize_t*>calloc(self.n_forward_inputs + 1, sizeof(Py_ssize_t))
+        self.backward_input_pos_c = <Py_ssize_t*>calloc(self.n_backward_graph_inputs + 1, sizeof(Py_ssize_t))
+        self.forward_output_slot_c = <Py_ssize_t*>calloc(n_forward_outputs + 1, sizeof(Py_ssize_t))
+        self.forward_output_twice_c = <bint*>calloc(n_forward_outputs + 1, sizeof(bint))
+        if (self.forward_input_pos_c == NULL or self.backward_input_pos_c == NULL
+                or self.forward_output_slot_c == NULL or self.forward_output_twice_c == NULL):
+            raise MemoryError()
+        for i in range(self.n_forward_inputs):
+            self.forward_input_pos_c[i] = self.forward_input_positions[i]
+        for i in range(self.n_backward_graph_inputs):
+            self.backward_input_pos_c[i] = self.backward_input_positions[i]
+        forward_output_names = list(split.forward_output_names)
+        for i in range(n_forward_outputs):
+            name = forward_output_names[i]
+            self.forward_output_slot_c[i] = self.forward_session.output_index[name]
+            self.forward_output_twice_c[i] = forward_output_names.count(name) > 1
+        check(ort.GetAllocatorWithDefaultOptions(&self.allocator))
+        self.prealloc_forward = True
+        self.prealloc_backward = True
 
     def __dealloc__(self):
         _free_names(self.forward_input_names, self.n_forward_inputs)
@@ -249,6 +275,10 @@ cdef class _AgentEngine:
         free(self.forward_input_types)
         free(self.backward_graph_input_types)
         free(self.backward_feed_types)
+        free(self.forward_input_pos_c)
+        free(self.backward_input_pos_c)
+        free(self.forward_output_slot_c)
+        free(self.forward_output_twice_c)
 
     cdef int require_open(self) except -1:
         if self.closed:
@@ -316,6 +346,146 @@ cdef class _AgentEngine:
         state.backward_inputs = [graph_inputs[p] for p in self.backward_input_positions]
         state.phase = PHASE_WAITING
         return module_outputs
+
+    # -- the state API's hot path ---------------------------------------------------------------------
+    #
+    # forward_hot and backward_hot do what forward and backward do, for the common call only:
+    # CPU sessions, every output wanted where onnxruntime produces it (the CPU), OrtValue feeds
+    # and gradients. They fill the C arrays of OrtApi::Run straight from the caller's lists (no
+    # per-call Python lists but the outputs), and let onnxruntime write each output whose type
+    # and shape the model fixes into a tensor made here (see _run_hot). They return 0, having
+    # touched nothing, for any other call; the caller then takes the general path.
+
+    cdef int forward_hot(self, PartialGraphExecutionState state, list graph_inputs, list fetches) except -1:
+        cdef Py_ssize_t n_in = self.n_forward_inputs, n_out = self.n_module_outputs + self.n_stash
+        cdef Py_ssize_t i, n_used = 0
+        cdef RunStack stack
+        cdef RunArrays a
+        cdef bint begun = False
+        cdef InferenceSession session = self.forward_session
+        cdef object feed
+        if not self.cpu_only or len(graph_inputs) != self.n_graph_inputs:
+            return 0
+        for i in range(n_in):
+            if type(graph_inputs[self.forward_input_pos_c[i]]) is not OrtValue:
+                return 0
+        self.require_open()
+        if state.phase != PHASE_NEW:
+            raise RunStateError(
+                f"this PartialGraphExecutionState is {_PHASE_TEXT[state.phase]}; a state serves one "
+                "forward and one backward: create a new one for each run")
+        state.phase = PHASE_FORWARD
+        a.heap = NULL
+        try:
+            session.begin_run()
+            begun = True
+            run_arrays_init(&a, &stack, n_in, n_out)
+            for i in range(n_in):
+                feed = graph_inputs[self.forward_input_pos_c[i]]
+                (<OrtValue>feed).begin_use()            # close() waits for this run
+                Py_INCREF(feed)                         # the caller's list may change meanwhile
+                a.in_holders[i] = <PyObject*>feed
+                n_used += 1
+                a.in_names[i] = self.forward_input_names[i]
+                a.in_values[i] = (<OrtValue>feed).handle
+            for i in range(n_out):
+                a.out_names[i] = self.forward_output_names[i]
+            outputs = _run_hot(session, &a, n_in, n_out, self.forward_output_slot_c,
+                               self.forward_output_twice_c, &self.prealloc_forward, self.allocator)
+            if self.fixed_gradient_shapes is not None and _all_preallocated(
+                    &a, self.gradient_output_positions):
+                state.gradient_shapes = self.fixed_gradient_shapes     # never changed: shared
+            else:
+                state.gradient_shapes = [_shape_of(<OrtValue>outputs[i], True)
+                                         for i in self.gradient_output_positions]
+                if _all_preallocated(&a, self.gradient_output_positions):
+                    self.fixed_gradient_shapes = state.gradient_shapes
+        except BaseException:
+            state.drop()
+            raise
+        finally:
+            for i in range(n_used):
+                (<OrtValue>a.in_holders[i]).end_use()
+                Py_DECREF(<object>a.in_holders[i])
+            run_arrays_release(&a)
+            if begun:
+                session.end_run()
+        state.engine = self
+        if self.n_stash:
+            state.stash = outputs[self.n_module_outputs:]
+            del outputs[self.n_module_outputs:]
+        else:
+            state.stash = []
+        backward_inputs = PyList_New(self.n_backward_graph_inputs)
+        for i in range(self.n_backward_graph_inputs):
+            feed = graph_inputs[self.backward_input_pos_c[i]]
+            Py_INCREF(feed)
+            PyList_SET_ITEM(backward_inputs, i, feed)
+        state.backward_inputs = backward_inputs
+        state.phase = PHASE_WAITING
+        PyList_SetSlice(fetches, 0, len(fetches), outputs)
+        return 1
+
+    cdef int backward_hot(self, PartialGraphExecutionState state, list gradients, list fetches,
+                          char** output_names, Py_ssize_t* output_slots, Py_ssize_t n_out) except -1:
+        cdef Py_ssize_t n_g = self.n_gradients, n_in, i, n_held = 0
+        cdef RunStack stack
+        cdef RunArrays a
+        cdef bint begun = False
+        cdef InferenceSession session = self.backward_session
+        cdef object feed
+        cdef list stash, backward_inputs
+        if not self.cpu_only or len(gradients) != n_g or state.phase != PHASE_WAITING \
+                or state.engine is not self:
+            return 0                # the general path explains what is wrong
+        for i in range(n_g):
+            if type(gradients[i]) is not OrtValue:
+                return 0
+        stash = state.stash
+        backward_inputs = state.backward_inputs
+        for i in range(self.n_backward_graph_inputs):
+            if type(backward_inputs[i]) is not OrtValue:   # fed as NumPy to a general forward
+                return 0
+        self.require_open()
+        state.phase = PHASE_BACKWARD        # claimed: a second backward of this state fails
+        n_in = n_g + self.n_stash + self.n_backward_graph_inputs
+        a.heap = NULL
+        try:
+            self.check_gradients(state, gradients)
+            session.begin_run()
+            begun = True
+            run_arrays_init(&a, &stack, n_in, n_out)
+            for i in range(n_in):
+                if i < n_g:
+                    feed = gradients[i]
+                elif i < n_g + self.n_stash:
+                    feed = stash[i - n_g]
+                else:
+                    feed = backward_inputs[i - n_g - self.n_stash]
+                (<OrtValue>feed).begin_use()
+                Py_INCREF(feed)
+                a.in_holders[i] = <PyObject*>feed
+                n_held += 1
+                a.in_names[i] = self.backward_input_names[i]
+                a.in_values[i] = (<OrtValue>feed).handle
+            for i in range(n_out):
+                a.out_names[i] = output_names[i]
+            outputs = _run_hot(session, &a, n_in, n_out, output_slots, NULL, &self.prealloc_backward,
+                               self.allocator)
+        except BaseException:
+            # as in backward(): the run stays resumable, its stash intact
+            state.phase = PHASE_WAITING
+            raise
+        finally:
+            for i in range(n_held):
+                (<OrtValue>a.in_holders[i]).end_use()
+                Py_DECREF(<object>a.in_holders[i])
+            run_arrays_release(&a)
+            if begun:
+                session.end_run()
+        state.drop()
+        PyList_SetSlice(fetches, 0, len(fetches), outputs)
+        return 1
 
     # -- backward ----------------------------------------------------------------------------------
 
@@ -409,6 +579,89 @@ cdef class _AgentEngine:
             free(names)
         state.drop()
         return outputs
+
+
+cdef bint _all_preallocated(RunArrays* a, list positions) noexcept:
+    """Whether _run_hot preallocated every output at `positions` (its flags in out_positions)."""
+    cdef Py_ssize_t i
+    for i in range(len(positions)):
+        if a.out_positions[<Py_ssize_t>positions[i]] == 0:
+            return False
+    return True
+
+
+cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out,
+                   const Py_ssize_t* slots, const bint* twice, bint* preallocate,
+                   ort.OrtAllocator* allocator):
+    """OrtApi::Run of prepared arrays (inputs, their owners in a.in_holders, output names) with
+    the GIL released; returns the outputs as OrtValues.
+
+    Outputs whose element type and shape the model fixes (the session's FixedOutput at
+    slots[i]) and a run confirmed get a tensor from onnxruntime's default CPU allocator before
+    the run, and onnxruntime writes into it: cheaper than onnxruntime allocating the output
+    inside Run. a.out_positions[i] comes back 1 for those, 0 for the others. Names listed
+    twice (twice[i]) are left to onnxruntime. If a run with preallocated outputs fails, it runs
+    again without; when that succeeds, the fixed shapes do not hold and `preallocate` goes off."""
+    cdef Py_ssize_t i, n_pre = 0
+    cdef FixedOutput* fixed
+    cdef ort.OrtStatus* status = NULL
+    cdef ort.OrtRunOptions* options = NULL
+    cdef bint registered = False
+    cdef OrtValue value
+    cdef object item
+    for i in range(n_out):
+        a.out_values[i] = NULL
+        a.out_positions[i] = 0
+    try:
+        if preallocate[0]:
+            for i in range(n_out):
+                fixed = &session.fixed_outputs[slots[i]]
+                if fixed.elem_type >= 0 and fixed.confirmed and (twice == NULL or not twice[i]):
+                    check(ort.CreateTensorAsOrtValue(allocator, fixed.dims, <size_t>fixed.ndim,
+                                                     <ort.ONNXTensorElementDataType>fixed.elem_type,
+                                                     &a.out_values[i]))
+                    a.out_positions[i] = 1
+                    n_pre += 1
+        options = interruptible_begin(NULL, &registered)
+        status = run_nogil(session.handle, options, a, n_in, n_out)
+        if status != NULL and n_pre > 0:
+            ort.ReleaseStatus(status)
+            for i in range(n_out):
+                if a.out_values[i] != NULL:
+                    ort.ReleaseValue(a.out_values[i])
+                    a.out_values[i] = NULL
+                a.out_positions[i] = 0
+            n_pre = 0
+            status = run_nogil(session.handle, options, a, n_in, n_out)
+            if status == NULL:
+                preallocate[0] = False
+        # own every output before anything can raise, so none leaks
+        outputs = PyList_New(n_out)
+        for i in range(n_out):
+            item = wrap_value(a.out_values[i], None, session) if a.out_values[i] != NULL else None
+            a.out_values[i] = NULL
+            Py_INCREF(item)
+            PyList_SET_ITEM(outputs, i, item)
+        end_run_call(options, registered, status)
+        if status != NULL:
+            check_run_status(status, session, _names(<char**>a.in_names, n_in),
+                             [<object>a.in_holders[i] for i in range(n_in)])
+        for i in range(n_out):
+            fixed = &session.fixed_outputs[slots[i]]
+            if fixed.elem_type >= 0 and not fixed.confirmed and outputs[i] is not None:
+                value = outputs[i]
+                value.describe_as(MEMORY_CPU)
+                session._confirm_fixed_output(fixed, value)
+        if n_pre < n_out:       # a preallocated output never shares a feed's memory
+            for i in range(n_in):
+                a.in_data[i] = tensor_data(a.in_values[i])
+            keep_aliased_feeds_alive_c(outputs, a.in_data, a.in_holders, n_in, session, None)
+        return outputs
+    finally:
+        for i in range(n_out):
+            if a.out_values[i] != NULL:
+                ort.ReleaseValue(a.out_values[i])
+                a.out_values[i] = NULL
 
 
 cdef tuple _shape_of(OrtValue value, bint on_cpu):
@@ -639,3 +892,68 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
         for value in used:
             (<OrtValue>value).end_use()
         session.end_run()
+
+
+cdef class _AgentHotPath:
+    """The state API's entry points of :class:`ortagent.TrainingAgent` (its base class).
+
+    ``run_forward`` and ``run_backward`` serve the call a training loop makes every step --
+    ``run_forward(feeds, fetches, state)`` with a list of OrtValues in graph-input order and a
+    new PartialGraphExecutionState, ``run_backward(grads, fetches, state)`` with a list of
+    OrtValue gradients in YieldOp order, everything on the CPU -- without a Python frame, and
+    hand every other call (the run-id API, NumPy feeds, reordered names, devices, errors to
+    explain) to the TrainingAgent's general methods, with the same results."""
+
+    def _enable_hot_path(self, _AgentEngine engine, bint forward, bint backward, list forward_targets,
+                         list output_positions, list output_targets):
+        """Called once by TrainingAgent.__init__: `forward` / `backward` tell whether the agent's
+        names allow the hot path (feeds, fetches and gradients in graph order, no input the
+        forward must check for the backward); `forward_targets` and `output_targets` are where
+        the fetches go, `output_positions` the graph outputs fetched."""
+        for target in forward_targets:
+            forward = forward and _is_cpu_target(target)
+        for target in output_targets:
+            backward = backward and _is_cpu_target(target)
+        cdef Py_ssize_t n = len(output_positions), i
+        free(self.hot_output_names)
+        free(self.hot_output_slots)
+        self.hot_output_names = <char**>calloc(n + 1, sizeof(char*))
+        self.hot_output_slots = <Py_ssize_t*>calloc(n + 1, sizeof(Py_ssize_t))
+        if self.hot_output_names == NULL or self.hot_output_slots == NULL:
+            raise MemoryError()
+        for i in range(n):
+            self.hot_output_names[i] = engine.graph_output_names[<Py_ssize_t>output_positions[i]]
+            self.hot_output_slots[i] = engine.backward_session.output_index[
+                engine.split.graph_output_names[<Py_ssize_t>output_positions[i]]]
+        self.n_hot_outputs = n
+        self.n_hot_feeds = engine.n_graph_inputs
+        self.hot_forward = forward and engine.cpu_only
+        self.hot_backward = backward and engine.cpu_only
+        self.hot_engine = engine        # keeps the names borrowed above alive
+
+    def __dealloc__(self):
+        free(self.hot_output_names)
+        free(self.hot_output_slots)
+
+    def run_forward(self, feeds_or_iobinding, fetches_or_run_options=None, state=None, cache=None):
+        """State API: ``run_forward(feeds, fetches, state)`` fills `fetches` in place with the
+        forward outputs. Run-id API: ``run_forward(iobinding, run_options)`` returns
+        ``(outputs, run_id)``."""
+        if (self.hot_forward and type(state) is PartialGraphExecutionState
+                and type(feeds_or_iobinding) is list and type(fetches_or_run_options) is list
+                and len(<list>feeds_or_iobinding) == self.n_hot_feeds
+                and self.hot_engine.forward_hot(state, feeds_or_iobinding, fetches_or_run_options)):
+            return None
+        return self._run_forward(feeds_or_iobinding, fetches_or_run_options, state, cache)
+
+    def run_backward(self, feeds_or_grads, fetches_or_run_id, state=None):
+        """State API: ``run_backward(feeds, fetches, state)`` fills `fetches` with the graph
+        outputs. Run-id API: ``run_backward(backward_output_grads, run_id)``: the gradients land
+        in the outputs bound to the run's io binding (``iobinding.get_outputs()``)."""
+        if (self.hot_backward and type(state) is PartialGraphExecutionState
+                and type(feeds_or_grads) is list and type(fetches_or_run_id) is list
+                and self.hot_engine.backward_hot(state, feeds_or_grads, fetches_or_run_id,
+                                                 self.hot_output_names, self.hot_output_slots,
+                                                 self.n_hot_outputs)):
+            return None
+        return self._run_backward(feeds_or_grads, fetches_or_run_id, state)

@@ -7,3 +7,7 @@ cdef object node_arg(str name, const ort.OrtTypeInfo* type_info, int* elem_out)
 cdef object read_model_metadata(ort.OrtSession* session)
 # The execution providers' subgraphs and nodes (OrtEpAssignedSubgraph list; onnxruntime >= 1.24).
 cdef list read_graph_assignment(ort.OrtSession* session)
+# End the session's profiling: the profile file's name ('' when it was off).
+cdef str end_profiling(ort.OrtSession* session)
+# When the session's profiling started (ns since the epoch).
+cdef object profiling_start_ns(ort.OrtSession* session)

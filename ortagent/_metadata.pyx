@@ -2,7 +2,7 @@
 """What a session says about its model: NodeArg (name, type string, shape of an input or output)
 and ModelMetadata, read through the C API's type-info and model-metadata calls."""
 
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport strlen
 
 from ortagent cimport _capi as ort
@@ -158,3 +158,20 @@ cdef list read_graph_assignment(ort.OrtSession* session):
             members.append(OrtEpAssignedNode(_text(name), _text(domain), _text(op_type)))
         result.append(OrtEpAssignedSubgraph(_text(ep_name), members))
     return result
+
+
+# ---- profiling ---------------------------------------------------------------------------------------
+
+cdef str end_profiling(ort.OrtSession* session):
+    """End the session's profiling: the profile file's name ('' when profiling was off)."""
+    cdef ort.OrtAllocator* allocator = NULL
+    cdef char* name = NULL
+    check(ort.GetAllocatorWithDefaultOptions(&allocator))
+    check(ort.SessionEndProfiling(session, allocator, &name))
+    return _take_string(name, allocator)
+
+
+cdef object profiling_start_ns(ort.OrtSession* session):
+    cdef uint64_t start = 0
+    check(ort.SessionGetProfilingStartTimeNs(session, &start))
+    return start

@@ -17,7 +17,7 @@ from ortagent._runtime cimport (
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, ObjectClosedError, OrtNotFound, OrtNoSuchFile,
+    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, OrtNotFound, OrtNoSuchFile,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -659,3 +659,21 @@ def options_from_model(SessionOptions sess_options, model_path, model_bytes):
         else:
             setattr(options, key, int(value))
     return options
+
+
+def effective_options(SessionOptions sess_options, dict kwargs, model_path, model_bytes):
+    """The options a session is created with, from onnxruntime's extra constructor arguments:
+    the model's stored options applied when read_config_from_model=1 (or the environment's
+    ORT_LOAD_CONFIG_FROM_MODEL=1); arguments ortagent cannot honour are errors."""
+    for name, value in kwargs.items():
+        if name == "disabled_optimizers":
+            if value:
+                raise OrtNotImplemented("disabled_optimizers cannot be set through onnxruntime's C API")
+        elif name != "read_config_from_model":
+            raise OrtInvalidType(f"InferenceSession() got an unexpected keyword argument {name!r}")
+    read_config = kwargs.get("read_config_from_model")
+    if read_config is None:
+        read_config = os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1"
+    if read_config and int(read_config) == 1:
+        return options_from_model(sess_options, model_path, model_bytes)
+    return sess_options

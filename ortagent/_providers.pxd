@@ -8,7 +8,7 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
 # The CUDA provider's options as onnxruntime will use them (defaults filled in).
 cdef dict _effective_cuda_options(dict settings)
 # Options the session's providers take while it lives (OrtApi::SetEpDynamicOptions).
-cdef int set_dynamic_options(ort.OrtSession* session, dict options) except -1
+cdef int set_dynamic_options(ort.OrtSession* session, object options) except -1
 # A new OrtSession for the model (a path or the serialized bytes) with the requested providers
 # appended to a clone of `base`, retried once on onnxruntime's fallback providers when creating it
 # fails (unless `strict` or not `fallback`); `registered` receives [(name, options)] and

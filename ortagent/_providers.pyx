@@ -290,9 +290,11 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
     return registered
 
 
-cdef int set_dynamic_options(ort.OrtSession* session, dict options) except -1:
+cdef int set_dynamic_options(ort.OrtSession* session, object options) except -1:
     """OrtApi::SetEpDynamicOptions: options the session's execution providers take while the
     session lives (e.g. 'ep.dynamic.workload_type')."""
+    if not isinstance(options, dict):
+        raise OrtInvalidType(f"options must be a dict, got {type(options).__name__}")
     if not options:
         raise OrtInvalidArgument("no options given")
     cdef _OptionArrays arrays = _option_arrays({str(k): _option_text(v) for k, v in options.items()})

@@ -15,6 +15,15 @@ cdef struct FixedOutput:
     bint confirmed                 # a run produced this type and shape
     int ndim
     int64_t dims[MAX_INLINE_DIMS]
+    size_t nbytes
+    # Outputs of at most COPY_OUT_MAX_BYTES (_session.pyx): a tensor of the session's, made once,
+    # that onnxruntime writes into and run() copies out of into a new NumPy array (creating and
+    # releasing a tensor over each new array cost more than copying a few bytes). `scratch_busy`
+    # while a run uses it (changed with the GIL held); another thread's run meanwhile gets a
+    # new array and tensor instead.
+    ort.OrtValue* scratch
+    void* scratch_data
+    bint scratch_busy
 
 
 cdef enum:
@@ -112,6 +121,7 @@ cdef class InferenceSession:
     cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,
                                          bint distinct, ort.OrtValue** values,
                                          PyObject** arrays) except -1
+    cdef int _take_scratch_outputs(self, RunArrays* a, Py_ssize_t n_out, bint copy) except -1
     cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1
     cdef void _release_handle(self) noexcept
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)

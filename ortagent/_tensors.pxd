@@ -42,5 +42,7 @@ cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1
 # write an output into; the caller releases the tensor, the array owns the memory.
 cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
                              ort.OrtValue** tensor_out)
+# A new C-contiguous NumPy array like new_output_array's, holding a copy of `nbytes` at `data`.
+cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const void* data, size_t nbytes)
 # A new NumPy object array of `shape` holding the `count` strings of a string tensor.
 cdef object strings_to_numpy(ort.OrtValue* handle, Py_ssize_t count, list shape)

@@ -8,6 +8,7 @@ The caller owns each handle returned.
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy
 
 from ortagent cimport _capi as ort
 from ortagent cimport _numpy as npc
@@ -174,6 +175,24 @@ cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,
         cpu_memory_info(), npc.PyArray_DATA(<npc.PyArrayObject*>array),
         <size_t>npc.PyArray_NBYTES(<npc.PyArrayObject*>array), dims, <size_t>ndim,
         <ort.ONNXTensorElementDataType>elem_type, tensor_out))
+    return array
+
+
+cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const void* data, size_t nbytes):
+    """A new C-contiguous NumPy array (type and shape as in new_output_array) holding a copy of
+    the `nbytes` bytes at `data` (InferenceSession.run's small outputs, see _session.pyx)."""
+    _numpy_api()
+    cdef npc.npy_intp npy_dims[MAX_INLINE_DIMS]
+    cdef int i
+    if ndim > MAX_INLINE_DIMS or not has_builtin_numpy_type(elem_type):
+        raise OrtInvalidArgument(f"no NumPy array for {tensor_type_name(elem_type)} of rank {ndim}")
+    for i in range(ndim):
+        npy_dims[i] = <npc.npy_intp>dims[i]
+    array = npc.PyArray_NewFromDescr(&npc.PyArray_Type, npc.PyArray_DescrFromType(npy_type_of(elem_type)),
+                                     ndim, npy_dims, NULL, NULL, 0, NULL)
+    if <size_t>npc.PyArray_NBYTES(<npc.PyArrayObject*>array) != nbytes:
+        raise OrtInvalidArgument("new_array_from: the array and the data differ in size")
+    memcpy(npc.PyArray_DATA(<npc.PyArrayObject*>array), data, nbytes)
     return array
 
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any
 
-from ortagent._agent import PartialGraphExecutionState, _AgentEngine
+from ortagent._agent import PartialGraphExecutionState, _AgentEngine, _AgentHotPath
 from ortagent._options import RunOptions, SessionOptions
 from ortagent._iobinding import IOBinding
 from ortagent._memory import OrtDevice, as_device
@@ -112,7 +112,7 @@ def _position_map(names: list[str], known: Sequence[str], what: str, role: str) 
     return positions
 
 
-class TrainingAgent:
+class TrainingAgent(_AgentHotPath):
     """Runs a training graph (ORTModule layout, one ``com.microsoft:YieldOp``) on stock
     onnxruntime, forward until the YieldOp and, later, backward from it.
 
@@ -198,6 +198,10 @@ class TrainingAgent:
         self._feeds_in_order = self._feed_positions == list(range(len(graph_inputs)))
         self._fetches_in_order = self._fetch_positions == list(range(len(module_outputs)))
         self._grads_in_order = self._grad_order == list(range(len(split.gradient_names)))
+        # run_forward / run_backward (_AgentHotPath) serve the state API's usual call in C
+        self._enable_hot_path(self._engine, self._feeds_in_order and self._fetches_in_order
+                              and not self._backward_only, self._grads_in_order,
+                              self._forward_targets, self._output_positions, self._output_devices)
 
     def _check_reachable(self, device, what: str) -> None:
         """Refuse an output device that no session provider can place values on: onnxruntime
@@ -244,20 +248,13 @@ class TrainingAgent:
 
     # -- dispatch between the two generations -------------------------------------------------------
 
-    @overload
-    def run_forward(self, feeds_or_iobinding: TrainingIOBinding, fetches_or_run_options: RunOptions | None = None,
-                    state: None = None, cache: Any = None) -> tuple[list[OrtValue], int]: ...
+    # run_forward and run_backward are _AgentHotPath's: the state API's usual call runs in C
+    # there, every other call comes here
 
-    @overload
-    def run_forward(self, feeds_or_iobinding: Sequence[Any], fetches_or_run_options: list[Any],
-                    state: PartialGraphExecutionState, cache: Any = None) -> None: ...
-
-    def run_forward(self, feeds_or_iobinding: Any, fetches_or_run_options: Any = None,
-                    state: PartialGraphExecutionState | None = None,
-                    cache: Any = None) -> tuple[list[OrtValue], int] | None:
-        """State API: ``run_forward(feeds, fetches, state)`` fills `fetches` in place with the
-        forward outputs. Run-id API: ``run_forward(iobinding, run_options)`` returns
-        ``(outputs, run_id)``."""
+    def _run_forward(self, feeds_or_iobinding: Any, fetches_or_run_options: Any = None,
+                     state: PartialGraphExecutionState | None = None,
+                     cache: Any = None) -> tuple[list[OrtValue], int] | None:
+        """run_forward beyond the hot path (see _AgentHotPath.run_forward)."""
         if self._closed:
             self._require_open()
         feeds_type = type(feeds_or_iobinding)
@@ -294,11 +291,9 @@ class TrainingAgent:
         fetches[:] = [outputs[p] for p in self._fetch_positions]
         return None
 
-    def run_backward(self, feeds_or_grads: Sequence[Any], fetches_or_run_id: Any,
-                     state: PartialGraphExecutionState | None = None) -> None:
-        """State API: ``run_backward(feeds, fetches, state)`` fills `fetches` with the graph
-        outputs. Run-id API: ``run_backward(backward_output_grads, run_id)``: the gradients land
-        in the outputs bound to the run's io binding (``iobinding.get_outputs()``)."""
+    def _run_backward(self, feeds_or_grads: Sequence[Any], fetches_or_run_id: Any,
+                      state: PartialGraphExecutionState | None = None) -> None:
+        """run_backward beyond the hot path (see _AgentHotPath.run_backward)."""
         if self._closed:
             self._require_open()
         if type(state) is PartialGraphExecutionState and type(fetches_or_run_id) is list \
