@@ -15,7 +15,6 @@ Two ways to call onnxruntime, chosen per call:
 """
 
 cimport cython
-from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free, calloc
 from libc.string cimport strcpy
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_SetSlice
@@ -23,29 +22,19 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF
 
 from ortagent cimport _capi as ort
-from ortagent._runtime cimport (
-    check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE, interruptible_begin,
-    interruptible_end,
-)
+from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
-from ortagent._tensors cimport tensor_data, tensor_for_feed
-from ortagent._values cimport (
-    OrtValue, wrap_value, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
-)
-from ortagent._options cimport RunOptions
+from ortagent._values cimport OrtValue
 from ortagent._session cimport (
-    InferenceSession, FixedOutput, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
-    run_nogil, run_binding_nogil, end_run_call, check_run_status,
+    InferenceSession, RunArrays, RunStack, run_arrays_init, run_arrays_release,
 )
-from ortagent._memory import as_device
-from ortagent._providers import strict_providers
 from ortagent._agent_run cimport (
     _all_preallocated, _run_hot, _shape_of, _gradient_fits, _broadcasts_to, _run, _run_bound,
 )
-from ortagent.errors import (
-    OrtError, OrtInvalidArgument, OrtInvalidType, RunStateError, ObjectClosedError,
-)
+from ortagent._memory import as_device
+from ortagent._providers import strict_providers
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, RunStateError, ObjectClosedError
 
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()

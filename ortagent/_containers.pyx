@@ -22,7 +22,7 @@ from libc.string cimport strlen
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE
-from ortagent._dtypes cimport tensor_type_name
+from ortagent._dtypes cimport numpy_module, tensor_type_name
 from ortagent._tensors cimport tensor_for_feed
 from ortagent._values cimport OrtValue, wrap_value, value_to_numpy
 
@@ -31,15 +31,6 @@ from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemente
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
 
-_np = None
-
-
-cdef object _numpy():
-    global _np
-    if _np is None:
-        import numpy
-        _np = numpy
-    return _np
 
 
 # ---- type descriptors ----------------------------------------------------------------------------
@@ -166,7 +157,7 @@ def describe_value_type(value):
 
 cdef object _dtype_of(int elem):
     cdef const ortagent_element_info* info = ortagent_element_info_of(elem)
-    np = _numpy()
+    np = numpy_module()
     if info == NULL or info.numpy_name == NULL or info.numpy_name[0] == 0 or info.from_ml_dtypes:
         raise OrtNotImplemented(f"{tensor_type_name(elem)} items cannot be built from Python objects")
     return np.dtype(info.numpy_name.decode())
@@ -176,7 +167,7 @@ cdef object tensor_array(object feed, int elem, object name):
     """A NumPy array for a tensor feed given as an array, a NumPy scalar or a (nested) list.
     Lists take the declared element type (as onnxruntime does); np.void items of a string
     tensor are taken as their raw bytes."""
-    np = _numpy()
+    np = numpy_module()
     if isinstance(feed, (list, tuple)):
         dtype = object if elem == ORTAGENT_ELEM_STRING else _dtype_of(elem)
         try:
@@ -197,7 +188,7 @@ cdef bint is_plain_tensor_feed(object feed, object desc):
     """Whether the session's fast path (a NumPy array fed to a tensor input) takes `feed`."""
     if desc[0] != "tensor":
         return False
-    np = _numpy()
+    np = numpy_module()
     if not isinstance(feed, np.ndarray):
         return isinstance(feed, np.generic)
     return feed.dtype.kind != "V"
@@ -266,7 +257,7 @@ cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, obje
     if value_desc[0] != "tensor":
         raise OrtNotImplemented(f"input {name!r}: maps of {type_string(value_desc)} cannot be made "
                                 "through onnxruntime's C API")
-    np = _numpy()
+    np = numpy_module()
     if key_elem == ORTAGENT_ELEM_STRING:
         if not all([isinstance(k, str) for k in feed]):
             raise OrtInvalidArgument(f"input {name!r} has string keys: every key must be a str")

@@ -18,6 +18,7 @@ from libc.string cimport memcpy
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime
+from ortagent._dtypes cimport numpy_module
 from ortagent._memory cimport cpu_memory_info
 from ortagent._values cimport OrtValue, wrap_value
 
@@ -25,15 +26,6 @@ from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemente
 
 ort.ortagent_rt = shared_runtime()
 
-_np = None
-
-
-cdef object _numpy():
-    global _np
-    if _np is None:
-        import numpy
-        _np = numpy
-    return _np
 
 
 class OrtSparseFormat(enum.IntEnum):
@@ -61,7 +53,7 @@ cdef object _dtype_of(int elem):
     cdef const ortagent_element_info* info = ortagent_element_info_of(elem)
     if info == NULL or info.item_size <= 0 or info.from_ml_dtypes or elem == ORTAGENT_ELEM_STRING:
         raise OrtNotImplemented(f"sparse values of ONNX element type {elem} cannot be read as NumPy arrays")
-    return _numpy().dtype(info.numpy_name.decode())
+    return numpy_module().dtype(info.numpy_name.decode())
 
 
 cdef tuple _type_and_shape(ort.OrtTensorTypeAndShapeInfo* info):
@@ -84,7 +76,7 @@ cdef tuple _type_and_shape(ort.OrtTensorTypeAndShapeInfo* info):
 
 cdef object _copy_out(const void* data, int elem, list shape):
     """A new NumPy array holding a copy of `shape` items of `elem` at `data`."""
-    result = _numpy().empty(shape, dtype=_dtype_of(elem))
+    result = numpy_module().empty(shape, dtype=_dtype_of(elem))
     cdef size_t nbytes = <size_t>result.nbytes
     if nbytes:
         memcpy(<void*><size_t>result.ctypes.data, data, nbytes)
@@ -102,7 +94,7 @@ cdef list _dense_shape_of(object dense_shape):
 
 
 cdef object _c_array(object array, str what, object dtype=None):
-    np = _numpy()
+    np = numpy_module()
     if not isinstance(array, np.ndarray):
         raise OrtInvalidType(f"{what} must be a numpy.ndarray, got {type(array).__name__}")
     if dtype is not None and array.dtype != dtype:
