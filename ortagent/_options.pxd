@@ -42,6 +42,7 @@ cdef class RunOptions(_LogSettings):
 
 cdef class LoraAdapter:
     cdef ort.OrtLoraAdapter* handle
+    cdef bint active                 # added to a RunOptions, which refers to `handle`
 
 
 # UTF-8 bytes of a name or option text (no NUL); `what` names it in errors.

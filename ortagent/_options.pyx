@@ -562,6 +562,7 @@ cdef class RunOptions(_LogSettings):
         if lora.handle == NULL:
             raise OrtInvalidArgument("this LoraAdapter holds no adapter yet: call Load() first")
         check(ort.RunOptionsAddActiveLoraAdapter(self.handle, lora.handle))
+        lora.active = True
         self._adapters.append(adapter)
 
     def get_run_config_entry(self, config_key):
@@ -587,7 +588,12 @@ cdef class LoraAdapter:
             self.handle = NULL
 
     def Load(self, path_or_bytes):
-        """Read an adapter from a file (or from the file's bytes), replacing any held before."""
+        """Read an adapter from a file (or from the file's bytes), replacing any held before.
+        Refused once the adapter is active in a RunOptions: onnxruntime's run options refer to
+        the adapter they were given, which must stay as it is."""
+        if self.active:
+            raise OrtInvalidArgument("this LoraAdapter is active in a RunOptions, which refers to the "
+                                     "adapter it holds: load the new one into a new LoraAdapter")
         ensure_loaded()
         cdef ort.OrtLoraAdapter* handle = NULL
         cdef const char* path_c

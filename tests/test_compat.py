@@ -503,6 +503,10 @@ def test_lora_adapter(ort_ref, tmp_path):
     _same(our_plain, their_plain)
     _same(our_lora, their_lora)
     np.testing.assert_array_equal(our_lora[0], x + params)
+    # the run options refer to the adapter they were given: it cannot be replaced under them
+    with pytest.raises(ortagent.OrtInvalidArgument, match="active in a RunOptions"):
+        adapter.Load(adapter_path)
+    _same(session.run(None, {"x": x}, run_options), our_lora)
     with open(adapter_path, "rb") as handle:
         from_bytes = ortagent.LoraAdapter()
         from_bytes.Load(handle.read())
