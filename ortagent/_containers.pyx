@@ -211,10 +211,10 @@ cdef ort.OrtValue* value_for_feed(object feed, object desc, object name, list ke
     if kind == "map":
         return _map_value(feed, desc[1], desc[2], name, keep)
     if kind == "optional":
-        if feed is None:
+        if feed is None:                # an input run() leaves out; here, an initializer's value
             raise OrtNotImplemented(
-                f"input {name!r} is {type_string(desc)}: an optional without an element cannot be fed "
-                "through onnxruntime's C API (its Run crashes on one); feed a value")
+                f"{name!r} is {type_string(desc)}: an optional without an element cannot be made "
+                "through onnxruntime's C API; feed a value")
         return value_for_feed(feed, desc[1], name, keep)
     raise OrtNotImplemented(f"input {name!r} is {type_string(desc)}, which ortagent cannot feed")
 
@@ -285,7 +285,7 @@ cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, obje
 
 # Values the C API cannot create (OrtApi::CreateValue needs at least one element): a one-node
 # model makes each, once per type, on the CPU. (It could make optionals without an element too,
-# but onnxruntime's Run crashes when one is fed to it.)
+# but onnxruntime's Run crashes when one is fed to it: run() leaves such an input out instead.)
 _MAKERS = {}
 
 
@@ -435,12 +435,14 @@ cdef tuple _parse(str text):
 
 
 cdef int check_feedable(OrtValue value, object name) except -1:
-    """An OrtValue given as a feed or bound input must hold something: onnxruntime's Run crashes
-    on an optional without an element (one that a model output, say)."""
+    """An OrtValue given to onnxruntime's Run must hold something: its Run crashes on an optional
+    without an element (one that a model output, say). run() leaves such an input out instead,
+    which onnxruntime reads as no element; this check is for the other places."""
     cdef int present = 0
     value.require_handle()
     check(ort.HasValue(value.handle, &present))
     if not present:
         raise OrtNotImplemented(f"input {name!r}: an OrtValue without a value (an optional without an "
-                                "element) cannot be fed through onnxruntime's C API (its Run crashes on one)")
+                                "element) cannot be given to onnxruntime's Run, which crashes on one; "
+                                "for an input of an optional type, leave the input out instead")
     return 0

@@ -292,7 +292,8 @@ cdef class IOBinding(SessionBinding):
             raise OrtInvalidArgument("this IOBinding has no outputs bound: bind_output() or "
                                      "bind_ortvalue_output() first")
         if not bound.inputs_verified:
-            unbound = [arg.name for arg in session._inputs_meta if arg.name not in bound.bound_inputs]
+            unbound = [arg.name for arg in session._inputs_meta if arg.name not in bound.bound_inputs
+                       and not arg.type.startswith("optional(")]
             if unbound:
                 raise OrtInvalidArgument(f"required inputs {unbound} are not bound to this IOBinding")
             bound.inputs_verified = True

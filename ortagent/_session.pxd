@@ -77,6 +77,12 @@ cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, objec
                           object feeds) except -1
 
 
+cdef enum FeedKind:
+    FEED_CONVERTED = 0      # converted by _containers (a sequence, a map, a string tensor)
+    FEED_PLAIN = 1          # a NumPy array feeds it as is
+    FEED_OPTIONAL = 2       # a graph input of an optional type: None (or an empty value) leaves it out
+
+
 cdef class InferenceSession:
     cdef object __weakref__
     cdef ort.OrtSession* handle
@@ -87,9 +93,10 @@ cdef class InferenceSession:
     cdef bint _fallback                         # retry failed creations on the fallback providers
     cdef bint _strict                           # strict_providers: unusable providers are errors
     cdef list _input_descs                      # per feedable input: its type descriptor (_containers)
-    cdef char* plain_feeds                      # per feedable input: 1 when a NumPy array feeds it as is
+    cdef char* feed_kinds                       # per feedable input: a FeedKind
     cdef list _provider_options
-    cdef Py_ssize_t n_inputs                    # required graph inputs
+    cdef Py_ssize_t n_inputs                    # graph inputs
+    cdef Py_ssize_t n_required_inputs           # graph inputs that are not of an optional type
     cdef Py_ssize_t n_feedable                  # inputs + overridable initializers
     cdef Py_ssize_t n_outputs
     # Names encoded once at creation; owned (malloc'ed) by the session.

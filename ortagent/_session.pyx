@@ -92,6 +92,20 @@ cdef inline bint _asked_twice(const Py_ssize_t* positions, Py_ssize_t n, Py_ssiz
 
 # ---- the run core (shared by InferenceSession, IOBinding and the agent engine) ----------------------
 
+cdef bint _absent_optional(object feed) except -1:
+    """Whether a feed for an input of an optional type means "no element": None, as in
+    onnxruntime's Python API, or an OrtValue without a value (an optional a model output). Such an
+    input is left out of Run, which onnxruntime reads as an optional without an element; feeding
+    the empty value itself crashes its Run."""
+    cdef int present = 1
+    if feed is None:
+        return True
+    if type(feed) is OrtValue:
+        (<OrtValue>feed).require_handle()
+        check(ort.HasValue((<OrtValue>feed).handle, &present))
+    return not present
+
+
 cdef int run_arrays_init(RunArrays* arrays, RunStack* stack, Py_ssize_t n_in, Py_ssize_t n_out) except -1:
     arrays.heap = NULL
     if n_in <= RUN_STACK_SLOTS and n_out <= RUN_STACK_SLOTS:
@@ -272,9 +286,10 @@ cdef class InferenceSession:
         self.fixed_outputs = <FixedOutput*>calloc(n_out + 1, sizeof(FixedOutput))
         self.feed_keys = <PyObject**>calloc(n_in + n_over + 1, sizeof(PyObject*))
         self.feed_key_positions = <Py_ssize_t*>calloc(n_in + n_over + 1, sizeof(Py_ssize_t))
-        self.plain_feeds = <char*>calloc(n_in + n_over + 1, sizeof(char))
+        self.feed_kinds = <char*>calloc(n_in + n_over + 1, sizeof(char))
         self._input_descs = []
-        if (self.plain_feeds == NULL or self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
+        self.n_required_inputs = 0
+        if (self.feed_kinds == NULL or self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
                 or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL
                 or self.fixed_outputs == NULL):
             raise MemoryError()
@@ -298,7 +313,14 @@ cdef class InferenceSession:
             self.input_elem_types[i] = elem
             self._input_descs.append(parse_type_string(arg.type))
             # string tensors take np.void arrays too, which need converting
-            self.plain_feeds[i] = elem >= 0 and elem != 8
+            if elem >= 0 and elem != 8:
+                self.feed_kinds[i] = FEED_PLAIN
+            elif i < n_in and self._input_descs[i][0] == "optional":
+                self.feed_kinds[i] = FEED_OPTIONAL
+            else:
+                self.feed_kinds[i] = FEED_CONVERTED
+            if i < n_in and self.feed_kinds[i] != FEED_OPTIONAL:
+                self.n_required_inputs += 1
             self.input_index[name] = i
         self.n_inputs = n_in
         for i in range(n_out):
@@ -376,8 +398,8 @@ cdef class InferenceSession:
             self.feed_keys = NULL
         free(self.feed_key_positions)
         self.feed_key_positions = NULL
-        free(self.plain_feeds)
-        self.plain_feeds = NULL
+        free(self.feed_kinds)
+        self.feed_kinds = NULL
 
     cdef void _release_handle(self) noexcept:
         if self.handle != NULL:
@@ -608,7 +630,9 @@ cdef class InferenceSession:
                         Py_XDECREF(self.feed_keys[n_ready])
                         self.feed_keys[n_ready] = key
                         self.feed_key_positions[n_ready] = i
-                if i < self.n_inputs:
+                if self.feed_kinds[i] == FEED_OPTIONAL and _absent_optional(<object>item):
+                    continue                    # onnxruntime's None: the input is left out
+                if i < self.n_inputs and self.feed_kinds[i] != FEED_OPTIONAL:
                     n_required += 1
                 a.in_names[n_ready] = self.input_names_c[i]
                 Py_INCREF(<object>item)
@@ -623,7 +647,7 @@ cdef class InferenceSession:
                     a.in_values[n_ready] = (<OrtValue>item).handle
                     a.in_created[n_ready] = FEED_BORROWED
                     a.in_holders[n_ready] = item
-                elif (not self.plain_feeds[i] or type(<object>item) is list or type(<object>item) is tuple
+                elif (self.feed_kinds[i] != FEED_PLAIN or type(<object>item) is list or type(<object>item) is tuple
                         or <object>item is None):
                     # a list, a sequence, a map, an optional, a string tensor: converted
                     if keep is None:
@@ -643,7 +667,7 @@ cdef class InferenceSession:
                     # alive by `keep` until this call returns)
                     a.in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
                 n_ready += 1
-            if n_required < self.n_inputs:
+            if n_required < self.n_required_inputs:
                 self._raise_missing_inputs(input_feed)
             n_out = self.output_positions(output_names, a.out_names, a.out_positions, n_out_capacity)
             for i in range(n_out):
@@ -739,7 +763,8 @@ cdef class InferenceSession:
         (<SessionBinding>iobinding).run_in(self, run_options)
 
     def _raise_missing_inputs(self, input_feed):
-        missing = [arg.name for arg in self._inputs_meta if arg.name not in input_feed]
+        missing = [arg.name for arg in self._inputs_meta
+                   if arg.name not in input_feed and not arg.type.startswith("optional(")]
         # onnxruntime's words, which callers match
         raise OrtInvalidArgument(f"Required inputs ({missing}) are missing from input feed ({list(input_feed)}).")
 

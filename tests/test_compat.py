@@ -779,20 +779,48 @@ def test_empty_sequence_input(ort_ref, elem):
 
 
 def test_optional_input_without_a_value(ort_ref):
-    """onnxruntime's Python module feeds None to an optional input; its C API's Run crashes on
-    such a value, so ortagent refuses it (an OrtNotImplemented), also as an OrtValue."""
+    """None for an input of an optional type means "no element", as does leaving it out, in both
+    modules; an OrtValue without a value (an optional a model output) means the same to run().
+    (ortagent leaves the input out of Run: onnxruntime's C Run crashes on the empty value itself.)"""
     theirs, ours = _both(ort_ref, optional_input_model())
-    assert theirs.run(None, {"o": None})[0].tolist() is False
-    with pytest.raises(ortagent.OrtNotImplemented, match="optional without an element"):
-        ours.run(None, {"o": None})
+    for feeds in ({"o": None}, {}, {"o": np.ones(2, np.float32)}):
+        _same(ours.run(None, feeds), theirs.run(None, feeds))
+        _same(ours.run([], feeds), theirs.run([], feeds))
+    assert ours.run(None, {"o": None})[0].tolist() is False
     (empty, _) = ortagent.InferenceSession(optional_output_model(True).SerializeToString()).run_with_ort_values(
         None, {"x": np.ones(2, np.float32)})
     assert not empty.has_value()
+    assert ours.run(None, {"o": empty})[0].tolist() is False
+    assert ours.run_with_ort_values(None, {"o": empty})[0].numpy().tolist() is False
+    # an IoBinding cannot leave a bound input out: it refuses the empty value, and an unbound
+    # optional input means no element there too
+    binding = ours.io_binding()
     with pytest.raises(ortagent.OrtNotImplemented, match="without a value"):
-        ours.run(None, {"o": empty})
-    with pytest.raises(ortagent.OrtNotImplemented, match="without a value"):
-        ours.io_binding().bind_ortvalue_input("o", empty)
-    _same(ours.run(None, {"o": np.ones(2, np.float32)}), theirs.run(None, {"o": np.ones(2, np.float32)}))
+        binding.bind_ortvalue_input("o", empty)
+    binding.bind_output("h")
+    ours.run_with_iobinding(binding)
+    their_binding = theirs.io_binding()
+    their_binding.bind_output("h")
+    theirs.run_with_iobinding(their_binding)
+    _same(binding.copy_outputs_to_cpu(), their_binding.copy_outputs_to_cpu())
+
+
+def test_optional_input_next_to_a_required_one(ort_ref):
+    """Only inputs of an optional type may be left out: onnxruntime's error names the others."""
+    opt = _typed("o", helper.make_optional_type_proto(_tensor_type(T.FLOAT, [2])))
+    model = _model([helper.make_node("OptionalHasElement", ["o"], ["h"]), helper.make_node("Identity", ["x"], ["y"])],
+                   [_tensor("x", T.FLOAT, [2]), opt], [_tensor("h", T.BOOL, []), _tensor("y", T.FLOAT, [2])])
+    theirs, ours = _both(ort_ref, model)
+    x = np.arange(2, dtype=np.float32)
+    for feeds in ({"x": x}, {"x": x, "o": None}, {"x": x, "o": x + 1}):
+        _same(ours.run(None, feeds), theirs.run(None, feeds))
+    for feeds in ({"o": None}, {"o": x}, {}):
+        with pytest.raises(Exception) as their_error:
+            theirs.run(None, feeds)
+        with pytest.raises(ortagent.OrtInvalidArgument) as our_error:
+            ours.run(None, feeds)
+        assert str(our_error.value) == str(their_error.value)
+        assert isinstance(our_error.value, type(their_error.value).__mro__[-2])
 
 
 def test_provider_graph_assignment(ort_ref):
