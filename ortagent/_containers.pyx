@@ -225,7 +225,7 @@ cdef ort.OrtValue* _sequence_value(object feed, object inner, object name, list 
                              f"{type(feed).__name__}")
     cdef Py_ssize_t n = len(feed), i, made = 0
     if n == 0:
-        if inner[0] != "tensor":
+        if inner[0] != "tensor" and type_string(inner) not in _ZIPMAP_LABELS:
             raise OrtNotImplemented(f"input {name!r}: an empty sequence of {type_string(inner)} cannot be "
                                     "made (OrtApi::CreateValue needs at least one element)")
         return _made_by_a_model(("seq", inner))
@@ -287,6 +287,10 @@ cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, obje
 # model makes each, once per type, on the CPU. (It could make optionals without an element too,
 # but onnxruntime's Run crashes when one is fed to it: run() leaves such an input out instead.)
 _MAKERS = {}
+# Empty sequences of maps (onnxruntime registers these two only) come from ZipMap (ai.onnx.ml) over
+# a [0, 1] tensor, with one class label of the map's key type.
+_ZIPMAP_LABELS = {"map(int64,tensor(float))": {"classlabels_int64s": [0]},
+                  "map(string,tensor(float))": {"classlabels_strings": ["0"]}}
 
 
 cdef object _type_proto(object desc):
@@ -303,16 +307,25 @@ cdef object _type_proto(object desc):
 
 
 cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
-    """A new value (the caller owns it): an empty sequence of tensors of the type `desc`."""
+    """A new value (the caller owns it): an empty sequence of the type `desc` (of tensors, or of
+    the maps ZipMap makes)."""
     key = type_string(desc)
     session = _MAKERS.get(key)
     if session is None:
-        from onnx import helper
+        from onnx import helper, TensorProto
         from ortagent._session import InferenceSession     # the layer above, on first use
         from ortagent._providers import strict_providers
-        node = helper.make_node("SequenceEmpty", [], ["v"], dtype=desc[1][1])
-        graph = helper.make_graph([node], "maker", [], [helper.make_value_info("v", _type_proto(desc))])
-        model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18)])
+        opsets = [helper.make_opsetid("", 18)]
+        if desc[1][0] == "tensor":
+            nodes = [helper.make_node("SequenceEmpty", [], ["v"], dtype=desc[1][1])]
+        else:
+            nodes = [helper.make_node("Constant", [], ["rows"], value=helper.make_tensor(
+                         "rows", TensorProto.FLOAT, [0, 1], [])),
+                     helper.make_node("ZipMap", ["rows"], ["v"], domain="ai.onnx.ml",
+                                      **_ZIPMAP_LABELS[type_string(desc[1])])]
+            opsets.append(helper.make_opsetid("ai.onnx.ml", 1))
+        graph = helper.make_graph(nodes, "maker", [], [helper.make_value_info("v", _type_proto(desc))])
+        model = helper.make_model(graph, ir_version=9, opset_imports=opsets)
         with strict_providers():
             session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         _MAKERS[key] = session

@@ -299,6 +299,10 @@ case("session", "run-string-with-nul", OrtInvalidArgument, "contains a NUL chara
 case("session", "run-overridable-initializer-wrong-dtype", OrtInvalidArgument, "input 'scale' expects tensor(float)",
      lambda w: w.overridable.run(None, {"x": F3, "scale": np.ones(1)}))
 
+case("session", "run-none-for-a-tensor", OrtInvalidType, "input 'a' must be a numpy.ndarray or an OrtValue, got NoneType",
+     run_add({"a": None, "b": F3}))
+
+
 
 def _closed_session():
     session = Session(models.add(shape=(3,)))

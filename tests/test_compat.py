@@ -778,6 +778,25 @@ def test_empty_sequence_input(ort_ref, elem):
     _same(ours.run(None, {"s": []}), ours.run(None, {"s": []}))          # the maker is reused
 
 
+@pytest.mark.parametrize("key", [T.INT64, T.STRING])
+def test_sequence_of_maps_input(ort_ref, key):
+    """A graph input of seq(map(...)) handed straight to its output: ortagent feeds lists of dicts,
+    empty ones too (made by ZipMap); onnxruntime's module refuses to feed any sequence of maps."""
+    kind = helper.make_sequence_type_proto(helper.make_map_type_proto(key, _tensor_type(T.FLOAT)))
+    model = _model([], [_typed("s", kind)], [_typed("s", kind)])
+    theirs, ours = _both(ort_ref, model)
+    assert ours.get_inputs()[0].type == theirs.get_inputs()[0].type
+    maps = [{1: 2.0, 3: 4.5}, {5: -1.0}] if key == T.INT64 else [{"a": 2.0}, {"b": -1.0, "c": 0.5}]
+    assert ours.run(None, {"s": maps}) == [maps]
+    for _ in range(2):                                   # the second time, the maker is reused
+        (result,) = ours.run(None, {"s": []})
+        assert result == []
+    (value,) = ours.run_with_ort_values(None, {"s": []})
+    assert value.data_type() == theirs.get_inputs()[0].type
+    with pytest.raises(RuntimeError, match="tensor type 0 is not supported"):
+        theirs.run(None, {"s": maps})
+
+
 def test_optional_input_without_a_value(ort_ref):
     """None for an input of an optional type means "no element", as does leaving it out, in both
     modules; an OrtValue without a value (an optional a model output) means the same to run().
