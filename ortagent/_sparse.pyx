@@ -2,10 +2,9 @@
 """Sparse tensors (onnxruntime.SparseTensor's names): COO and CSR(C) values over NumPy memory,
 made and read through the C API's sparse tensor calls.
 
-A SparseTensor made from NumPy arrays views them (no copy; it keeps them alive). Reading back
-(``values()``, the indices of a view) copies into new NumPy arrays. Only numeric values on the
-CPU: onnxruntime's C API fills string values and moves sparse tensors between devices only
-through calls ortagent does not make.
+A SparseTensor made from numeric NumPy arrays views them (no copy; it keeps them alive); one of
+strings holds UTF-8 copies (the C API's Fill calls). Reading back (``values()``, the indices of a
+view) copies into new NumPy arrays. On the CPU only: see SparseTensor.to_cuda.
 """
 
 import enum
@@ -21,6 +20,7 @@ from ortagent._runtime cimport check, ensure_loaded, shared_runtime
 from ortagent._dtypes cimport numpy_module
 from ortagent._memory cimport cpu_memory_info
 from ortagent._values cimport OrtValue, wrap_value
+from ortagent._tensors cimport encoded_strings, strings_to_numpy
 
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, OrtFail
 
@@ -113,23 +113,71 @@ cdef int _check_device(object ort_device) except -1:
     return 0
 
 
+cdef int64_t* _int64s(object numbers) except NULL:
+    """A new C array (the caller frees it) of the ints in `numbers`."""
+    cdef Py_ssize_t n = len(numbers), i
+    cdef int64_t* result = <int64_t*>malloc((n + 1) * sizeof(int64_t))
+    if result == NULL:
+        raise MemoryError()
+    for i in range(n):
+        result[i] = numbers[i]
+    return result
+
+
+cdef bint _holds_strings(object values):
+    return values.dtype.kind in "USO"
+
+
 cdef ort.OrtValue* _with_values(list dense, object values) except NULL:
+    """A new sparse tensor over the numeric `values` (not copied); its indices are set next."""
     cdef int elem = _elem_of_dtype(values.dtype)
-    cdef int64_t* dense_c = <int64_t*>malloc((len(dense) + 1) * sizeof(int64_t))
-    cdef int64_t* values_shape = <int64_t*>malloc((values.ndim + 1) * sizeof(int64_t))
+    cdef int64_t* dense_c = _int64s(dense)
+    cdef int64_t* values_shape = NULL
     cdef ort.OrtValue* handle = NULL
-    cdef Py_ssize_t i
     try:
-        if dense_c == NULL or values_shape == NULL:
-            raise MemoryError()
-        for i in range(len(dense)):
-            dense_c[i] = dense[i]
-        for i in range(values.ndim):
-            values_shape[i] = values.shape[i]
+        values_shape = _int64s(values.shape)
         check(ort.CreateSparseTensorWithValuesAsOrtValue(
             cpu_memory_info(), <void*><size_t>values.ctypes.data, dense_c, <size_t>len(dense), values_shape,
             <size_t>values.ndim, <ort.ONNXTensorElementDataType>elem, &handle))
     finally:
+        free(dense_c)
+        free(values_shape)
+    return handle
+
+
+cdef ort.OrtValue* _with_strings(list dense, object values, object first, object second) except NULL:
+    """A new sparse tensor holding UTF-8 copies of the strings `values` and of its indices: COO
+    `first` (`second` None), or CSR inner `first` and outer `second`."""
+    encoded = encoded_strings(values)
+    cdef Py_ssize_t n = len(encoded), i
+    cdef const char** pointers = <const char**>malloc((n + 1) * sizeof(char*))
+    cdef int64_t* dense_c = NULL
+    cdef int64_t* values_shape = NULL
+    cdef ort.OrtAllocator* allocator = NULL
+    cdef ort.OrtValue* handle = NULL
+    try:
+        if pointers == NULL:
+            raise MemoryError()
+        for i in range(n):
+            pointers[i] = <const char*>(<bytes>encoded[i])
+        dense_c = _int64s(dense)
+        values_shape = _int64s(values.shape)
+        check(ort.GetAllocatorWithDefaultOptions(&allocator))
+        check(ort.CreateSparseTensorAsOrtValue(allocator, dense_c, <size_t>len(dense),
+                                               ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING, &handle))
+        if second is None:
+            check(ort.FillSparseTensorCoo(handle, cpu_memory_info(), values_shape, <size_t>values.ndim, pointers,
+                                          <int64_t*><size_t>first.ctypes.data, <size_t>first.size))
+        else:
+            check(ort.FillSparseTensorCsr(handle, cpu_memory_info(), values_shape, <size_t>values.ndim, pointers,
+                                          <int64_t*><size_t>first.ctypes.data, <size_t>first.size,
+                                          <int64_t*><size_t>second.ctypes.data, <size_t>second.size))
+    except BaseException:
+        if handle != NULL:
+            ort.ReleaseValue(handle)
+        raise
+    finally:
+        free(pointers)
         free(dense_c)
         free(values_shape)
     return handle
@@ -150,12 +198,15 @@ cdef class SparseTensor:
     @staticmethod
     def sparse_coo_from_numpy(dense_shape, values, coo_indices, ort_device=None):
         """COO: `values` (nnz) with int64 `coo_indices`, either nnz linear indices or an
-        (nnz, rank) array of coordinates. The tensor views both arrays."""
+        (nnz, rank) array of coordinates. The tensor views both arrays (numeric values), or holds
+        copies (strings: str, bytes or objects holding either)."""
         ensure_loaded()
         _check_device(ort_device)
         dense = _dense_shape_of(dense_shape)
         values = _c_array(values, "values")
         indices = _c_array(coo_indices, "coo_indices", "int64")
+        if _holds_strings(values):
+            return _wrap(wrap_value(_with_strings(dense, values, indices, None), None, None))
         cdef ort.OrtValue* handle = _with_values(dense, values)
         try:
             check(ort.UseCooIndices(handle, <int64_t*><size_t>indices.ctypes.data, <size_t>indices.size))
@@ -167,13 +218,16 @@ cdef class SparseTensor:
     @staticmethod
     def sparse_csr_from_numpy(dense_shape, values, inner_indices, outer_indices, ort_device=None):
         """CSR: `values` (nnz), int64 `inner_indices` (the column of each value) and
-        `outer_indices` (rows + 1 offsets into them). The tensor views the three arrays."""
+        `outer_indices` (rows + 1 offsets into them). The tensor views the three arrays (numeric
+        values), or holds copies (strings)."""
         ensure_loaded()
         _check_device(ort_device)
         dense = _dense_shape_of(dense_shape)
         values = _c_array(values, "values")
         inner = _c_array(inner_indices, "inner_indices", "int64")
         outer = _c_array(outer_indices, "outer_indices", "int64")
+        if _holds_strings(values):
+            return _wrap(wrap_value(_with_strings(dense, values, inner, outer), None, None))
         cdef ort.OrtValue* handle = _with_values(dense, values)
         try:
             check(ort.UseCsrIndices(handle, <int64_t*><size_t>inner.ctypes.data, <size_t>inner.size,
@@ -200,6 +254,11 @@ cdef class SparseTensor:
         cdef ort.OrtValue* handle = self._handle()
         check(ort.GetSparseTensorValuesTypeAndShape(handle, &info))
         elem, shape = _type_and_shape(info)
+        if elem == ORTAGENT_ELEM_STRING:                # decoded: an object array of str
+            count = 1
+            for extent in shape:
+                count *= extent
+            return strings_to_numpy(handle, count, shape)
         check(ort.GetSparseTensorValues(handle, &data))
         return _copy_out(data, elem, shape)
 
@@ -252,8 +311,9 @@ cdef class SparseTensor:
             raise OrtFail(f"This sparse tensor does not contain {name} format")
 
     def to_cuda(self, ort_device):
-        raise OrtNotImplemented("ortagent keeps sparse tensors on the CPU: onnxruntime's C API has no "
-                                "call that copies one to a device")
+        raise OrtNotImplemented("ortagent keeps sparse tensors on the CPU: to_cuda is not implemented "
+                                "(the C API could fill a sparse tensor made by a CUDA allocator from "
+                                "this one's CPU data; ortagent has not bound that path)")
 
     def __repr__(self):
         return f"SparseTensor({self.data_type()}, format={self.format().name}, dense_shape={self.dense_shape()})"

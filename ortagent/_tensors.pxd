@@ -33,6 +33,7 @@ cdef void clear_feed_view(FeedView* cache) noexcept
 cdef void* tensor_data(ort.OrtValue* handle) noexcept
 
 # A new ORT string tensor holding UTF-8 copies of a NumPy array's items (str, bytes or objects).
+cdef list encoded_strings(object arr)
 cdef ort.OrtValue* string_tensor(object arr) except NULL
 # Refill string tensor `handle` with UTF-8 copies of `arr`'s items (as many as it holds).
 cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1

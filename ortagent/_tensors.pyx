@@ -197,7 +197,7 @@ cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const v
 
 
 
-cdef list _encoded_strings(object arr):
+cdef list encoded_strings(object arr):
     """UTF-8 bytes of every item of `arr` (str or bytes), in C order."""
     encoded = []
     for item in arr.ravel(order="C").tolist():
@@ -236,7 +236,7 @@ cdef ort.OrtValue* string_tensor(object arr) except NULL:
     """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects);
     the caller owns it."""
     ensure_loaded()      # this can be a process's first call into onnxruntime
-    encoded = _encoded_strings(arr)
+    encoded = encoded_strings(arr)
     cdef ort.OrtAllocator* allocator = NULL
     cdef ort.OrtValue* handle = NULL
     cdef int64_t stack_dims[MAX_INLINE_DIMS]
@@ -265,7 +265,7 @@ cdef ort.OrtValue* string_tensor(object arr) except NULL:
 
 cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1:
     """Refill a string tensor with UTF-8 copies of `arr`'s items (the same count)."""
-    return _fill_strings(handle, _encoded_strings(arr))
+    return _fill_strings(handle, encoded_strings(arr))
 
 
 cdef object strings_to_numpy(ort.OrtValue* handle, Py_ssize_t count, list shape):

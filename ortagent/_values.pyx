@@ -175,6 +175,8 @@ cdef class OrtValue:
                 self.memory_kind = memory_kind_of(mem, &self.device_id)
         if status == NULL and elem != ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING:
             status = ort.GetTensorMutableData(self.handle, &self.data)
+        elif status == NULL and self._onnx_type() == ort.ONNX_TYPE_SPARSETENSOR:
+            return self._describe_sparse()       # strings have no data pointer to fail on
         if status != NULL:
             # A sparse tensor reports a type and shape but has no dense data: not a tensor here.
             try:
@@ -184,13 +186,16 @@ cdef class OrtValue:
                 raise
             if kind == ort.ONNX_TYPE_SPARSETENSOR:
                 ort.ReleaseStatus(status)
-                self.is_tensor_value = False
-                self.elem_type = 0
-                self.ndim = 0
-                self.data = NULL
-                return 0
+                return self._describe_sparse()
             check(status)
         self.elem_type = <int>elem
+        return 0
+
+    cdef int _describe_sparse(self) noexcept:
+        self.is_tensor_value = False
+        self.elem_type = 0
+        self.ndim = 0
+        self.data = NULL
         return 0
 
     # -- construction ----------------------------------------------------------------------------

@@ -132,8 +132,15 @@ case("options", "sparse-coo-indices-float", OrtInvalidArgument, "coo_indices mus
      lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.ones(1, np.float32), np.zeros(1, np.float32)))
 case("options", "sparse-coo-out-of-bounds", OrtInvalidArgument, "COO linear index out of bounds",
      lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.ones(1, np.float32), np.array([5], np.int64)))
-case("options", "sparse-strings", ortagent.OrtNotImplemented, "numeric NumPy types only",
-     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.array(["a"], object), np.array([0], np.int64)))
+case("options", "sparse-objects-not-strings", OrtInvalidType, "string tensors hold str or bytes, got int",
+     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.array(["a", 1], object), np.array([0, 1], np.int64)))
+case("options", "sparse-string-with-nul", OrtInvalidArgument, "contains a NUL character",
+     lambda w: ortagent.SparseTensor.sparse_csr_from_numpy([1, 2], np.array(["a\0b"]), np.array([0], np.int64),
+                                                           np.array([0, 1], np.int64)))
+case("options", "sparse-strings-out-of-bounds", OrtInvalidArgument, "out of bounds",
+     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.array(["a"]), np.array([5], np.int64)))
+case("options", "sparse-datetimes", ortagent.OrtNotImplemented, "numeric NumPy types only",
+     lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.zeros(1, "datetime64[s]"), np.array([0], np.int64)))
 case("options", "global-pools-after-first-use", ortagent.OrtFail, "environment exists already",
      lambda w: ortagent.set_global_thread_pool_sizes(3, 3))
 case("options", "global-pools-str", OrtInvalidType, "intra_op_num_threads must be an int",

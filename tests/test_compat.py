@@ -585,6 +585,33 @@ def test_sparse_input_to_a_session(ort_ref):
     _same(our_value.as_sparse_tensor().values(), np.asarray(their_value.as_sparse_tensor().values()))
 
 
+
+@pytest.mark.parametrize("kind", ["coo", "csr"])
+def test_sparse_strings(ort_ref, kind):
+    """String values (onnxruntime takes str arrays; ortagent bytes and str objects too) are copied
+    in, read back as str, and go through a session whose sparse input is its output."""
+    def pair(module, values):
+        device = module.OrtDevice.make("cpu", 0) if module is not ortagent else None
+        if kind == "coo":
+            return module.SparseTensor.sparse_coo_from_numpy([2, 3], values, np.array([1, 4], np.int64), device)
+        return module.SparseTensor.sparse_csr_from_numpy([2, 3], values, np.array([1, 2], np.int64),
+                                                         np.array([0, 1, 2], np.int64), device)
+    words = np.array(["é", "longer than any short-string buffer"])
+    theirs = pair(ort_ref, words)
+    for values in (words, words.astype(object), np.array([w.encode() for w in words], object)):
+        ours = pair(ortagent, values)
+        assert ours.data_type() == theirs.data_type() == "sparse_tensor(string)"
+        assert int(ours.format()) == int(theirs.format())
+        _same(ours.values(), np.asarray(theirs.values()))
+        del values                                       # copies: the arrays may go
+        _same(ours.values(), np.asarray(theirs.values()))
+    kind_proto = helper.make_sparse_tensor_type_proto(T.STRING, [2, 3])
+    their_session, our_session = _both(ort_ref, _model([], [_typed("s", kind_proto)], [_typed("s", kind_proto)]))
+    (their_out,) = their_session.run_with_ort_values(None, {"s": ort_ref.OrtValue.ort_value_from_sparse_tensor(theirs)})
+    (our_out,) = our_session.run_with_ort_values(None, {"s": ortagent.OrtValue.ort_value_from_sparse_tensor(ours)})
+    assert our_out.data_type() == their_out.data_type()
+    _same(our_out.as_sparse_tensor().values(), np.asarray(their_out.as_sparse_tensor().values()))
+
 # ---- values, devices, memory infos ------------------------------------------------------------------
 
 def test_ortvalue_with_onnx_type(ort_ref):

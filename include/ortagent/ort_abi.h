@@ -269,6 +269,9 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(171,  9, OrtStatus*, CreateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2**)) \
     X(172,  9, OrtStatus*, UpdateTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2*, const char* const*, const char* const*, size_t)) \
     X(174,  9, void, ReleaseTensorRTProviderOptions, (OrtTensorRTProviderOptionsV2*)) \
+    X(179,  9, OrtStatus*, CreateSparseTensorAsOrtValue, (OrtAllocator*, const int64_t*, size_t, ONNXTensorElementDataType, OrtValue**)) \
+    X(180,  9, OrtStatus*, FillSparseTensorCoo, (OrtValue*, const OrtMemoryInfo*, const int64_t*, size_t, const void*, const int64_t*, size_t)) \
+    X(181,  9, OrtStatus*, FillSparseTensorCsr, (OrtValue*, const OrtMemoryInfo*, const int64_t*, size_t, const void*, const int64_t*, size_t, const int64_t*, size_t)) \
     X(183,  9, OrtStatus*, CreateSparseTensorWithValuesAsOrtValue, (const OrtMemoryInfo*, void*, const int64_t*, size_t, const int64_t*, size_t, ONNXTensorElementDataType, OrtValue**)) \
     X(184,  9, OrtStatus*, UseCooIndices, (OrtValue*, int64_t*, size_t)) \
     X(185,  9, OrtStatus*, UseCsrIndices, (OrtValue*, int64_t*, size_t, int64_t*, size_t)) \
