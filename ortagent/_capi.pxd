@@ -173,9 +173,15 @@ cdef extern from "ortagent/ort_call.h" nogil:
     enum: ortagent_since_MemoryInfoGetDeviceMemType
     enum: ortagent_since_CompileModel
     enum: ortagent_since_ModelCompilationOptions_SetFlags
-    # Whether the loaded runtime has a slot (a newer slot returning a plain value, or nothing,
-    # is called only after this says yes).
-    bint ORTAGENT_HAS(...)
+    # Whether the loaded runtime has a slot (ORTAGENT_HAS): a newer slot returning a plain
+    # value, or nothing, is called only after its check says yes.
+    bint HAS_GetEpDevices "ORTAGENT_HAS(GetEpDevices)"
+    bint HAS_EpDevice_MemoryInfo "ORTAGENT_HAS(EpDevice_MemoryInfo)"
+    bint HAS_MemoryInfoGetDeviceMemType "ORTAGENT_HAS(MemoryInfoGetDeviceMemType)"
+    bint HAS_MemoryInfoGetVendorId "ORTAGENT_HAS(MemoryInfoGetVendorId)"
+    bint HAS_SyncStream_GetHandle "ORTAGENT_HAS(SyncStream_GetHandle)"
+    bint HAS_ReleaseSyncStream "ORTAGENT_HAS(ReleaseSyncStream)"
+    bint HAS_GetCompileApi "ORTAGENT_HAS(GetCompileApi)"
     enum: ortagent_since_GetTensorElementTypeAndShapeDataReference
 
     # ---- slots up to ORTAGENT_API_FLOOR ----
