@@ -243,7 +243,8 @@ def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
                   f"ort_abi.h vs {genuine.origin} (ORT_API_VERSION {genuine.version}, "
                   f"{len(genuine.members)} slots): {len(checked_slots)} of {len(declared)} "
                   f"declared slots verified (index + signature), {len(checked_compile)} of "
-                  f"{len(compile_declared)} OrtCompileApi slots, {len(enums)} enums / "
+                  f"{len(compile_declared)} OrtCompileApi slots, "
+                  f"{len({line.split()[1] for line in checked_enums})} of {len(enums)} enums / "
                   f"{len(checked_enums)} values verified, OrtApiBase layout verified")
 
 
