@@ -168,10 +168,6 @@ cdef extern from "ortagent/ort_call.h" nogil:
     ortagent_runtime* ortagent_rt
 
     enum: ortagent_since_CopyTensors
-    enum: ortagent_since_GetEpDevices
-    enum: ortagent_since_EpDevice_MemoryInfo
-    enum: ortagent_since_MemoryInfoGetDeviceMemType
-    enum: ortagent_since_CompileModel
     enum: ortagent_since_ModelCompilationOptions_SetFlags
     # Whether the loaded runtime has a slot (ORTAGENT_HAS): a newer slot returning a plain
     # value, or nothing, is called only after its check says yes.
@@ -181,7 +177,6 @@ cdef extern from "ortagent/ort_call.h" nogil:
     bint HAS_MemoryInfoGetVendorId "ORTAGENT_HAS(MemoryInfoGetVendorId)"
     bint HAS_SyncStream_GetHandle "ORTAGENT_HAS(SyncStream_GetHandle)"
     bint HAS_ReleaseSyncStream "ORTAGENT_HAS(ReleaseSyncStream)"
-    bint HAS_GetCompileApi "ORTAGENT_HAS(GetCompileApi)"
     enum: ortagent_since_GetTensorElementTypeAndShapeDataReference
 
     # ---- slots up to ORTAGENT_API_FLOOR ----

@@ -211,6 +211,8 @@ cdef class OrtEpDevice:
         raise OrtInvalidType("OrtEpDevice objects come from ortagent.get_ep_devices()")
 
     cdef const ort.OrtEpDevice* _get(self) except NULL:
+        # (a device exists only where GetEpDevices ran; checked anyway before any 1.22 accessor)
+        _require_version(ort.HAS_GetEpDevices, "GetEpDevices", 22)
         if self.handle == NULL:
             raise OrtInvalidArgument("this OrtEpDevice is gone: the execution provider library that "
                                      "provided it was unregistered")
@@ -305,6 +307,7 @@ cdef class OrtSyncStream:
         if self.handle == NULL:
             raise OrtInvalidArgument("this OrtSyncStream was not created by create_sync_stream()")
         self.device._get()
+        _require_version(ort.HAS_SyncStream_GetHandle, "SyncStream_GetHandle", 23)
         return <uintptr_t>ort.SyncStream_GetHandle(self.handle)
 
 
