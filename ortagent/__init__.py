@@ -60,6 +60,18 @@ _LAZY = {
     "ExecutionMode": "ortagent._options",
     "LoraAdapter": "ortagent._options",
     "strict_providers": "ortagent._providers",
+    # execution-provider devices and model compilation
+    "get_ep_devices": "ortagent._epdevices",
+    "register_execution_provider_library": "ortagent._epdevices",
+    "unregister_execution_provider_library": "ortagent._epdevices",
+    "OrtEpDevice": "ortagent._epdevices",
+    "OrtHardwareDevice": "ortagent._epdevices",
+    "OrtHardwareDeviceType": "ortagent._epdevices",
+    "OrtExecutionProviderDevicePolicy": "ortagent._epdevices",
+    "OrtDeviceVendorId": "ortagent._epdevices",
+    "OrtSyncStream": "ortagent._epdevices",
+    "ModelCompiler": "ortagent._compile",
+    "OrtCompileApiFlags": "ortagent._compile",
     # training
     "TrainingAgent": "ortagent.agent",
     "PartialGraphExecutionState": "ortagent.agent",
@@ -100,6 +112,17 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
     from ortagent._options import LoraAdapter as LoraAdapter
     from ortagent._providers import strict_providers as strict_providers
+    from ortagent._epdevices import get_ep_devices as get_ep_devices
+    from ortagent._epdevices import register_execution_provider_library as register_execution_provider_library
+    from ortagent._epdevices import unregister_execution_provider_library as unregister_execution_provider_library
+    from ortagent._epdevices import OrtEpDevice as OrtEpDevice
+    from ortagent._epdevices import OrtHardwareDevice as OrtHardwareDevice
+    from ortagent._epdevices import OrtHardwareDeviceType as OrtHardwareDeviceType
+    from ortagent._epdevices import OrtExecutionProviderDevicePolicy as OrtExecutionProviderDevicePolicy
+    from ortagent._epdevices import OrtDeviceVendorId as OrtDeviceVendorId
+    from ortagent._epdevices import OrtSyncStream as OrtSyncStream
+    from ortagent._compile import ModelCompiler as ModelCompiler
+    from ortagent._compile import OrtCompileApiFlags as OrtCompileApiFlags
     from ortagent._session import InferenceSession as InferenceSession
     from ortagent._iobinding import IOBinding as IOBinding
     from ortagent._metadata import ModelMetadata as ModelMetadata

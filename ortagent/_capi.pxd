@@ -7,7 +7,7 @@ ORTAGENT_CALL_NEWER, which substitutes a stand-in returning an ORT_NOT_IMPLEMENT
 names the onnxruntime version needed when the loaded runtime is older.
 """
 
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
 
 cdef extern from "ortagent/ort_abi.h" nogil:
@@ -37,6 +37,11 @@ cdef extern from "ortagent/ort_abi.h" nogil:
     ctypedef struct OrtArenaCfg
     ctypedef struct OrtEpAssignedSubgraph
     ctypedef struct OrtEpAssignedNode
+    ctypedef struct OrtKeyValuePairs
+    ctypedef struct OrtHardwareDevice
+    ctypedef struct OrtEpDevice
+    ctypedef struct OrtModelCompilationOptions
+    ctypedef struct OrtCompileApi
     # C's bool (stdbool.h, included by ort_abi.h)
     ctypedef bint bool
 
@@ -127,6 +132,21 @@ cdef extern from "ortagent/ort_abi.h" nogil:
         ORT_SPARSE_CSR_OUTER_INDICES
         ORT_SPARSE_BLOCK_SPARSE_INDICES
 
+    ctypedef enum OrtHardwareDeviceType:
+        OrtHardwareDeviceType_CPU
+        OrtHardwareDeviceType_GPU
+        OrtHardwareDeviceType_NPU
+
+    ctypedef enum OrtExecutionProviderDevicePolicy:
+        OrtExecutionProviderDevicePolicy_DEFAULT
+        OrtExecutionProviderDevicePolicy_MIN_OVERALL_POWER
+
+    ctypedef enum OrtDeviceMemoryType:
+        OrtDeviceMemoryType_DEFAULT
+        OrtDeviceMemoryType_HOST_ACCESSIBLE
+
+    ctypedef OrtStatus* (*ortagent_write_buffer_fn)(void*, const void*, size_t) noexcept
+
     ctypedef struct ortagent_api_base:
         const void* (*get_api)(uint32_t)
         const char* (*get_version_string)()
@@ -148,6 +168,15 @@ cdef extern from "ortagent/ort_call.h" nogil:
     ortagent_runtime* ortagent_rt
 
     enum: ortagent_since_CopyTensors
+    enum: ortagent_since_ModelCompilationOptions_SetFlags
+    # Whether the loaded runtime has a slot (ORTAGENT_HAS): a newer slot returning a plain
+    # value, or nothing, is called only after its check says yes.
+    bint HAS_GetEpDevices "ORTAGENT_HAS(GetEpDevices)"
+    bint HAS_EpDevice_MemoryInfo "ORTAGENT_HAS(EpDevice_MemoryInfo)"
+    bint HAS_MemoryInfoGetDeviceMemType "ORTAGENT_HAS(MemoryInfoGetDeviceMemType)"
+    bint HAS_MemoryInfoGetVendorId "ORTAGENT_HAS(MemoryInfoGetVendorId)"
+    bint HAS_SyncStream_GetHandle "ORTAGENT_HAS(SyncStream_GetHandle)"
+    bint HAS_ReleaseSyncStream "ORTAGENT_HAS(ReleaseSyncStream)"
     enum: ortagent_since_GetTensorElementTypeAndShapeDataReference
 
     # ---- slots up to ORTAGENT_API_FLOOR ----
@@ -326,9 +355,17 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* SetEpDynamicOptions "ORTAGENT_CALL(SetEpDynamicOptions)"(OrtSession*, const char* const*, const char* const*, size_t)
 
     # ---- slots newer than ORTAGENT_API_FLOOR ----
+    OrtStatus* RegisterExecutionProviderLibrary "ORTAGENT_CALL_NEWER(RegisterExecutionProviderLibrary)"(OrtEnv*, const char*, const char*)
+    OrtStatus* UnregisterExecutionProviderLibrary "ORTAGENT_CALL_NEWER(UnregisterExecutionProviderLibrary)"(OrtEnv*, const char*)
+    OrtStatus* GetEpDevices "ORTAGENT_CALL_NEWER(GetEpDevices)"(const OrtEnv*, const OrtEpDevice* const**, size_t*)
+    OrtStatus* SessionOptionsAppendExecutionProvider_V2 "ORTAGENT_CALL_NEWER(SessionOptionsAppendExecutionProvider_V2)"(OrtSessionOptions*, OrtEnv*, const OrtEpDevice* const*, size_t, const char* const*, const char* const*, size_t)
+    OrtStatus* SessionOptionsSetEpSelectionPolicy "ORTAGENT_CALL_NEWER(SessionOptionsSetEpSelectionPolicy)"(OrtSessionOptions*, OrtExecutionProviderDevicePolicy)
     OrtStatus* GetTensorSizeInBytes "ORTAGENT_CALL_NEWER(GetTensorSizeInBytes)"(const OrtValue*, size_t*)
+    OrtStatus* CreateMemoryInfo_V2 "ORTAGENT_CALL_NEWER(CreateMemoryInfo_V2)"(const char*, OrtMemoryInfoDeviceType, uint32_t, int32_t, OrtDeviceMemoryType, size_t, OrtAllocatorType, OrtMemoryInfo**)
     OrtStatus* SessionGetMemoryInfoForInputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForInputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
     OrtStatus* SessionGetMemoryInfoForOutputs "ORTAGENT_CALL_NEWER(SessionGetMemoryInfoForOutputs)"(const OrtSession*, const OrtMemoryInfo**, size_t)
+    OrtStatus* SessionGetEpDeviceForInputs "ORTAGENT_CALL_NEWER(SessionGetEpDeviceForInputs)"(const OrtSession*, const OrtEpDevice**, size_t)
+    OrtStatus* CreateSyncStreamForEpDevice "ORTAGENT_CALL_NEWER(CreateSyncStreamForEpDevice)"(const OrtEpDevice*, const OrtKeyValuePairs*, OrtSyncStream**)
     OrtStatus* CopyTensors "ORTAGENT_CALL_NEWER(CopyTensors)"(const OrtEnv*, const OrtValue* const*, OrtValue* const*, OrtSyncStream*, size_t)
     OrtStatus* Session_GetEpGraphAssignmentInfo "ORTAGENT_CALL_NEWER(Session_GetEpGraphAssignmentInfo)"(const OrtSession*, const OrtEpAssignedSubgraph* const**, size_t*)
     OrtStatus* EpAssignedSubgraph_GetEpName "ORTAGENT_CALL_NEWER(EpAssignedSubgraph_GetEpName)"(const OrtEpAssignedSubgraph*, const char**)
@@ -337,3 +374,36 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* EpAssignedNode_GetDomain "ORTAGENT_CALL_NEWER(EpAssignedNode_GetDomain)"(const OrtEpAssignedNode*, const char**)
     OrtStatus* EpAssignedNode_GetOperatorType "ORTAGENT_CALL_NEWER(EpAssignedNode_GetOperatorType)"(const OrtEpAssignedNode*, const char**)
     OrtStatus* GetTensorElementTypeAndShapeDataReference "ORTAGENT_CALL_NEWER(GetTensorElementTypeAndShapeDataReference)"(const OrtValue*, ONNXTensorElementDataType*, const int64_t**, size_t*)
+
+    # ---- newer slots returning a plain value or nothing (check ORTAGENT_HAS first) ----
+    const OrtCompileApi* GetCompileApi "ORTAGENT_CALL_NEWER(GetCompileApi)"()
+    OrtHardwareDeviceType HardwareDevice_Type "ORTAGENT_CALL_NEWER(HardwareDevice_Type)"(const OrtHardwareDevice*)
+    uint32_t HardwareDevice_VendorId "ORTAGENT_CALL_NEWER(HardwareDevice_VendorId)"(const OrtHardwareDevice*)
+    const char* HardwareDevice_Vendor "ORTAGENT_CALL_NEWER(HardwareDevice_Vendor)"(const OrtHardwareDevice*)
+    uint32_t HardwareDevice_DeviceId "ORTAGENT_CALL_NEWER(HardwareDevice_DeviceId)"(const OrtHardwareDevice*)
+    const OrtKeyValuePairs* HardwareDevice_Metadata "ORTAGENT_CALL_NEWER(HardwareDevice_Metadata)"(const OrtHardwareDevice*)
+    const char* EpDevice_EpName "ORTAGENT_CALL_NEWER(EpDevice_EpName)"(const OrtEpDevice*)
+    const char* EpDevice_EpVendor "ORTAGENT_CALL_NEWER(EpDevice_EpVendor)"(const OrtEpDevice*)
+    const OrtKeyValuePairs* EpDevice_EpMetadata "ORTAGENT_CALL_NEWER(EpDevice_EpMetadata)"(const OrtEpDevice*)
+    const OrtKeyValuePairs* EpDevice_EpOptions "ORTAGENT_CALL_NEWER(EpDevice_EpOptions)"(const OrtEpDevice*)
+    const OrtHardwareDevice* EpDevice_Device "ORTAGENT_CALL_NEWER(EpDevice_Device)"(const OrtEpDevice*)
+    OrtDeviceMemoryType MemoryInfoGetDeviceMemType "ORTAGENT_CALL_NEWER(MemoryInfoGetDeviceMemType)"(const OrtMemoryInfo*)
+    uint32_t MemoryInfoGetVendorId "ORTAGENT_CALL_NEWER(MemoryInfoGetVendorId)"(const OrtMemoryInfo*)
+    const OrtMemoryInfo* EpDevice_MemoryInfo "ORTAGENT_CALL_NEWER(EpDevice_MemoryInfo)"(const OrtEpDevice*, OrtDeviceMemoryType)
+    void* SyncStream_GetHandle "ORTAGENT_CALL_NEWER(SyncStream_GetHandle)"(OrtSyncStream*)
+    void GetKeyValuePairs "ORTAGENT_CALL_NEWER(GetKeyValuePairs)"(const OrtKeyValuePairs*, const char* const**, const char* const**, size_t*)
+    void ReleaseSyncStream "ORTAGENT_CALL_NEWER(ReleaseSyncStream)"(OrtSyncStream*)
+
+    # ---- the OrtCompileApi table (each slot version-checked by ORTAGENT_COMPILE_CALL) ----
+    void ReleaseModelCompilationOptions "ORTAGENT_COMPILE_CALL(ReleaseModelCompilationOptions)"(OrtModelCompilationOptions*)
+    OrtStatus* CreateModelCompilationOptionsFromSessionOptions "ORTAGENT_COMPILE_CALL(CreateModelCompilationOptionsFromSessionOptions)"(const OrtEnv*, const OrtSessionOptions*, OrtModelCompilationOptions**)
+    OrtStatus* ModelCompilationOptions_SetInputModelPath "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetInputModelPath)"(OrtModelCompilationOptions*, const char*)
+    OrtStatus* ModelCompilationOptions_SetInputModelFromBuffer "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetInputModelFromBuffer)"(OrtModelCompilationOptions*, const void*, size_t)
+    OrtStatus* ModelCompilationOptions_SetOutputModelPath "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetOutputModelPath)"(OrtModelCompilationOptions*, const char*)
+    OrtStatus* ModelCompilationOptions_SetOutputModelExternalInitializersFile "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetOutputModelExternalInitializersFile)"(OrtModelCompilationOptions*, const char*, size_t)
+    OrtStatus* ModelCompilationOptions_SetOutputModelBuffer "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetOutputModelBuffer)"(OrtModelCompilationOptions*, OrtAllocator*, void**, size_t*)
+    OrtStatus* ModelCompilationOptions_SetEpContextEmbedMode "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetEpContextEmbedMode)"(OrtModelCompilationOptions*, bool)
+    OrtStatus* CompileModel "ORTAGENT_COMPILE_CALL(CompileModel)"(const OrtEnv*, const OrtModelCompilationOptions*)
+    OrtStatus* ModelCompilationOptions_SetFlags "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetFlags)"(OrtModelCompilationOptions*, uint32_t)
+    OrtStatus* ModelCompilationOptions_SetGraphOptimizationLevel "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetGraphOptimizationLevel)"(OrtModelCompilationOptions*, GraphOptimizationLevel)
+    OrtStatus* ModelCompilationOptions_SetOutputModelWriteFunc "ORTAGENT_COMPILE_CALL(ModelCompilationOptions_SetOutputModelWriteFunc)"(OrtModelCompilationOptions*, ortagent_write_buffer_fn, void*)

@@ -9,6 +9,7 @@ import enum
 cimport cython
 from libc.stdlib cimport malloc, free
 from libc.string cimport strlen
+from libc.stdint cimport int32_t, uint32_t
 
 from operator import index as _index
 
@@ -388,15 +389,56 @@ cdef class OrtMemoryInfo:
 
     @property
     def device_mem_type(self):
-        """HOST_ACCESSIBLE for pinned memory ('CudaPinned', ...), DEFAULT otherwise (read from
-        the name: OrtApi::MemoryInfoGetDeviceMemType is not declared by ortagent)."""
+        """DEFAULT or HOST_ACCESSIBLE (OrtApi::MemoryInfoGetDeviceMemType on onnxruntime >=
+        1.23; before, read from the name: '...Pinned' is host accessible)."""
+        self._require()
+        if ort.HAS_MemoryInfoGetDeviceMemType:
+            return OrtDeviceMemoryType(<int>ort.MemoryInfoGetDeviceMemType(self.handle))
         return (OrtDeviceMemoryType.HOST_ACCESSIBLE if "Pinned" in self.name
                 else OrtDeviceMemoryType.DEFAULT)
 
     @property
     def device_vendor_id(self):
-        """NVIDIA's PCI vendor id for CUDA memory, 0 for CPU memory (from the name, as above)."""
+        """The device's PCI vendor id (OrtApi::MemoryInfoGetVendorId on onnxruntime >= 1.23;
+        before, from the name: NVIDIA's for 'Cuda...', 0 otherwise)."""
+        self._require()
+        if ort.HAS_MemoryInfoGetVendorId:
+            return <long>ort.MemoryInfoGetVendorId(self.handle)
         return _NVIDIA_VENDOR_ID if self.name.startswith("Cuda") else 0
+
+    @staticmethod
+    def create_v2(name, device_type, vendor_id, device_id, device_mem_type, alignment,
+                  allocator_type):
+        """A memory description from its device (OrtApi::CreateMemoryInfo_V2, onnxruntime >=
+        1.23): ``create_v2(name, OrtMemoryInfoDeviceType, vendor_id, device_id,
+        OrtDeviceMemoryType, alignment, OrtAllocatorType)``."""
+        if not isinstance(name, str) or "\0" in name:
+            raise OrtInvalidType(f"name must be a str without NUL characters, got {name!r}")
+        kind = _int_argument(device_type, "device_type")
+        vendor = _int_argument(vendor_id, "vendor_id")
+        device = _int_argument(device_id, "device_id")
+        memory = _int_argument(device_mem_type, "device_mem_type")
+        align = _int_argument(alignment, "alignment")
+        alloc = _int_argument(allocator_type, "allocator_type")
+        if kind not in (0, 1, 2, 3):
+            raise OrtInvalidArgument(f"device_type must be an OrtMemoryInfoDeviceType, got {device_type!r}")
+        if memory not in (0, 5):
+            raise OrtInvalidArgument(f"device_mem_type must be an OrtDeviceMemoryType, got {device_mem_type!r}")
+        if alloc not in (-1, 0, 1):
+            raise OrtInvalidArgument(f"allocator_type must be an OrtAllocatorType, got {allocator_type!r}")
+        if not 0 <= vendor < 1 << 32:
+            raise OrtInvalidArgument(f"vendor_id must be in [0, {(1 << 32) - 1}], got {vendor}")
+        if not -(1 << 31) <= device < 1 << 31:
+            raise OrtInvalidArgument(f"device_id must be a 32-bit int, got {device}")
+        if not 0 <= align < 1 << 63:
+            raise OrtInvalidArgument(f"alignment must be a size, got {align}")
+        ensure_loaded()
+        cdef OrtMemoryInfo info = OrtMemoryInfo.__new__(OrtMemoryInfo)
+        check(ort.CreateMemoryInfo_V2(name.encode(), <ort.OrtMemoryInfoDeviceType><int>kind, <uint32_t>vendor,
+                                      <int32_t>device, <ort.OrtDeviceMemoryType><int>memory, <size_t>align,
+                                      <ort.OrtAllocatorType><int>alloc, &info.handle))
+        _live[<int>HANDLE_MEMORY_INFO] += 1
+        return info
 
     def __eq__(self, other):
         if not isinstance(other, OrtMemoryInfo):

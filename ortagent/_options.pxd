@@ -28,6 +28,8 @@ cdef class SessionOptions(_LogSettings):
     cdef str _optimized_model_filepath
     cdef bint _use_per_session_threads
     cdef bint _use_deterministic_compute
+    cdef bint _has_providers         # devices or a selection policy were given (see _epdevices)
+    cdef list _device_providers      # names of the providers added for devices, in order
     cdef int require_handle(self) except -1
     cdef SessionOptions copy(self)
 

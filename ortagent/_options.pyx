@@ -168,6 +168,8 @@ cdef class SessionOptions(_LogSettings):
         self._optimized_model_filepath = ""
         self._use_per_session_threads = True
         self._use_deterministic_compute = False
+        self._has_providers = False
+        self._device_providers = []
 
     def __dealloc__(self):
         if self.handle != NULL:
@@ -206,6 +208,8 @@ cdef class SessionOptions(_LogSettings):
         other._optimized_model_filepath = self._optimized_model_filepath
         other._use_per_session_threads = self._use_per_session_threads
         other._use_deterministic_compute = self._use_deterministic_compute
+        other._has_providers = self._has_providers
+        other._device_providers = list(self._device_providers)
         return other
 
     @property
@@ -475,6 +479,22 @@ cdef class SessionOptions(_LogSettings):
         if b"\0" in path:
             raise OrtInvalidArgument("library_path must not contain NUL characters")
         check(ort.RegisterCustomOpsLibrary_V2(self.handle, path))
+
+    def add_provider_for_devices(self, ep_devices, provider_options):
+        """Add the execution provider of `ep_devices` (OrtEpDevice objects of one provider, from
+        get_ep_devices()) with `provider_options` ({str: str}); onnxruntime >= 1.22."""
+        from ortagent._epdevices import _append_for_devices
+        _append_for_devices(self, ep_devices, provider_options)
+
+    def set_provider_selection_policy(self, policy):
+        """Let onnxruntime choose the execution providers by an OrtExecutionProviderDevicePolicy;
+        onnxruntime >= 1.22."""
+        from ortagent._epdevices import _set_selection_policy
+        _set_selection_policy(self, policy)
+
+    def has_providers(self):
+        """Whether execution providers were chosen in these options (devices or a policy)."""
+        return self._has_providers
 
     def add_free_dimension_override_by_name(self, dim_name, dim_value):
         """Fix the symbolic dimension `dim_name` to `dim_value` in sessions using these options."""

@@ -12,7 +12,9 @@ cpdef enum HandleKind:
     HANDLE_ALLOCATOR = 6
     HANDLE_RUN_STATE = 7
     HANDLE_DLPACK_EXPORT = 8
-    HANDLE_KIND_COUNT = 9
+    HANDLE_SYNC_STREAM = 9
+    HANDLE_COMPILE_OPTIONS = 10
+    HANDLE_KIND_COUNT = 11
 
 # The process-wide runtime description; its fields are filled once the runtime is loaded.
 cdef ort.ortagent_runtime* shared_runtime() noexcept nogil

@@ -10,7 +10,9 @@ class HandleKind(enum.IntEnum):
     HANDLE_ALLOCATOR = 6
     HANDLE_RUN_STATE = 7
     HANDLE_DLPACK_EXPORT = 8
-    HANDLE_KIND_COUNT = 9
+    HANDLE_SYNC_STREAM = 9
+    HANDLE_COMPILE_OPTIONS = 10
+    HANDLE_KIND_COUNT = 11
 
 def load() -> str: ...
 def library_path() -> str | None: ...

@@ -31,7 +31,7 @@ ort.ortagent_rt = &_runtime
 
 _HANDLE_KIND_NAMES = (
     "session", "session_options", "run_options", "value", "memory_info", "io_binding",
-    "allocator", "run_state", "dlpack_export",
+    "allocator", "run_state", "dlpack_export", "sync_stream", "compile_options",
 )
 
 # Severity names onnxruntime uses for OrtLoggingLevel 0..4.

@@ -42,6 +42,7 @@ from ortagent._containers cimport value_for_feed, python_from_value, check_feeda
 from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
 from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_value, _take_string
+from ortagent._epdevices cimport session_input_devices
 from ortagent._providers cimport create_session, _effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
 from ortagent._options import GraphOptimizationLevel, ExecutionMode, effective_options
@@ -263,6 +264,10 @@ cdef class InferenceSession:
         _live[<int>HANDLE_SESSION] += 1
         if fell_back:
             self._fallback = False          # onnxruntime falls back once
+        # providers added to the options for devices come first (onnxruntime lists them so)
+        added = [name for name in (<SessionOptions>self._sess_options)._device_providers
+                 if name not in [n for n, _ in registered]]
+        registered[:0] = [(name, {}) for name in added]
         self._providers = [name for name, _ in registered]
         self.cpu_only = self._providers == [_CPU]
         self._provider_options = [settings for _, settings in registered]
@@ -803,6 +808,11 @@ cdef class InferenceSession:
         """Where each input is expected (OrtMemoryInfo per input; onnxruntime >= 1.23)."""
         self.require_open()
         return session_memory_infos(self.handle, <size_t>self.n_inputs, True)
+
+    def get_input_epdevices(self):
+        """The OrtEpDevice each input is expected on (onnxruntime >= 1.23)."""
+        self.require_open()
+        return session_input_devices(self.handle, <size_t>self.n_inputs)
 
     def get_output_memory_infos(self):
         self.require_open()

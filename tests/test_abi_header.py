@@ -41,34 +41,52 @@ def _consistency_problems(include: Path) -> list[str]:
     macros = ctools.declared_macros(["ORTAGENT_API_FLOOR", "ORTAGENT_API_NEWEST"],
                                     include, "ortagent/ort_abi.h")
     floor, newest = int(macros["ORTAGENT_API_FLOOR"]), int(macros["ORTAGENT_API_NEWEST"])
+    compile_declared = ctools.declared_functions(include, "OrtCompileApi")
     problems = []
-    names = [d.name for d in declared]
-    slots = [d.slot for d in declared]
+    names = [d.name for d in declared + compile_declared]
     if len(set(names)) != len(names):
         problems.append(f"names declared twice: {sorted({n for n in names if names.count(n) > 1})}")
-    if len(set(slots)) != len(slots):
-        problems.append(f"slots declared twice: {sorted({s for s in slots if slots.count(s) > 1})}")
+    for table in (declared, compile_declared):
+        slots = [d.slot for d in table]
+        if len(set(slots)) != len(slots):
+            problems.append(f"slots declared twice: {sorted({s for s in slots if slots.count(s) > 1})}")
     for d in declared:
         if d.group == "floor" and d.since > floor:
             problems.append(f"{d.name} (since 1.{d.since}) is newer than ORTAGENT_API_FLOOR "
                             f"({floor}): it belongs in ORTAGENT_ORT_NEWER_FUNCTIONS")
-        if d.group == "newer" and d.since <= floor:
+        if d.group != "floor" and d.since <= floor:
             problems.append(f"{d.name} (since 1.{d.since}) is no newer than the floor: it "
                             "belongs in ORTAGENT_ORT_FLOOR_FUNCTIONS")
         if d.group == "newer" and d.ret != "OrtStatus*":
             problems.append(f"{d.name} is in the newer list but returns {d.ret}; ort_call.h's "
                             "stand-in can only return an OrtStatus*")
+        if d.group == "value" and d.ret in ("void", "OrtStatus*"):
+            problems.append(f"{d.name} is in the newer value list but returns {d.ret}: it "
+                            "belongs in the newer list of its return type")
+        if d.group == "void" and d.ret != "void":
+            problems.append(f"{d.name} is in the newer void list but returns {d.ret}")
+    for d in compile_declared:
+        if d.since <= floor:
+            problems.append(f"OrtCompileApi::{d.name} (since 1.{d.since}) is no newer than the "
+                            "floor, yet the compile table exists only from 1.22")
+        if d.group == "compile" and d.ret != "OrtStatus*":
+            problems.append(f"OrtCompileApi::{d.name} returns {d.ret}: it belongs in "
+                            "ORTAGENT_COMPILE_VOID_FUNCTIONS")
+        if d.group == "compile_void" and d.ret != "void":
+            problems.append(f"OrtCompileApi::{d.name} is in the void list but returns {d.ret}")
+    for d in declared + compile_declared:
         if d.since > newest:
             problems.append(f"{d.name} (since 1.{d.since}) is newer than ORTAGENT_API_NEWEST")
-    if max(d.since for d in declared) != newest:
+    if max(d.since for d in declared + compile_declared) != newest:
         problems.append(f"ORTAGENT_API_NEWEST is {newest}, the newest declared slot is "
-                        f"1.{max(d.since for d in declared)}")
-    # The table is append-only: a later slot never belongs to an older version.
-    by_slot = sorted(declared, key=lambda d: d.slot)
-    for a, b in zip(by_slot, by_slot[1:]):
-        if b.since < a.since:
-            problems.append(f"{b.name} (slot {b.slot}, since 1.{b.since}) comes after "
-                            f"{a.name} (slot {a.slot}, since 1.{a.since})")
+                        f"1.{max(d.since for d in declared + compile_declared)}")
+    # Each table is append-only: a later slot never belongs to an older version.
+    for table in (declared, compile_declared):
+        by_slot = sorted(table, key=lambda d: d.slot)
+        for a, b in zip(by_slot, by_slot[1:]):
+            if b.since < a.since:
+                problems.append(f"{b.name} (slot {b.slot}, since 1.{b.since}) comes after "
+                                f"{a.name} (slot {a.slot}, since 1.{a.since})")
     return problems
 
 
@@ -87,6 +105,15 @@ INCONSISTENT = {
     "slot declared twice": ("X( 10,  1, OrtStatus*, CreateSessionOptions",
                             "X(  9,  1, OrtStatus*, CreateSessionOptions",
                             "slots declared twice: [9]"),
+    "value slot returning a status": ("X(313, 22, const char*, EpDevice_EpVendor",
+                                      "X(313, 22, OrtStatus*, EpDevice_EpVendor",
+                                      "EpDevice_EpVendor is in the newer value list"),
+    "compile slot declared twice": ("X( 9, 23, OrtStatus*, ModelCompilationOptions_SetFlags",
+                                    "X( 8, 23, OrtStatus*, ModelCompilationOptions_SetFlags",
+                                    "slots declared twice: [8]"),
+    "compile since out of slot order": ("X( 8, 22, OrtStatus*, CompileModel",
+                                        "X( 8, 24, OrtStatus*, CompileModel",
+                                        "ModelCompilationOptions_SetFlags (slot 9, since 1.23) comes after"),
 }
 
 
@@ -133,8 +160,10 @@ def test_call_macros_refuse_newer_slots_at_compile_time(tmp_path, case):
 # ---- against the genuine header ---------------------------------------------------------------
 
 class Genuine:
-    def __init__(self, header: Path, origin: str, version: int, members):
+    def __init__(self, header: Path, origin: str, version: int, members, compile_members):
         self.header, self.origin, self.version, self.members = header, origin, version, members
+        # the genuine struct OrtCompileApi's members ([] when the header predates it, 1.22)
+        self.compile_members = compile_members
 
 
 # One genuine header per Debian suite, or only the one $ORTAGENT_ORT_C_API_HEADER names.
@@ -151,8 +180,13 @@ def genuine(tmp_path_factory, request) -> Genuine:
         pytest.skip(f"no genuine onnxruntime_c_api.h ({request.param}): {exc}")
     version = ctools.header_api_version(header)
     members = ctools.genuine_members(header)
-    ctools.validate_members(header, members, tmp_path_factory.mktemp("members"))
-    return Genuine(header, origin, version, members)
+    workdir = tmp_path_factory.mktemp("members")
+    ctools.validate_members(header, members, workdir)
+    compile_members = []
+    if version >= 22:
+        compile_members = ctools.genuine_members(header, "OrtCompileApi")
+        ctools.validate_members(header, compile_members, workdir, "OrtCompileApi")
+    return Genuine(header, origin, version, members, compile_members)
 
 
 def _write_checkable(folder: Path, declared, version: int) -> None:
@@ -165,7 +199,8 @@ def _write_checkable(folder: Path, declared, version: int) -> None:
 
 def _build_check(genuine: Genuine, include: Path, workdir: Path) -> subprocess.CompletedProcess:
     """Compile check_ort_abi.c against the genuine header and the ort_abi.h under `include`."""
-    declared = ctools.declared_functions(include)
+    declared = (ctools.declared_functions(include)
+                + ctools.declared_functions(include, "OrtCompileApi"))
     _write_checkable(workdir, declared, genuine.version)
     return ctools.compile_c([*ctools.C_STD, f"-I{genuine.header.parent}", f"-I{include}",
                              f"-I{workdir}", str(CHECK_C), "-o", str(workdir / "check_ort_abi")])
@@ -189,16 +224,27 @@ def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
     assert checked_slots == expected_slots, (
         f"missing: {sorted(expected_slots - checked_slots)}; "
         f"unexpected: {sorted(checked_slots - expected_slots)}")
+    compile_declared = ctools.declared_functions(table="OrtCompileApi")
+    expected_compile = {f"compile_slot {d.name} {d.slot} {d.since} {d.slot}"
+                        for d in compile_declared if d.since <= genuine.version}
+    checked_compile = {line for line in lines if line.startswith("compile_slot ")}
+    assert checked_compile == expected_compile, (
+        f"missing: {sorted(expected_compile - checked_compile)}; "
+        f"unexpected: {sorted(checked_compile - expected_compile)}")
 
     enums = ctools.declared_enums()
-    expected_enums = {f"enum {t} {n} {v}" for t, values in enums.items() for n, v in values}
+    enum_since = ctools.newer_enum_versions()
+    expected_enums = {f"enum {t} {n} {v}" for t, values in enums.items() for n, v in values
+                      if enum_since.get(t, 0) <= genuine.version}
     checked_enums = {line for line in lines if line.startswith("enum ")}
     assert checked_enums == expected_enums
 
     ctools.report(request.config,
                   f"ort_abi.h vs {genuine.origin} (ORT_API_VERSION {genuine.version}, "
                   f"{len(genuine.members)} slots): {len(checked_slots)} of {len(declared)} "
-                  f"declared slots verified (index + signature), {len(enums)} enums / "
+                  f"declared slots verified (index + signature), {len(checked_compile)} of "
+                  f"{len(compile_declared)} OrtCompileApi slots, "
+                  f"{len({line.split()[1] for line in checked_enums})} of {len(enums)} enums / "
                   f"{len(checked_enums)} values verified, OrtApiBase layout verified")
 
 
@@ -206,6 +252,10 @@ def test_since_versions_agree_with_genuine_header(genuine, request):
     declared = ctools.declared_functions()
     problems, exact, bounded, unverified = ctools.since_problems(declared, genuine.members,
                                                                  genuine.version)
+    compile_declared = ctools.declared_functions(table="OrtCompileApi")
+    more = ctools.since_problems(compile_declared, genuine.compile_members, genuine.version)
+    problems += [f"OrtCompileApi::{p}" for p in more[0]]
+    exact, bounded, unverified = exact + more[1], bounded + more[2], unverified + more[3]
     assert not problems, "\n".join(problems)
     ctools.report(request.config,
                   f"ort_abi.h since versions: {len(exact)} match the header's \\since docs, "
@@ -242,6 +292,21 @@ MUTATIONS = {
                     "X(  2,  1, char*, GetErrorMessage", "signature of GetErrorMessage differs"),
     "enum value": ("E(ORT_ENABLE_ALL, 99)", "E(ORT_ENABLE_ALL, 3)",
                    "value of ORT_ENABLE_ALL differs"),
+    "newer enum value": ("E(OrtDeviceMemoryType_HOST_ACCESSIBLE, 5)",
+                         "E(OrtDeviceMemoryType_HOST_ACCESSIBLE, 4)",
+                         "value of OrtDeviceMemoryType_HOST_ACCESSIBLE differs"),
+    "newer value slot index": ("X(313, 22, const char*, EpDevice_EpVendor",
+                               "X(314, 22, const char*, EpDevice_EpVendor",
+                               "slot index of EpDevice_EpVendor differs"),
+    "newer value return type": ("X(308, 22, uint32_t, HardwareDevice_VendorId",
+                                "X(308, 22, int32_t, HardwareDevice_VendorId",
+                                "signature of HardwareDevice_VendorId differs"),
+    "compile slot index": ("X( 8, 22, OrtStatus*, CompileModel",
+                           "X( 7, 22, OrtStatus*, CompileModel",
+                           "slot index of OrtCompileApi::CompileModel differs"),
+    "compile parameter type": ("(OrtModelCompilationOptions* options, uint32_t flags)",
+                               "(OrtModelCompilationOptions* options, int flags)",
+                               "signature of OrtCompileApi::ModelCompilationOptions_SetFlags differs"),
     "missing function": ("GetBuildInfoString, (void)", "GetBuildInfoStrings, (void)",
                          "GetBuildInfoStrings"),
     # A slot claimed as old enough for the header must be there.
@@ -263,6 +328,9 @@ def test_ort_abi_check_fails_on_wrong_declaration(genuine, tmp_path, case):
     (include / "ortagent" / "ort_abi.h").write_text(
         ctools.mutated(ORT_ABI_H.read_text(), old, new))
     copy_tensors = next(d for d in ctools.declared_functions() if d.name == "CopyTensors")
+    if case.startswith(("newer", "compile")) and genuine.version < 23:
+        pytest.skip(f"{genuine.origin} (1.{genuine.version}) predates the declarations this "
+                    "mutation changes (1.22/1.23): they are checked against newer headers")
     if case == "since too old" and copy_tensors.since <= genuine.version:
         pytest.skip(f"{genuine.origin} has CopyTensors (1.23), so claiming it older cannot break "
                     "the build; the header-version check runs against the trixie header, and "

@@ -182,6 +182,98 @@ case("options", "logger-severity-7", OrtInvalidArgument, "log severity must be 0
 case("options", "logger-severity-str", OrtInvalidType, "log severity must be an int",
      lambda w: ortagent.set_default_logger_severity("error"))
 
+# ---- execution-provider devices, selection policies, model compilation -----------------------------
+
+def _cpu_device():
+    return next(d for d in ortagent.get_ep_devices() if d.ep_name == "CPUExecutionProvider")
+
+
+def _identity_bytes():
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+case("options", "ep-devices-none", OrtInvalidType, "ep_devices must be a list of OrtEpDevice, got NoneType",
+     lambda w: SO().add_provider_for_devices(None, {}))
+case("options", "ep-devices-str", OrtInvalidType, "ep_devices must be a list of OrtEpDevice, got str",
+     lambda w: SO().add_provider_for_devices("CPUExecutionProvider", {}))
+case("options", "ep-devices-int-item", OrtInvalidType, "ep_devices[1] must be an OrtEpDevice, got int",
+     lambda w: SO().add_provider_for_devices([_cpu_device(), 1], {}))
+case("options", "ep-devices-empty", OrtInvalidArgument, "Must provide one or more OrtEpDevice instances",
+     lambda w: SO().add_provider_for_devices([], {}))
+case("options", "ep-devices-options-list", OrtInvalidType, "provider_options must be a dict",
+     lambda w: SO().add_provider_for_devices([_cpu_device()], [("a", "1")]))
+case("options", "ep-devices-option-int", OrtInvalidType, "provider_options must map str to str",
+     lambda w: SO().add_provider_for_devices([_cpu_device()], {"a": 1}))
+case("options", "ep-devices-option-nul", OrtInvalidArgument, "must not contain NUL",
+     lambda w: SO().add_provider_for_devices([_cpu_device()], {"a": "x\0y"}))
+case("options", "ep-device-constructed", OrtInvalidType, "OrtEpDevice objects come from ortagent.get_ep_devices()",
+     lambda w: ortagent.OrtEpDevice())
+case("options", "hardware-device-constructed", OrtInvalidType, "OrtHardwareDevice objects come from",
+     lambda w: ortagent.OrtHardwareDevice())
+case("options", "ep-device-memory-type-7", OrtInvalidArgument, "memory type must be an OrtDeviceMemoryType (0 or 5), got 7",
+     lambda w: _cpu_device().memory_info(7))
+case("options", "ep-device-memory-type-str", OrtInvalidType, "memory type must be an OrtDeviceMemoryType, got str",
+     lambda w: _cpu_device().memory_info("DEFAULT"))
+case("options", "ep-device-cpu-sync-stream", ortagent.OrtFail, "ep_device does not use DEFAULT memory of a non-CPU device.",
+     lambda w: _cpu_device().create_sync_stream())
+case("options", "ep-device-pickled", OrtInvalidType, "OrtEpDevice cannot be pickled",
+     lambda w: pickle.dumps(_cpu_device()))
+case("options", "ep-library-missing-file", ortagent.OrtFail, "no_such_ep.so",
+     lambda w: ortagent.register_execution_provider_library("no_such_ep", "/nonexistent/no_such_ep.so"))
+case("options", "ep-library-path-int", OrtInvalidType, "library_path must be a path, got int",
+     lambda w: ortagent.register_execution_provider_library("x", 5))
+case("options", "ep-library-name-int", OrtInvalidType, "registration_name must be a str",
+     lambda w: ortagent.register_execution_provider_library(5, "/x.so"))
+case("options", "ep-library-not-registered", ortagent.OrtFail, "Execution provider library: never_registered was not registered",
+     lambda w: ortagent.unregister_execution_provider_library("never_registered"))
+for policy, error, fragment in [(7, OrtInvalidArgument, "policy must be an OrtExecutionProviderDevicePolicy (0 to 6), got 7"),
+                                (-1, OrtInvalidArgument, "got -1"),
+                                ("PREFER_CPU", OrtInvalidType, "policy must be an OrtExecutionProviderDevicePolicy, got str"),
+                                (None, OrtInvalidType, "got NoneType"), (True, OrtInvalidType, "got bool")]:
+    case("options", f"selection-policy={policy!r}", error, fragment,
+         lambda w, policy=policy: SO().set_provider_selection_policy(policy))
+for label, args, error, fragment in [
+        ("name-int", (3, 0, 0, 0, 0, 0, 0), OrtInvalidType, "name must be a str"),
+        ("device-type-9", ("x", 9, 0, 0, 0, 0, 0), OrtInvalidArgument, "device_type must be an OrtMemoryInfoDeviceType"),
+        ("vendor-negative", ("x", 0, -1, 0, 0, 0, 0), OrtInvalidArgument, "vendor_id must be in"),
+        ("device-id-huge", ("x", 0, 0, 1 << 40, 0, 0, 0), OrtInvalidArgument, "device_id must be a 32-bit int"),
+        ("mem-type-1", ("x", 0, 0, 0, 1, 0, 0), OrtInvalidArgument, "device_mem_type must be an OrtDeviceMemoryType"),
+        ("alignment-negative", ("x", 0, 0, 0, 0, -1, 0), OrtInvalidArgument, "alignment must be a size"),
+        ("allocator-5", ("x", 0, 0, 0, 0, 0, 5), OrtInvalidArgument, "allocator_type must be an OrtAllocatorType"),
+        ("alignment-float", ("x", 0, 0, 0, 0, 1.5, 0), OrtInvalidType, "alignment must be an int, got float")]:
+    case("options", f"memory-info-v2-{label}", error, fragment,
+         lambda w, args=args: ortagent.OrtMemoryInfo.create_v2(*args))
+case("session", "compiler-options-none", OrtInvalidType, "sess_options must be ortagent.SessionOptions, got NoneType",
+     lambda w: ortagent.ModelCompiler(None, _identity_bytes()))
+case("session", "compiler-input-int", OrtInvalidType, "Unable to load from type '<class 'int'>'",
+     lambda w: ortagent.ModelCompiler(SO(), 3))
+case("session", "compiler-input-empty", OrtInvalidArgument, "Input model bytes array is empty",
+     lambda w: ortagent.ModelCompiler(SO(), b""))
+case("session", "compiler-flags-8", OrtInvalidArgument, "flags must be in [0, 3], got 8",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes(), flags=8))
+case("session", "compiler-level-5", OrtInvalidArgument, "graph_optimization_level must be a GraphOptimizationLevel",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes(), graph_optimization_level=5))
+case("session", "compiler-threshold-str", OrtInvalidType, "external_initializers_size_threshold must be an int",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes(), external_initializers_size_threshold="1"))
+case("session", "compiler-initializer-callback", OrtNotImplemented, "get_initializer_location_func is not supported",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes(), get_initializer_location_func=print))
+case("session", "compiler-garbage-model", OrtInvalidProtobuf, "protobuf parsing failed",
+     lambda w: ortagent.ModelCompiler(SO(), b"not a model").compile_to_bytes())
+case("session", "compiler-output-int", OrtInvalidType, "output_model_path must be a path, got int",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes()).compile_to_file(3))
+case("session", "compiler-stream-not-callable", OrtInvalidType, "write_function must be callable",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes()).compile_to_stream(3))
+case("session", "compiler-stream-raises", ortagent.OrtFail, "ValueError: refused",
+     lambda w: ortagent.ModelCompiler(SO(), _identity_bytes()).compile_to_stream(_refuse))
+
+
+def _refuse(_):
+    raise ValueError("refused")
+
+
 # ---- sessions: models ---------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ PXD = ROOT / "ortagent" / "_capi.pxd"
 HEADER = ROOT / "include" / "ortagent" / "ort_abi.h"
 
 _PXD_FUNCTION = re.compile(
-    r'^\s*(?P<ret>[\w\s\*]+?)\s*\b(?P<name>\w+)\s+"(?P<macro>ORTAGENT_CALL(?:_NEWER)?)\((?P<cname>\w+)\)"'
+    r'^\s*(?P<ret>[\w\s\*]+?)\s*\b(?P<name>\w+)\s+"(?P<macro>ORTAGENT_(?:CALL(?:_NEWER)?|COMPILE_CALL))\((?P<cname>\w+)\)"'
     r"\((?P<params>[^)]*)\)\s*$")
 _X_ENTRY = re.compile(r"X\(\s*(?P<slot>\d+),\s*(?P<since>\d+),\s*(?P<ret>[^,]+?),\s*(?P<name>\w+),\s*"
                       r"\((?P<params>[^()]*)\)\)", re.S)
@@ -68,13 +68,18 @@ def pxd_functions(text: str) -> dict[str, tuple[str, str, list[str]]]:
 
 
 def header_functions(text: str) -> tuple[int, dict[str, tuple[int, int, str, list[str]]]]:
-    """(ORTAGENT_API_FLOOR, name -> (slot, since, return type, parameter types))."""
+    """(ORTAGENT_API_FLOOR, name -> (slot, since, return type, parameter types, whether the
+    function is in the OrtCompileApi table))."""
     floor = int(re.search(r"#define ORTAGENT_API_FLOOR (\d+)", text).group(1))
     body = re.sub(r"/\*.*?\*/", " ", text, flags=re.S).replace("\\\n", " ")
     found = {}
-    for match in _X_ENTRY.finditer(body):
-        found[match.group("name")] = (int(match.group("slot")), int(match.group("since")),
-                                      _type(match.group("ret")), _parameters(match.group("params")))
+    # each X-list is one (joined) #define line: its entries belong to the table it names
+    for line in body.splitlines():
+        compile_table = line.startswith("#define ORTAGENT_COMPILE_")
+        for match in _X_ENTRY.finditer(line):
+            found[match.group("name")] = (int(match.group("slot")), int(match.group("since")),
+                                          _type(match.group("ret")), _parameters(match.group("params")),
+                                          compile_table)
     return floor, found
 
 
@@ -90,8 +95,9 @@ def disagreements(pxd_text: str, header_text: str) -> list[str]:
             problems.append(f"{name}: declared in ort_abi.h, not in _capi.pxd")
             continue
         macro, ret, params = pxd[name]
-        _, since, header_ret, header_params = header[name]
-        expected_macro = "ORTAGENT_CALL" if since <= floor else "ORTAGENT_CALL_NEWER"
+        _, since, header_ret, header_params, compile_table = header[name]
+        expected_macro = ("ORTAGENT_COMPILE_CALL" if compile_table
+                          else "ORTAGENT_CALL" if since <= floor else "ORTAGENT_CALL_NEWER")
         if macro != expected_macro:
             problems.append(f"{name}: since 1.{since} needs {expected_macro}, the .pxd uses {macro}")
         if ret != header_ret:
@@ -119,6 +125,11 @@ def test_pxd_and_header_declare_the_same_functions():
       "OrtStatus* IsTensor \"ORTAGENT_CALL(IsTensor)\"(OrtValue*, int*)"), "IsTensor: parameters"),
     # a newer slot called as if every runtime had it
     (("\"ORTAGENT_CALL_NEWER(CopyTensors)\"", "\"ORTAGENT_CALL(CopyTensors)\""), "CopyTensors: since 1.23"),
+    # a compile-table slot called through the OrtApi table
+    (("\"ORTAGENT_COMPILE_CALL(CompileModel)\"", "\"ORTAGENT_CALL_NEWER(CompileModel)\""),
+     "CompileModel: since 1.22 needs ORTAGENT_COMPILE_CALL"),
+    # a plain-value slot with a wrong return type
+    (("uint32_t HardwareDevice_VendorId", "int HardwareDevice_VendorId"), "HardwareDevice_VendorId: returns"),
     # a function the header does not declare
     (("OrtStatus* IsTensor \"ORTAGENT_CALL(IsTensor)\"(const OrtValue*, int*)",
       "OrtStatus* IsTensorX \"ORTAGENT_CALL(IsTensorX)\"(const OrtValue*, int*)"), "IsTensorX: declared in"),

@@ -995,3 +995,241 @@ def test_deterministic_compute(ort_ref):
         results.append(module.InferenceSession(add_model().SerializeToString(), options,
                                                providers=[CPU]).run(None, feeds))
     _same(results[1], results[0])
+
+
+# ---- execution-provider devices (OrtApi 1.22+) --------------------------------------------------------
+
+def _device_record(device):
+    hardware = device.device
+    return (device.ep_name, device.ep_vendor, device.ep_metadata, device.ep_options,
+            int(hardware.type), hardware.type.name, hardware.vendor_id, hardware.vendor,
+            hardware.device_id, hardware.metadata)
+
+
+def test_ep_devices_match(ort_ref):
+    theirs, ours = ort_ref.get_ep_devices(), ortagent.get_ep_devices()
+    assert [_device_record(d) for d in ours] == [_device_record(d) for d in theirs]
+    assert all(isinstance(d, ortagent.OrtEpDevice) and isinstance(d.device, ortagent.OrtHardwareDevice)
+               for d in ours)
+    assert all(type(v) is str for d in ours for v in [*d.ep_metadata.values(), *d.device.metadata.values()])
+    # one object per device, as onnxruntime's module gives
+    assert [a is b for a, b in zip(ours, ortagent.get_ep_devices())] == \
+        [a is b for a, b in zip(theirs, ort_ref.get_ep_devices())]
+
+
+def test_ep_device_enums(ort_ref):
+    for name in ("OrtHardwareDeviceType", "OrtExecutionProviderDevicePolicy", "OrtDeviceVendorId",
+                 "OrtCompileApiFlags"):
+        theirs, ours = getattr(ort_ref, name), getattr(ortagent, name)
+        assert {k: int(v) for k, v in ours.__members__.items()} == \
+            {k: int(v) for k, v in theirs.__members__.items()}, name
+
+
+@pytest.mark.parametrize("memory_type", ["DEFAULT", "HOST_ACCESSIBLE"])
+def test_ep_device_memory_info(ort_ref, memory_type):
+    for theirs, ours in zip(ort_ref.get_ep_devices(), ortagent.get_ep_devices()):
+        their_info = theirs.memory_info(getattr(ort_ref.OrtDeviceMemoryType, memory_type))
+        our_info = ours.memory_info(getattr(ortagent.OrtDeviceMemoryType, memory_type))
+        if their_info is None:
+            assert our_info is None
+        else:
+            assert (our_info.name, our_info.device_id, int(our_info.device_mem_type)) == \
+                (their_info.name, their_info.device_id, int(their_info.device_mem_type))
+
+
+def test_cpu_ep_device_has_no_sync_stream(ort_ref):
+    """The CPU device uses CPU memory: onnxruntime's module refuses it a stream, with these words."""
+    theirs = next(d for d in ort_ref.get_ep_devices() if d.ep_name == CPU)
+    ours = next(d for d in ortagent.get_ep_devices() if d.ep_name == CPU)
+    their_error, our_error = _raises_alike(theirs.create_sync_stream, ours.create_sync_stream)
+    assert isinstance(our_error, (ortagent.OrtFail, RuntimeError))
+    assert str(our_error) == str(their_error)
+    assert ortagent.live_handles()["sync_stream"] == 0
+
+
+def _run_both(theirs, ours):
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.full(3, 2.0, np.float32)}
+    _same(ours.run(None, feeds), theirs.run(None, feeds))
+
+
+def test_session_for_devices(ort_ref):
+    data = add_model().SerializeToString()
+    sessions = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        assert options.has_providers() is False
+        options.add_provider_for_devices([d for d in module.get_ep_devices() if d.ep_name == CPU], {})
+        assert options.has_providers() is True
+        sessions.append(module.InferenceSession(data, options))
+    theirs, ours = sessions
+    assert ours.get_providers() == theirs.get_providers()
+    _run_both(theirs, ours)
+    assert [_device_record(d) for d in ours.get_input_epdevices()] == \
+        [_device_record(d) for d in theirs.get_input_epdevices()]
+
+
+@pytest.mark.parametrize("policy", ["DEFAULT", "PREFER_CPU", "PREFER_GPU", "PREFER_NPU", "MAX_PERFORMANCE",
+                                    "MAX_EFFICIENCY", "MIN_OVERALL_POWER"])
+def test_session_with_selection_policy(ort_ref, policy):
+    data = add_model().SerializeToString()
+    sessions = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        options.set_provider_selection_policy(getattr(module.OrtExecutionProviderDevicePolicy, policy))
+        assert options.has_providers() is True
+        sessions.append(module.InferenceSession(data, options))
+    theirs, ours = sessions
+    assert ours.get_providers() == theirs.get_providers()
+    _run_both(theirs, ours)
+
+
+def test_input_epdevices_of_a_plain_session(ort_ref):
+    theirs, ours = _both(ort_ref, add_model())
+    assert [d and _device_record(d) for d in ours.get_input_epdevices()] == \
+        [d and _device_record(d) for d in theirs.get_input_epdevices()]
+
+
+def test_provider_options_for_devices_refused_alike(ort_ref):
+    """No devices: onnxruntime's C API refuses, with the same words through both modules."""
+    their_error, our_error = _raises_alike(lambda: ort_ref.SessionOptions().add_provider_for_devices([], {}),
+                                           lambda: ortagent.SessionOptions().add_provider_for_devices([], {}))
+    assert str(our_error) in str(their_error)
+    assert isinstance(our_error, ortagent.OrtInvalidArgument)
+
+
+def test_provider_library_errors_alike(ort_ref, tmp_path):
+    missing = str(tmp_path / "no_such_ep.so")
+    their_error, our_error = _raises_alike(
+        lambda: ort_ref.register_execution_provider_library("no_such_ep", missing),
+        lambda: ortagent.register_execution_provider_library("no_such_ep", missing))
+    assert isinstance(our_error, ortagent.OrtFail) and str(our_error) in str(their_error)
+    their_error, our_error = _raises_alike(
+        lambda: ort_ref.unregister_execution_provider_library("never_registered"),
+        lambda: ortagent.unregister_execution_provider_library("never_registered"))
+    assert isinstance(our_error, ortagent.OrtFail) and str(our_error) in str(their_error)
+    # the environment's devices are untouched
+    assert [_device_record(d) for d in ortagent.get_ep_devices()] == \
+        [_device_record(d) for d in ort_ref.get_ep_devices()]
+
+
+@pytest.mark.parametrize("args", [
+    ("Cpu", "CPU", 0, 0, "DEFAULT", 0, "ORT_DEVICE_ALLOCATOR"),
+    ("Foo", "GPU", 0x10DE, 1, "HOST_ACCESSIBLE", 64, "ORT_ARENA_ALLOCATOR"),
+    ("Npu", "NPU", 7, 2, "DEFAULT", 0, "ORT_DEVICE_ALLOCATOR"),
+    ("", "FPGA", 0, -1, "DEFAULT", 0, "INVALID"),
+])
+def test_memory_info_create_v2(ort_ref, args):
+    name, device_type, vendor, device, memory, alignment, allocator = args
+    infos = []
+    for module in (ort_ref, ortagent):
+        infos.append(module.OrtMemoryInfo.create_v2(
+            name, getattr(module.OrtMemoryInfoDeviceType, device_type), vendor, device,
+            getattr(module.OrtDeviceMemoryType, memory), alignment, getattr(module.OrtAllocatorType, allocator)))
+    theirs, ours = infos
+    assert isinstance(ours, ortagent.OrtMemoryInfo)
+    assert (ours.name, ours.device_id, int(ours.mem_type), int(ours.allocator_type), int(ours.device_mem_type),
+            ours.device_vendor_id) == \
+        (theirs.name, theirs.device_id, int(theirs.mem_type), int(theirs.allocator_type),
+         int(theirs.device_mem_type), theirs.device_vendor_id)
+
+
+# ---- model compilation (OrtCompileApi) -----------------------------------------------------------------
+
+def _compiled_outputs(module, model_bytes):
+    session = module.InferenceSession(model_bytes, providers=[CPU])
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.full(3, 2.0, np.float32)}
+    return session.run(None, feeds)
+
+
+@pytest.mark.parametrize("output", ["file", "bytes", "stream"])
+@pytest.mark.parametrize("source", ["path", "bytes"])
+def test_model_compiler_matches(ort_ref, tmp_path, output, source):
+    """Compiling for the CPU provider gives a model that loads and computes what onnxruntime's
+    compiled model computes (the same bytes, as both call the same runtime)."""
+    path = tmp_path / "model.onnx"
+    onnx.save(add_model(), str(path))
+    results = []
+    for module in (ort_ref, ortagent):
+        source_arg = str(path) if source == "path" else path.read_bytes()
+        compiler = module.ModelCompiler(module.SessionOptions(), source_arg)
+        if output == "file":
+            target = tmp_path / f"{module.__name__}_out.onnx"
+            assert compiler.compile_to_file(str(target)) is None
+            compiled = target.read_bytes()
+        elif output == "bytes":
+            compiled = compiler.compile_to_bytes()
+        else:
+            pieces = []
+            assert compiler.compile_to_stream(pieces.append) is None
+            compiled = b"".join(pieces)
+        assert isinstance(compiled, bytes) and compiled
+        results.append(compiled)
+    theirs, ours = results
+    assert ours == theirs
+    _same(_compiled_outputs(ortagent, ours), _compiled_outputs(ort_ref, theirs))
+    assert ortagent.live_handles()["compile_options"] == 0
+
+
+def test_model_compiler_with_devices_and_settings(ort_ref, tmp_path):
+    data = add_model().SerializeToString()
+    results = []
+    for module in (ort_ref, ortagent):
+        options = module.SessionOptions()
+        options.add_provider_for_devices([d for d in module.get_ep_devices() if d.ep_name == CPU], {})
+        compiler = module.ModelCompiler(options, data, embed_compiled_data_into_model=True,
+                                        graph_optimization_level=module.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        results.append(compiler.compile_to_bytes())
+    assert results[1] == results[0]
+
+
+@pytest.mark.parametrize("case", ["no-nodes-compiled", "output-exists", "missing-input", "not-a-model",
+                                  "bytes-without-output"])
+def test_model_compiler_errors_alike(ort_ref, tmp_path, case):
+    path = tmp_path / "model.onnx"
+    onnx.save(add_model(), str(path))
+    existing = tmp_path / "exists.onnx"
+    existing.write_bytes(b"x")
+
+    def call(module):
+        options = module.SessionOptions()
+        flags = module.OrtCompileApiFlags
+        if case == "no-nodes-compiled":
+            return module.ModelCompiler(options, str(path), flags=flags.ERROR_IF_NO_NODES_COMPILED).compile_to_bytes()
+        if case == "output-exists":
+            return module.ModelCompiler(options, str(path), flags=flags.ERROR_IF_OUTPUT_FILE_EXISTS
+                                        ).compile_to_file(str(existing))
+        if case == "missing-input":
+            return module.ModelCompiler(options, str(tmp_path / "nope.onnx")).compile_to_bytes()
+        if case == "not-a-model":
+            return module.ModelCompiler(options, b"not a model").compile_to_bytes()
+        return module.ModelCompiler(options, path.read_bytes()).compile_to_file(str(tmp_path / "dir" / "x.onnx"))
+
+    their_error, our_error = _raises_alike(lambda: call(ort_ref), lambda: call(ortagent))
+    assert str(our_error) in str(their_error)
+    expected = {"no-nodes-compiled": ortagent.OrtFail, "output-exists": ortagent.OrtFail,
+                "missing-input": ortagent.OrtInvalidArgument, "not-a-model": ortagent.OrtInvalidProtobuf,
+                "bytes-without-output": ortagent.OrtInvalidArgument}[case]
+    assert isinstance(our_error, expected)
+    assert ortagent.live_handles()["compile_options"] == 0
+
+
+@pytest.mark.parametrize("source, message", [(b"", "Input model bytes array is empty"),
+                                             ("", "Input model path is empty")])
+def test_model_compiler_empty_input_alike(ort_ref, source, message):
+    their_error, our_error = _raises_alike(lambda: ort_ref.ModelCompiler(ort_ref.SessionOptions(), source),
+                                           lambda: ortagent.ModelCompiler(ortagent.SessionOptions(), source))
+    assert str(our_error) == str(their_error) == message
+    assert isinstance(our_error, ValueError) and isinstance(their_error, ValueError)
+
+
+def test_model_compiler_stream_error_alike(ort_ref):
+    data = add_model().SerializeToString()
+
+    def failing(_):
+        raise OSError("disk full")
+
+    their_error, our_error = _raises_alike(
+        lambda: ort_ref.ModelCompiler(ort_ref.SessionOptions(), data).compile_to_stream(failing),
+        lambda: ortagent.ModelCompiler(ortagent.SessionOptions(), data).compile_to_stream(failing))
+    assert "OSError: disk full" in str(their_error) and "OSError: disk full" in str(our_error)
+    assert isinstance(our_error, ortagent.OrtFail) and isinstance(our_error.__cause__, OSError)

@@ -205,3 +205,52 @@ def test_error_hierarchy_maps_codes_to_builtin_bases():
         assert cls(f"m{code}").code == code
     exc = errors.OrtNoSuchFile("missing.onnx")
     assert str(exc) == "missing.onnx" and exc.code == errors.ORT_NO_SUCHFILE
+
+
+def test_device_and_compile_api_refused_on_the_floor_runtime():
+    """On onnxruntime 1.20 the device API (1.22), the compile table (1.22) and the 1.23 calls
+    raise OrtNotImplemented naming the version they need; nothing calls past the old table."""
+    path = _library_or_skip("1.20.1")
+    result = run_python("""
+        import json, ortagent
+        from onnx import TensorProto, helper
+        graph = helper.make_graph([helper.make_node('Identity', ['x'], ['y'])], 'g',
+            [helper.make_tensor_value_info('x', TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info('y', TensorProto.FLOAT, [2])])
+        model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid('', 17)])
+        session = ortagent.InferenceSession(model.SerializeToString())
+        calls = {
+            'get_ep_devices': ortagent.get_ep_devices,
+            'policy': lambda: ortagent.SessionOptions().set_provider_selection_policy(1),
+            'register': lambda: ortagent.register_execution_provider_library('x', '/x.so'),
+            'compile': lambda: ortagent.ModelCompiler(ortagent.SessionOptions(),
+                                                      model.SerializeToString()).compile_to_bytes(),
+            'create_v2': lambda: ortagent.OrtMemoryInfo.create_v2('Cpu', 0, 0, 0, 0, 0, 0),
+            'input_epdevices': session.get_input_epdevices,
+        }
+        report = {}
+        for name, call in calls.items():
+            try:
+                call()
+                report[name] = None
+            except ortagent.OrtNotImplemented as exc:
+                report[name] = str(exc)
+        info = ortagent.OrtMemoryInfo('CudaPinned', 0, 0, -1)
+        report['fallback'] = [int(info.device_mem_type), info.device_vendor_id]
+        report['live'] = ortagent.live_handles()['compile_options']
+        print(json.dumps(report))
+    """, {"ORTAGENT_ORT_LIBRARY": path})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    for name, slot, version in [("get_ep_devices", "OrtApi::GetEpDevices", "1.22"),
+                                ("policy", "OrtApi::SessionOptionsSetEpSelectionPolicy", "1.22"),
+                                ("register", "OrtApi::RegisterExecutionProviderLibrary", "1.22"),
+                                ("compile", "OrtCompileApi::CreateModelCompilationOptionsFromSessionOptions",
+                                 "1.22"),
+                                ("create_v2", "OrtApi::CreateMemoryInfo_V2", "1.23"),
+                                ("input_epdevices", "OrtApi::SessionGetEpDeviceForInputs", "1.23")]:
+        assert report[name] is not None, name
+        assert slot in report[name] and f">= {version}" in report[name] and "1.20.1" in report[name], report[name]
+    # the 1.23 getters are not called: the values come from the name, as before
+    assert report["fallback"] == [5, 0x10DE]
+    assert report["live"] == 0

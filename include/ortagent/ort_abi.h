@@ -50,6 +50,12 @@ typedef struct OrtLoraAdapter OrtLoraAdapter;
 typedef struct OrtArenaCfg OrtArenaCfg;
 typedef struct OrtEpAssignedSubgraph OrtEpAssignedSubgraph;
 typedef struct OrtEpAssignedNode OrtEpAssignedNode;
+typedef struct OrtKeyValuePairs OrtKeyValuePairs;
+typedef struct OrtHardwareDevice OrtHardwareDevice;
+typedef struct OrtEpDevice OrtEpDevice;
+typedef struct OrtModelCompilationOptions OrtModelCompilationOptions;
+/* The compile API's table of function pointers (ortagent indexes it, see ORTAGENT_COMPILE_FUNCTIONS). */
+typedef struct OrtCompileApi OrtCompileApi;
 /* OrtAllocator is a struct of callbacks in the runtime; ortagent only passes pointers to it. */
 typedef struct OrtAllocator OrtAllocator;
 
@@ -111,16 +117,52 @@ typedef struct OrtAllocator OrtAllocator;
     LIST(GraphOptimizationLevel) LIST(ExecutionMode) LIST(OrtAllocatorType) LIST(OrtMemType) \
     LIST(OrtMemoryInfoDeviceType) LIST(OrtSparseFormat) LIST(OrtSparseIndicesFormat)
 
-#ifndef ORTAGENT_ABI_CHECK_ENUMERATOR
+/* Enums newer than the floor, grouped by the API version that added them: ORTAGENT_ENUMS_<N>
+ * lists the enums of onnxruntime 1.N. A genuine header older than 1.N lacks them, so the ABI
+ * test declares ours in their place and checks their values only against newer headers. */
+#define ORTAGENT_ENUM_OrtHardwareDeviceType(E) \
+    E(OrtHardwareDeviceType_CPU, 0) E(OrtHardwareDeviceType_GPU, 1) E(OrtHardwareDeviceType_NPU, 2)
+
+#define ORTAGENT_ENUM_OrtExecutionProviderDevicePolicy(E) \
+    E(OrtExecutionProviderDevicePolicy_DEFAULT, 0) E(OrtExecutionProviderDevicePolicy_PREFER_CPU, 1) \
+    E(OrtExecutionProviderDevicePolicy_PREFER_NPU, 2) E(OrtExecutionProviderDevicePolicy_PREFER_GPU, 3) \
+    E(OrtExecutionProviderDevicePolicy_MAX_PERFORMANCE, 4) \
+    E(OrtExecutionProviderDevicePolicy_MAX_EFFICIENCY, 5) \
+    E(OrtExecutionProviderDevicePolicy_MIN_OVERALL_POWER, 6)
+
+#define ORTAGENT_ENUM_OrtDeviceMemoryType(E) \
+    E(OrtDeviceMemoryType_DEFAULT, 0) E(OrtDeviceMemoryType_HOST_ACCESSIBLE, 5)
+
+#define ORTAGENT_ENUMS_22(LIST) LIST(OrtHardwareDeviceType) LIST(OrtExecutionProviderDevicePolicy)
+#define ORTAGENT_ENUMS_23(LIST) LIST(OrtDeviceMemoryType)
+/* Every newer enum with its version: LIST(type, since). */
+#define ORTAGENT_NEWER_ENUMS(LIST) \
+    LIST(OrtHardwareDeviceType, 22) LIST(OrtExecutionProviderDevicePolicy, 22) \
+    LIST(OrtDeviceMemoryType, 23)
+
 #define ORTAGENT_ENUMERATOR_(name, value) name = value,
 #define ORTAGENT_DECLARE_ENUM_(type) typedef enum type { ORTAGENT_ENUM_##type(ORTAGENT_ENUMERATOR_) } type;
+#ifndef ORTAGENT_ABI_CHECK_ENUMERATOR
 ORTAGENT_ENUMS(ORTAGENT_DECLARE_ENUM_)
-#undef ORTAGENT_DECLARE_ENUM_
-#undef ORTAGENT_ENUMERATOR_
+ORTAGENT_ENUMS_22(ORTAGENT_DECLARE_ENUM_)
+ORTAGENT_ENUMS_23(ORTAGENT_DECLARE_ENUM_)
 #else
 /* The genuine header names this enum by its tag alone; give it the typedef name used below. */
 typedef enum OrtSparseIndicesFormat OrtSparseIndicesFormat;
+/* Enums the genuine header is too old to have (ORT_API_VERSION is the genuine header's). */
+#if ORT_API_VERSION < 22
+ORTAGENT_ENUMS_22(ORTAGENT_DECLARE_ENUM_)
 #endif
+#if ORT_API_VERSION < 23
+ORTAGENT_ENUMS_23(ORTAGENT_DECLARE_ENUM_)
+#endif
+#endif
+#undef ORTAGENT_DECLARE_ENUM_
+#undef ORTAGENT_ENUMERATOR_
+
+/* Callbacks the runtime calls. */
+/* OrtWriteBufferFunc: write `size` bytes of the output model; return NULL or an OrtStatus. */
+typedef OrtStatus* (*ortagent_write_buffer_fn)(void* state, const void* buffer, size_t size);
 
 /* ---- entry points ----------------------------------------------------------------------- */
 /* The one exported symbol: OrtGetApiBase() returns a pointer to this pair of functions. */
@@ -311,13 +353,32 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
 /* Functions newer than ORTAGENT_API_FLOOR. All return OrtStatus*, and their parameters are
  * named so that ort_call.h can define a stand-in that reports the missing version. */
 #define ORTAGENT_ORT_NEWER_FUNCTIONS(X) \
+    X(301, 22, OrtStatus*, RegisterExecutionProviderLibrary, (OrtEnv* env, const char* name, \
+                                                              const char* path)) \
+    X(302, 22, OrtStatus*, UnregisterExecutionProviderLibrary, (OrtEnv* env, const char* name)) \
+    X(303, 22, OrtStatus*, GetEpDevices, (const OrtEnv* env, const OrtEpDevice* const** devices, \
+                                          size_t* count)) \
+    X(304, 22, OrtStatus*, SessionOptionsAppendExecutionProvider_V2, \
+      (OrtSessionOptions* options, OrtEnv* env, const OrtEpDevice* const* devices, size_t count, \
+       const char* const* keys, const char* const* values, size_t option_count)) \
+    X(305, 22, OrtStatus*, SessionOptionsSetEpSelectionPolicy, \
+      (OrtSessionOptions* options, OrtExecutionProviderDevicePolicy policy)) \
     X(318, 23, OrtStatus*, GetTensorSizeInBytes, (const OrtValue* value, size_t* size)) \
+    X(320, 23, OrtStatus*, CreateMemoryInfo_V2, \
+      (const char* name, OrtMemoryInfoDeviceType device_type, uint32_t vendor_id, int32_t device_id, \
+       OrtDeviceMemoryType mem_type, size_t alignment, OrtAllocatorType allocator_type, \
+       OrtMemoryInfo** out)) \
     X(380, 23, OrtStatus*, SessionGetMemoryInfoForInputs, (const OrtSession* session, \
                                                            const OrtMemoryInfo** infos, \
                                                            size_t count)) \
     X(381, 23, OrtStatus*, SessionGetMemoryInfoForOutputs, (const OrtSession* session, \
                                                             const OrtMemoryInfo** infos, \
                                                             size_t count)) \
+    X(382, 23, OrtStatus*, SessionGetEpDeviceForInputs, (const OrtSession* session, \
+                                                         const OrtEpDevice** devices, size_t count)) \
+    X(383, 23, OrtStatus*, CreateSyncStreamForEpDevice, (const OrtEpDevice* ep_device, \
+                                                         const OrtKeyValuePairs* options, \
+                                                         OrtSyncStream** stream)) \
     X(386, 23, OrtStatus*, CopyTensors, (const OrtEnv* env, const OrtValue* const* sources, \
                                          OrtValue* const* destinations, OrtSyncStream* stream, \
                                          size_t count)) \
@@ -335,11 +396,74 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
       (const OrtValue* value, ONNXTensorElementDataType* elem_type, const int64_t** shape_data, \
        size_t* shape_data_count))
 
+/* Functions newer than ORTAGENT_API_FLOOR that return a plain value (not an OrtStatus*). They
+ * cannot report a missing version themselves: ort_call.h's stand-in returns a zero value (NULL,
+ * 0), and callers check ORTAGENT_HAS(name) first to raise the error naming the version. */
+#define ORTAGENT_ORT_NEWER_VALUE_FUNCTIONS(X) \
+    X(294, 22, const OrtCompileApi*, GetCompileApi, (void)) \
+    X(307, 22, OrtHardwareDeviceType, HardwareDevice_Type, (const OrtHardwareDevice* device)) \
+    X(308, 22, uint32_t, HardwareDevice_VendorId, (const OrtHardwareDevice* device)) \
+    X(309, 22, const char*, HardwareDevice_Vendor, (const OrtHardwareDevice* device)) \
+    X(310, 22, uint32_t, HardwareDevice_DeviceId, (const OrtHardwareDevice* device)) \
+    X(311, 22, const OrtKeyValuePairs*, HardwareDevice_Metadata, (const OrtHardwareDevice* device)) \
+    X(312, 22, const char*, EpDevice_EpName, (const OrtEpDevice* ep_device)) \
+    X(313, 22, const char*, EpDevice_EpVendor, (const OrtEpDevice* ep_device)) \
+    X(314, 22, const OrtKeyValuePairs*, EpDevice_EpMetadata, (const OrtEpDevice* ep_device)) \
+    X(315, 22, const OrtKeyValuePairs*, EpDevice_EpOptions, (const OrtEpDevice* ep_device)) \
+    X(316, 22, const OrtHardwareDevice*, EpDevice_Device, (const OrtEpDevice* ep_device)) \
+    X(321, 23, OrtDeviceMemoryType, MemoryInfoGetDeviceMemType, (const OrtMemoryInfo* info)) \
+    X(322, 23, uint32_t, MemoryInfoGetVendorId, (const OrtMemoryInfo* info)) \
+    X(374, 23, const OrtMemoryInfo*, EpDevice_MemoryInfo, (const OrtEpDevice* ep_device, \
+                                                           OrtDeviceMemoryType memory_type)) \
+    X(384, 23, void*, SyncStream_GetHandle, (OrtSyncStream* stream))
+
+/* Functions newer than ORTAGENT_API_FLOOR that return nothing: their stand-in does nothing
+ * (callers check ORTAGENT_HAS(name) first, and set out-parameters before the call). */
+#define ORTAGENT_ORT_NEWER_VOID_FUNCTIONS(X) \
+    X(298, 22, void, GetKeyValuePairs, (const OrtKeyValuePairs* kvps, const char* const** keys, \
+                                        const char* const** values, size_t* count)) \
+    X(385, 23, void, ReleaseSyncStream, (OrtSyncStream* stream))
+
+/* ---- OrtCompileApi slots -----------------------------------------------------------------
+ * A second table of function pointers, returned by OrtApi::GetCompileApi (1.22); it grows
+ * append-only with the runtime's versions as OrtApi does. Same X form; slots index that table.
+ * Calls go through ORTAGENT_COMPILE_CALL (ort_call.h), which checks each slot's version. */
+#define ORTAGENT_COMPILE_FUNCTIONS(X) \
+    X( 1, 22, OrtStatus*, CreateModelCompilationOptionsFromSessionOptions, \
+      (const OrtEnv* env, const OrtSessionOptions* session_options, OrtModelCompilationOptions** out)) \
+    X( 2, 22, OrtStatus*, ModelCompilationOptions_SetInputModelPath, \
+      (OrtModelCompilationOptions* options, const char* path)) \
+    X( 3, 22, OrtStatus*, ModelCompilationOptions_SetInputModelFromBuffer, \
+      (OrtModelCompilationOptions* options, const void* data, size_t size)) \
+    X( 4, 22, OrtStatus*, ModelCompilationOptions_SetOutputModelPath, \
+      (OrtModelCompilationOptions* options, const char* path)) \
+    X( 5, 22, OrtStatus*, ModelCompilationOptions_SetOutputModelExternalInitializersFile, \
+      (OrtModelCompilationOptions* options, const char* path, size_t size_threshold)) \
+    X( 6, 22, OrtStatus*, ModelCompilationOptions_SetOutputModelBuffer, \
+      (OrtModelCompilationOptions* options, OrtAllocator* allocator, void** buffer, size_t* size)) \
+    X( 7, 22, OrtStatus*, ModelCompilationOptions_SetEpContextEmbedMode, \
+      (OrtModelCompilationOptions* options, bool embed)) \
+    X( 8, 22, OrtStatus*, CompileModel, (const OrtEnv* env, const OrtModelCompilationOptions* options)) \
+    X( 9, 23, OrtStatus*, ModelCompilationOptions_SetFlags, \
+      (OrtModelCompilationOptions* options, uint32_t flags)) \
+    X(11, 23, OrtStatus*, ModelCompilationOptions_SetGraphOptimizationLevel, \
+      (OrtModelCompilationOptions* options, GraphOptimizationLevel level)) \
+    X(12, 23, OrtStatus*, ModelCompilationOptions_SetOutputModelWriteFunc, \
+      (OrtModelCompilationOptions* options, ortagent_write_buffer_fn write, void* state))
+
+/* The compile table's functions that return nothing (stand-in: does nothing). */
+#define ORTAGENT_COMPILE_VOID_FUNCTIONS(X) \
+    X( 0, 22, void, ReleaseModelCompilationOptions, (OrtModelCompilationOptions* options))
+
 #define ORTAGENT_DECLARE_SLOT_(slot, since, ret, name, params) \
     enum { ortagent_slot_##name = slot, ortagent_since_##name = since }; \
     typedef ret (*ortagent_fn_##name) params;
 ORTAGENT_ORT_FLOOR_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
 ORTAGENT_ORT_NEWER_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
+ORTAGENT_ORT_NEWER_VALUE_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
+ORTAGENT_ORT_NEWER_VOID_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
+ORTAGENT_COMPILE_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
+ORTAGENT_COMPILE_VOID_FUNCTIONS(ORTAGENT_DECLARE_SLOT_)
 #undef ORTAGENT_DECLARE_SLOT_
 
 #endif /* ORTAGENT_ORT_ABI_H */

@@ -14,8 +14,10 @@
  *   - its signature: _Generic on the genuine member against ortagent_fn_<name> (static
  *                    assertion), and the genuine member assigned without a cast to an
  *                    ortagent_fn_<name> variable (an error under -Werror when they differ).
- * A declared function the header lacks fails to compile. Every enum value, and the layout of
- * OrtApiBase against ortagent_api_base, are checked too.
+ * A declared function the header lacks fails to compile. The same is done for the functions
+ * of the OrtCompileApi table (ORTAGENT_COMPILE_*_FUNCTIONS, offsets in the genuine struct
+ * OrtCompileApi). Every enum value (the newer enums of ORTAGENT_ENUMS_<N> when the header has
+ * version N), and the layout of OrtApiBase against ortagent_api_base, are checked too.
  *
  * ort_checkable.h defines, for each declared function, ORTAGENT_IF_CHECKABLE_<name>(x) as `x`
  * when the genuine header's ORT_API_VERSION is at least the function's `since`, and as nothing
@@ -27,6 +29,7 @@
  *   api_version <ORT_API_VERSION>
  *   table <number of slots in the genuine OrtApi>
  *   slot <name> <slot> <since> <offset/sizeof(void*)>
+ *   compile_slot <name> <slot> <since> <offset/sizeof(void*)>
  *   enum <type> <enumerator> <value>
  *   api_base ok
  */
@@ -51,6 +54,17 @@
                        "signature of " #name " differs from the genuine OrtApi");)
 ORTAGENT_ORT_FLOOR_FUNCTIONS(CHECK_SLOT)
 ORTAGENT_ORT_NEWER_FUNCTIONS(CHECK_SLOT)
+ORTAGENT_ORT_NEWER_VALUE_FUNCTIONS(CHECK_SLOT)
+ORTAGENT_ORT_NEWER_VOID_FUNCTIONS(CHECK_SLOT)
+
+#define CHECK_COMPILE_SLOT(slot, since, ret, name, params)                                    \
+    ORTAGENT_IF_CHECKABLE_##name(                                                             \
+        _Static_assert(offsetof(OrtCompileApi, name) == (size_t)(slot) * sizeof(void*),       \
+                       "slot index of OrtCompileApi::" #name " differs from the genuine one"); \
+        _Static_assert(_Generic(((OrtCompileApi*)0)->name, ortagent_fn_##name: 1, default: 0), \
+                       "signature of OrtCompileApi::" #name " differs from the genuine one");)
+ORTAGENT_COMPILE_FUNCTIONS(CHECK_COMPILE_SLOT)
+ORTAGENT_COMPILE_VOID_FUNCTIONS(CHECK_COMPILE_SLOT)
 
 /* The same signatures once more, the way a caller uses them: assignment without a cast. */
 #define ASSIGN_SLOT(slot, since, ret, name, params)                                           \
@@ -62,8 +76,18 @@ static int assign_all(const OrtApi* api) {
     int assigned = 0;
     ORTAGENT_ORT_FLOOR_FUNCTIONS(ASSIGN_SLOT)
     ORTAGENT_ORT_NEWER_FUNCTIONS(ASSIGN_SLOT)
+    ORTAGENT_ORT_NEWER_VALUE_FUNCTIONS(ASSIGN_SLOT)
+    ORTAGENT_ORT_NEWER_VOID_FUNCTIONS(ASSIGN_SLOT)
     return assigned;
 }
+#if ORT_API_VERSION >= 22
+static int assign_all_compile(const OrtCompileApi* api) {
+    int assigned = 0;
+    ORTAGENT_COMPILE_FUNCTIONS(ASSIGN_SLOT)
+    ORTAGENT_COMPILE_VOID_FUNCTIONS(ASSIGN_SLOT)
+    return assigned;
+}
+#endif
 
 /* ---- enums -------------------------------------------------------------------------------- */
 
@@ -74,6 +98,12 @@ static int assign_all(const OrtApi* api) {
     _Static_assert(sizeof(type) == sizeof(int), "size of enum " #type " is not that of int"); \
     ORTAGENT_ENUM_##type(CHECK_ENUMERATOR)
 ORTAGENT_ENUMS(CHECK_ENUM)
+#if ORT_API_VERSION >= 22
+ORTAGENT_ENUMS_22(CHECK_ENUM)
+#endif
+#if ORT_API_VERSION >= 23
+ORTAGENT_ENUMS_23(CHECK_ENUM)
+#endif
 
 /* ---- OrtApiBase --------------------------------------------------------------------------- */
 
@@ -113,6 +143,10 @@ _Static_assert(_Generic((ortagent_get_api_base_fn)0,
     ORTAGENT_IF_CHECKABLE_##name(                                                             \
         printf("slot %s %d %d %zu\n", #name, (int)(slot), (int)(since),                       \
                offsetof(OrtApi, name) / sizeof(void*));)
+#define PRINT_COMPILE_SLOT(slot, since, ret, name, params)                                    \
+    ORTAGENT_IF_CHECKABLE_##name(                                                             \
+        printf("compile_slot %s %d %d %zu\n", #name, (int)(slot), (int)(since),               \
+               offsetof(OrtCompileApi, name) / sizeof(void*));)
 #define PRINT_ENUMERATOR(enumerator, value)                                                   \
     printf("enum %s %s %lld\n", enum_type, #enumerator, (long long)(enumerator));
 #define PRINT_ENUM(type)                                                                      \
@@ -126,11 +160,30 @@ int main(void) {
     printf("table %zu\n", sizeof(OrtApi) / sizeof(void*));
     ORTAGENT_ORT_FLOOR_FUNCTIONS(PRINT_SLOT)
     ORTAGENT_ORT_NEWER_FUNCTIONS(PRINT_SLOT)
+    ORTAGENT_ORT_NEWER_VALUE_FUNCTIONS(PRINT_SLOT)
+    ORTAGENT_ORT_NEWER_VOID_FUNCTIONS(PRINT_SLOT)
+    ORTAGENT_COMPILE_FUNCTIONS(PRINT_COMPILE_SLOT)
+    ORTAGENT_COMPILE_VOID_FUNCTIONS(PRINT_COMPILE_SLOT)
     ORTAGENT_ENUMS(PRINT_ENUM)
+#if ORT_API_VERSION >= 22
+    ORTAGENT_ENUMS_22(PRINT_ENUM)
+#endif
+#if ORT_API_VERSION >= 23
+    ORTAGENT_ENUMS_23(PRINT_ENUM)
+#endif
     if (assign_all(&table) != 0) {
         fprintf(stderr, "a zeroed OrtApi gave non-NULL members\n");
         return 1;
     }
+#if ORT_API_VERSION >= 22
+    {
+        static OrtCompileApi compile_table;
+        if (assign_all_compile(&compile_table) != 0) {
+            fprintf(stderr, "a zeroed OrtCompileApi gave non-NULL members\n");
+            return 1;
+        }
+    }
+#endif
     if (strcmp(ORTAGENT_GET_API_BASE_SYMBOL, STRINGIFY(OrtGetApiBase)) != 0) {
         fprintf(stderr, "ORTAGENT_GET_API_BASE_SYMBOL is \"%s\", the genuine entry point is %s\n",
                 ORTAGENT_GET_API_BASE_SYMBOL, STRINGIFY(OrtGetApiBase));

@@ -51,28 +51,38 @@ class Declared:
     ret: str
 
 
-def declared_functions(include: Path = INCLUDE) -> list[Declared]:
-    """Every function of ORTAGENT_ORT_FLOOR_FUNCTIONS / ORTAGENT_ORT_NEWER_FUNCTIONS, as the
-    preprocessor sees the X-lists."""
-    src = ('#include "ortagent/ort_abi.h"\n'
-           "#define F(slot, since, ret, name, params) @FN floor name slot since ret @END\n"
-           "#define N(slot, since, ret, name, params) @FN newer name slot since ret @END\n"
-           "ORTAGENT_ORT_FLOOR_FUNCTIONS(F)\nORTAGENT_ORT_NEWER_FUNCTIONS(N)\n")
+# X-lists of ort_abi.h by table: list macro -> group name
+API_LISTS = {"ORTAGENT_ORT_FLOOR_FUNCTIONS": "floor", "ORTAGENT_ORT_NEWER_FUNCTIONS": "newer",
+             "ORTAGENT_ORT_NEWER_VALUE_FUNCTIONS": "value",
+             "ORTAGENT_ORT_NEWER_VOID_FUNCTIONS": "void"}
+COMPILE_LISTS = {"ORTAGENT_COMPILE_FUNCTIONS": "compile",
+                 "ORTAGENT_COMPILE_VOID_FUNCTIONS": "compile_void"}
+
+
+def declared_functions(include: Path = INCLUDE, table: str = "OrtApi") -> list[Declared]:
+    """Every function of the X-lists of one table (OrtApi: ORTAGENT_ORT_*_FUNCTIONS;
+    OrtCompileApi: ORTAGENT_COMPILE_*_FUNCTIONS), as the preprocessor sees them."""
+    lists = API_LISTS if table == "OrtApi" else COMPILE_LISTS
+    src = '#include "ortagent/ort_abi.h"\n' + "".join(
+        f"#define X_{group}(slot, since, ret, name, params) @FN {group} name slot since ret @END\n"
+        f"{macro}(X_{group})\n" for macro, group in lists.items())
     out = " ".join(preprocess(src, [include]).split())
     found = []
     for m in re.finditer(r"@FN (\w+) (\w+) (\d+) (\d+) (.*?) @END", out):
         found.append(Declared(m.group(2), int(m.group(3)), int(m.group(4)), m.group(1),
                               m.group(5).replace(" *", "*")))
     if not found:
-        raise AssertionError("no OrtApi function found in ort_abi.h's X-lists")
+        raise AssertionError(f"no {table} function found in ort_abi.h's X-lists")
     return found
 
 
 def declared_enums(include: Path = INCLUDE) -> dict[str, list[tuple[str, int]]]:
+    """Every enum of ORTAGENT_ENUMS and ORTAGENT_NEWER_ENUMS: type -> [(enumerator, value)]."""
     src = ('#include "ortagent/ort_abi.h"\n'
            "#define E(name, value) @EV name (value)\n"
            "#define L(type) @ET type ORTAGENT_ENUM_##type(E)\n"
-           "ORTAGENT_ENUMS(L)\n")
+           "#define N(type, since) L(type)\n"
+           "ORTAGENT_ENUMS(L)\nORTAGENT_NEWER_ENUMS(N)\n")
     out = " ".join(preprocess(src, [include]).split())
     enums: dict[str, list[tuple[str, int]]] = {}
     current = None
@@ -82,6 +92,14 @@ def declared_enums(include: Path = INCLUDE) -> dict[str, list[tuple[str, int]]]:
         else:
             current.append((m.group(2), int(m.group(3).replace(" ", ""))))
     return enums
+
+
+def newer_enum_versions(include: Path = INCLUDE) -> dict[str, int]:
+    """type -> the API version that added it, for the enums of ORTAGENT_NEWER_ENUMS."""
+    src = ('#include "ortagent/ort_abi.h"\n'
+           "#define N(type, since) @NE type since @END\nORTAGENT_NEWER_ENUMS(N)\n")
+    out = " ".join(preprocess(src, [include]).split())
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"@NE (\w+) (\d+) @END", out)}
 
 
 def declared_macros(names: list[str], include: Path, header: str) -> dict[str, str]:
@@ -109,7 +127,7 @@ def header_api_version(header: Path) -> int:
 _SINCE = re.compile(r"\\since\s+Version\s+1\.(\d+)")
 
 
-def genuine_members(header: Path) -> list[Member]:
+def genuine_members(header: Path, struct: str = "OrtApi") -> list[Member]:
     """The members of the genuine `struct OrtApi`, in order, each with its documented
     "\\since Version 1.N" when the doc comment right before it has one.
 
@@ -119,9 +137,9 @@ def genuine_members(header: Path) -> list[Member]:
     (see validate_members), so a parsing mistake cannot go unnoticed.
     """
     text = preprocess(f'#include "{header}"\n', [header.parent], comments=True)
-    start = re.search(r"^\s*struct\s+OrtApi\s*\{", text, re.M)
+    start = re.search(rf"^\s*struct\s+{struct}\s*\{{", text, re.M)
     if not start:
-        raise AssertionError(f"no 'struct OrtApi {{' in {header}")
+        raise AssertionError(f"no 'struct {struct} {{' in {header}")
     i = start.end()
     members: list[Member] = []
     pending = None
@@ -160,25 +178,26 @@ def genuine_members(header: Path) -> list[Member]:
             continue
         decl.append(c)
         i += 1
-    raise AssertionError("unterminated struct OrtApi")
+    raise AssertionError(f"unterminated struct {struct}")
 
 
-def validate_members(header: Path, members: list[Member], workdir: Path) -> None:
+def validate_members(header: Path, members: list[Member], workdir: Path,
+                     struct: str = "OrtApi") -> None:
     """Prove the parsed member list is the genuine table: every name at its index, nothing
     else in the struct."""
     lines = [f'#include "{header.name}"', "#include <stddef.h>"]
     for k, mem in enumerate(members):
-        lines.append(f"_Static_assert(offsetof(OrtApi, {mem.name}) == {k} * sizeof(void*), "
+        lines.append(f"_Static_assert(offsetof({struct}, {mem.name}) == {k} * sizeof(void*), "
                      f'"parsed member {k} is not {mem.name}");')
-    lines.append(f"_Static_assert(sizeof(OrtApi) == {len(members)} * sizeof(void*), "
-                 f'"OrtApi has members the parser missed");')
+    lines.append(f"_Static_assert(sizeof({struct}) == {len(members)} * sizeof(void*), "
+                 f'"{struct} has members the parser missed");')
     lines.append("int main(void) { return 0; }")
-    src = workdir / "members.c"
+    src = workdir / f"members_{struct}.c"
     src.write_text("\n".join(lines) + "\n")
     proc = compile_c([*C_STD, f"-I{header.parent}", "-c", str(src), "-o",
-                      str(workdir / "members.o")])
+                      str(workdir / f"members_{struct}.o")])
     if proc.returncode != 0:
-        raise AssertionError("the parsed OrtApi member list does not match the compiled "
+        raise AssertionError(f"the parsed {struct} member list does not match the compiled "
                              f"struct:\n{proc.stderr[-3000:]}")
 
 

@@ -75,3 +75,23 @@ def errors() -> str:
     except ortagent.OrtError as exc:
         return exc.message
     return ortagent.__version__
+
+
+def devices_and_compiling(model: bytes) -> bytes:
+    cpu = [d for d in ortagent.get_ep_devices() if d.device.type == ortagent.OrtHardwareDeviceType.CPU]
+    names: list[str] = [d.ep_name for d in cpu]
+    metadata: dict[str, str] = cpu[0].ep_metadata
+    options = ortagent.SessionOptions()
+    options.add_provider_for_devices(cpu, {})
+    options.set_provider_selection_policy(ortagent.OrtExecutionProviderDevicePolicy.PREFER_CPU)
+    has: bool = options.has_providers()
+    session = ortagent.InferenceSession(model, options)
+    inputs = session.get_input_epdevices()
+    info = ortagent.OrtMemoryInfo.create_v2("Cpu", ortagent.OrtMemoryInfoDeviceType.CPU, 0, 0,
+                                            ortagent.OrtDeviceMemoryType.DEFAULT, 0,
+                                            ortagent.OrtAllocatorType.ORT_DEVICE_ALLOCATOR)
+    vendor: int = info.device_vendor_id
+    compiler = ortagent.ModelCompiler(options, model, flags=ortagent.OrtCompileApiFlags.NONE)
+    chunks: list[bytes] = []
+    compiler.compile_to_stream(chunks.append)
+    return compiler.compile_to_bytes() + str((names, metadata, has, inputs, vendor)).encode()
