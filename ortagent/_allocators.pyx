@@ -11,8 +11,9 @@ from ortagent cimport _capi as ort
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime
 from ortagent._memory cimport OrtMemoryInfo
 from ortagent._options cimport _encode
+from ortagent._providers cimport require_provider_loads
 
-from ortagent.errors import OrtFail, OrtInvalidArgument, OrtInvalidType
+from ortagent.errors import OrtFail, OrtInvalidArgument, OrtInvalidType, ProviderError
 
 ort.ortagent_rt = shared_runtime()
 
@@ -123,6 +124,11 @@ def create_and_register_allocator_v2(provider_type, mem_info, provider_options, 
     encoded = [(_encode(str(k), "provider option"), _encode(str(v), "provider option value"))
                for k, v in provider_options.items()]
     provider = _encode(provider_type, "provider_type")
+    try:
+        # onnxruntime's C call aborts the process when the provider's library cannot load
+        require_provider_loads(provider_type)
+    except ProviderError as exc:
+        raise OrtFail(f"{provider_type} cannot create an allocator here: {exc}") from exc
     cdef Py_ssize_t n = len(encoded), i
     cdef const char** keys = <const char**>malloc((n + 1) * sizeof(char*))
     cdef const char** values = <const char**>malloc((n + 1) * sizeof(char*))

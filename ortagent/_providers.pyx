@@ -290,6 +290,21 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
     return registered
 
 
+cdef int require_provider_loads(str name) except -1:
+    """Raise ProviderError unless the provider `name` can be created here: appended to scratch
+    session options, which loads its library. Some C API calls (CreateAndRegisterAllocatorV2)
+    abort the process instead of failing when a listed provider's library cannot load."""
+    if name == _CPU:
+        return 0
+    cdef ort.OrtSessionOptions* scratch = NULL
+    check(ort.CreateSessionOptions(&scratch))
+    try:
+        _configure_providers(scratch, [(name, {})], True)
+    finally:
+        ort.ReleaseSessionOptions(scratch)
+    return 0
+
+
 cdef int set_dynamic_options(ort.OrtSession* session, object options) except -1:
     """OrtApi::SetEpDynamicOptions: options the session's execution providers take while the
     session lives (e.g. 'ep.dynamic.workload_type')."""

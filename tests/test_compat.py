@@ -793,6 +793,36 @@ def test_register_allocator_v2_bad_provider():
         ortagent.create_and_register_allocator("Cpu", None)
 
 
+
+@pytest.mark.parametrize("provider", ["CUDAExecutionProvider", "TensorrtExecutionProvider"])
+def test_register_allocator_v2_provider_that_cannot_load(provider):
+    """A provider the build lists but whose library cannot load here: onnxruntime's C call
+    aborts the process (its Python module raises a RuntimeError); ortagent raises OrtFail, a
+    RuntimeError, and the process lives on. Run in a fresh process, as an abort would kill pytest."""
+    from conftest import cuda_unavailable_reason
+    if provider not in ortagent.get_available_providers():
+        pytest.skip(f"{provider} is not in this onnxruntime build")
+    if provider == "CUDAExecutionProvider" and cuda_unavailable_reason() is None:
+        pytest.skip("the CUDA provider loads here: its allocator is registered (tests/test_device.py)")
+    script = textwrap.dedent(f"""
+        import ortagent
+        info = ortagent.OrtMemoryInfo("Cuda", ortagent.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0,
+                                      ortagent.OrtMemType.DEFAULT)
+        try:
+            ortagent.create_and_register_allocator_v2({provider!r}, info, {{}}, ortagent.OrtArenaCfg(0, -1, -1, -1))
+        except ortagent.OrtFail as exc:
+            assert isinstance(exc, RuntimeError) and "cannot create an allocator" in str(exc), exc
+            print("refused")
+        else:
+            print("registered")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0, done.stderr[-3000:]
+    if done.stdout.strip() == "registered":
+        pytest.skip(f"{provider} loads here")
+    assert done.stdout.strip() == "refused"
+
 def sequence_length_model(elem=T.FLOAT):
     return _model([helper.make_node("SequenceLength", ["s"], ["n"])],
                   [helper.make_tensor_sequence_value_info("s", elem, None)], [_tensor("n", T.INT64, [])])
