@@ -732,8 +732,15 @@ cdef class InferenceSession:
                     else:
                         value = results[i]
                         value.describe()
-                        results[i] = (value_to_numpy(value, False) if value.is_tensor_value
-                                      else python_from_value(value))
+                        if not value.is_tensor_value:
+                            results[i] = python_from_value(value)
+                        elif value.memory_owner is not None:
+                            # an alias of a feed (a graph input that is also an output, an
+                            # Identity of one): a copy, as onnxruntime's run() returns, so that
+                            # the caller's later writes to the feed do not change the result
+                            results[i] = value_to_numpy(value, False).copy()
+                        else:
+                            results[i] = value_to_numpy(value, False)
             return results
         finally:
             if n_preallocated > 0:

@@ -823,6 +823,33 @@ def test_register_allocator_v2_provider_that_cannot_load(provider):
         pytest.skip(f"{provider} loads here")
     assert done.stdout.strip() == "refused"
 
+
+def test_run_returns_outputs_independent_of_the_feeds(ort_ref):
+    """A graph input that is also a graph output (and an Identity of it): run() returns arrays of
+    their own in both modules, so a caller reusing its feed buffer changes no earlier result."""
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["z"]), helper.make_node("Neg", ["x"], ["n"])], "g",
+                              [_tensor("x", T.FLOAT, [2, 2])],
+                              [_tensor("n", T.FLOAT, [2, 2]), _tensor("x", T.FLOAT, [2, 2]), _tensor("z", T.FLOAT, [2, 2])])
+    model = helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18)])
+    options = {}
+    for module in (ort_ref, ortagent):
+        options[module] = module.SessionOptions()
+        options[module].graph_optimization_level = module.GraphOptimizationLevel.ORT_DISABLE_ALL
+    theirs = ort_ref.InferenceSession(model.SerializeToString(), options[ort_ref], providers=[CPU])
+    ours = ortagent.InferenceSession(model.SerializeToString(), options[ortagent], providers=[CPU])
+    kept = {ort_ref: [], ortagent: []}
+    buffer = np.zeros((2, 2), np.float32)
+    for step in range(4):
+        for session, module in ((theirs, ort_ref), (ours, ortagent)):
+            buffer[...] = step
+            outputs = session.run(None, {"x": buffer})
+            assert [np.shares_memory(out, buffer) for out in outputs] == [False] * 3, module.__name__
+            kept[module].append(outputs)
+    buffer[...] = 99.0
+    for step in range(4):
+        _same(kept[ortagent][step], kept[ort_ref][step])
+        np.testing.assert_array_equal(kept[ortagent][step][1], np.full((2, 2), step, np.float32))
+
 def sequence_length_model(elem=T.FLOAT):
     return _model([helper.make_node("SequenceLength", ["s"], ["n"])],
                   [helper.make_tensor_sequence_value_info("s", elem, None)], [_tensor("n", T.INT64, [])])
