@@ -44,6 +44,7 @@ _LAZY = {
     "create_and_register_allocator": "ortagent._allocators",
     "create_and_register_allocator_v2": "ortagent._allocators",
     "from_dlpack": "ortagent._dlpack",
+    "is_dlpack_uint8_tensor": "ortagent._dlpack",
     "copy_tensors": "ortagent._device",
     "SparseTensor": "ortagent._sparse",
     "OrtSparseFormat": "ortagent._sparse",
@@ -145,6 +146,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._sparse import SparseTensor as SparseTensor
     from ortagent._values import OrtValue as OrtValue
     from ortagent._values import from_dlpack as from_dlpack
+    from ortagent._dlpack import is_dlpack_uint8_tensor as is_dlpack_uint8_tensor
     from ortagent.agent import PartialGraphExecutionState as PartialGraphExecutionState
     from ortagent.agent import TrainingAgent as TrainingAgent
     from ortagent.training_ops import lower_training_ops as lower_training_ops

@@ -581,7 +581,7 @@ cdef int _producer_device(object obj, object device_of) except -1:
     return device_type
 
 
-cdef OrtValue _import_capsule(object capsule):
+cdef OrtValue _import_capsule(object capsule, bint as_bool=False):
     if not PyCapsule_CheckExact(capsule):
         raise DLPackError(f"__dlpack__ returned a {type(capsule).__name__}, not a DLPack capsule")
     cdef PyObject* raw = <PyObject*>capsule
@@ -624,6 +624,10 @@ cdef OrtValue _import_capsule(object capsule):
     cdef int elem_type = _onnx_type_for(tensor.dtype)
     if elem_type < 0:
         raise DLPackError(f"DLPack data type {_dtype_text(tensor.dtype)} is not supported")
+    if as_bool and elem_type == ORTAGENT_ELEM_UINT8:
+        # onnxruntime's is_bool_tensor: booleans that travelled as uint8 (one byte each); it
+        # leaves other types as they are
+        elem_type = ORTAGENT_ELEM_BOOL
     cdef OrtDevice device = _device_for(tensor.device.device_type, tensor.device.device_id)
     cdef int ndim = tensor.ndim
     if ndim < 0 or (ndim > 0 and tensor.shape == NULL):
@@ -696,12 +700,32 @@ cdef OrtValue _import_capsule(object capsule):
     return value
 
 
-def from_dlpack(obj, *, stream=None):
+def from_dlpack(obj, is_bool_tensor=False, *, stream=None):
     """An OrtValue over the memory of `obj`: any object with ``__dlpack__`` or a DLPack capsule.
-    No copy is made; see the module docstring for devices, dtypes, layouts and ``stream``."""
+    No copy is made; see the module docstring for devices, dtypes, layouts and ``stream``.
+    `is_bool_tensor` (onnxruntime's argument) reads a uint8 tensor as booleans."""
     if PyCapsule_CheckExact(obj):
         if stream is not None:
             raise DLPackError("stream cannot be applied to a DLPack capsule that has already "
                               "been produced; pass the producing object instead")
-        return _import_capsule(obj)
-    return _import_capsule(_capsule_from(obj, stream))
+        return _import_capsule(obj, is_bool_tensor)
+    return _import_capsule(_capsule_from(obj, stream), is_bool_tensor)
+
+
+def is_dlpack_uint8_tensor(capsule):
+    """Whether an unconsumed DLPack capsule holds uint8 data (booleans exported by onnxruntime
+    travel as uint8, so its callers ask before importing with is_bool_tensor)."""
+    if not PyCapsule_CheckExact(capsule):
+        raise OrtInvalidType(f"expected a DLPack capsule, got {type(capsule).__name__}")
+    cdef PyObject* raw = <PyObject*>capsule
+    cdef const char* name = capsule_name(raw)
+    cdef ortagent_dl_tensor* tensor
+    if name == NULL:
+        PyErr_Clear()
+    if name != NULL and strcmp(name, ORTAGENT_DLPACK_VERSIONED_CAPSULE) == 0:
+        tensor = &(<ortagent_dl_managed_tensor_versioned*>capsule_pointer(raw, name)).dl_tensor
+    elif name != NULL and strcmp(name, ORTAGENT_DLPACK_CAPSULE) == 0:
+        tensor = &(<ortagent_dl_managed_tensor*>capsule_pointer(raw, name)).dl_tensor
+    else:
+        raise DLPackError("not an unconsumed DLPack capsule")
+    return _onnx_type_for(tensor.dtype) == ORTAGENT_ELEM_UINT8

@@ -59,7 +59,8 @@ def _device_id_argument(value):
 
 _DEVICE_NAMES = {MEMORY_CPU: "cpu", MEMORY_CUDA: "cuda", MEMORY_CUDA_PINNED: "cuda_pinned"}
 # onnxruntime's OrtDevice numbering (device type; memory type).
-_ORT_DEVICE_CPU, _ORT_DEVICE_GPU = 0, 1
+# onnxruntime's OrtDevice type numbers (GPU covers CUDA and WebGPU, NPU covers CANN)
+_ORT_DEVICE_CPU, _ORT_DEVICE_GPU, _ORT_DEVICE_FPGA, _ORT_DEVICE_NPU, _ORT_DEVICE_DML = 0, 1, 2, 3, 4
 _NVIDIA_VENDOR_ID = 0x10DE
 _ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED, _ORT_MEM_HOST_ACCESSIBLE = 0, 1, 5
 # Memory descriptions by (kind, index), owned here for the life of the process.
@@ -113,6 +114,30 @@ cdef class OrtDevice:
         return _ORT_DEVICE_GPU
 
     @staticmethod
+    def gpu():
+        return _ORT_DEVICE_GPU
+
+    @staticmethod
+    def webgpu():
+        return _ORT_DEVICE_GPU
+
+    @staticmethod
+    def fpga():
+        return _ORT_DEVICE_FPGA
+
+    @staticmethod
+    def npu():
+        return _ORT_DEVICE_NPU
+
+    @staticmethod
+    def cann():
+        return _ORT_DEVICE_NPU
+
+    @staticmethod
+    def dml():
+        return _ORT_DEVICE_DML
+
+    @staticmethod
     def default_memory():
         return _ORT_MEM_DEFAULT
 
@@ -136,6 +161,10 @@ cdef class OrtDevice:
     def device_vendor_id(self):
         """PCI vendor id of the device: NVIDIA's for CUDA memory, 0 for the CPU."""
         return _NVIDIA_VENDOR_ID if self.kind != MEMORY_CPU else 0
+
+    def vendor_id(self):
+        """device_vendor_id() under the name of onnxruntime's C-level OrtDevice."""
+        return self.device_vendor_id()
 
     @staticmethod
     def make(ort_device_name, device_id, vendor_id=-1):

@@ -355,6 +355,7 @@ cdef ort.OrtSession* create_session(const ort.OrtSessionOptions* base, object mo
     CPU's, and neither `strict` nor fallback is off, it is created again on onnxruntime's
     fallback providers, with onnxruntime's "EP Error" text as a warning; fell_back[0] says so."""
     fell_back[0] = False
+    strict = strict or _strict.get()            # inside strict_providers(): no fallback either
     try:
         return _create(base, model_path, model_bytes, requested, strict, registered)
     except OrtError as exc:

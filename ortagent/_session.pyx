@@ -9,6 +9,7 @@ around ``OrtApi::Run`` and returns NumPy views of the buffers ORT produced.
 
 import enum
 import os
+import warnings
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -55,7 +56,7 @@ globals()["SessionOptions"] = _options_module.SessionOptions
 globals()["RunOptions"] = _options_module.RunOptions
 from ortagent._runtime import get_available_providers
 from ortagent.errors import (
-    OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, ProviderError,
+    OrtError, OrtFail, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, ProviderError,
     ProviderFallbackWarning,
 )
 
@@ -787,7 +788,17 @@ cdef class InferenceSession:
         self.require_open()
         if self.runs_in_flight:
             raise OrtInvalidArgument("set_providers() while runs are in flight on other threads")
-        self._create_with_fallback(_normalise_providers(providers, provider_options, self._strict))
+        requested = _normalise_providers(providers, provider_options, self._strict)
+        if not (self._strict or _strict_scope.get()):
+            available = get_available_providers()
+            for name, _ in requested:
+                if name not in available:
+                    # onnxruntime warns, then its recreation fails (set_providers does not fall
+                    # back the way the constructor does): the session keeps its providers
+                    warnings.warn(f"Specified provider '{name}' is not in available provider names."
+                                  f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
+                    raise OrtFail(f"Unknown Provider Type: {name}")
+        self._create_with_fallback(requested)
 
     def enable_fallback(self):
         """Let a failed creation (set_providers) retry on the fallback providers (the default)."""

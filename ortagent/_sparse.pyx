@@ -4,7 +4,8 @@ made and read through the C API's sparse tensor calls.
 
 A SparseTensor made from numeric NumPy arrays views them (no copy; it keeps them alive); one of
 strings holds UTF-8 copies (the C API's Fill calls). Reading back (``values()``, the indices of a
-view) copies into new NumPy arrays. On the CPU only: see SparseTensor.to_cuda.
+view) gives read-only NumPy views of the tensor's memory, as onnxruntime's do (strings: new
+object arrays). On the CPU only: see SparseTensor.to_cuda.
 """
 
 import enum
@@ -15,9 +16,12 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy
 
 from ortagent cimport _capi as ort
+from ortagent cimport _numpy as npc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime
-from ortagent._dtypes cimport numpy_module
+from ortagent._dtypes cimport numpy_module, ensure_numpy, npy_type_of
 from ortagent._memory cimport cpu_memory_info
 from ortagent._values cimport OrtValue, wrap_value
 from ortagent._tensors cimport encoded_strings, strings_to_numpy
@@ -81,6 +85,35 @@ cdef object _copy_out(const void* data, int elem, list shape):
     if nbytes:
         memcpy(<void*><size_t>result.ctypes.data, data, nbytes)
     return result
+
+
+cdef object _view_out(OrtValue owner, const void* data, int elem, list shape):
+    """A read-only NumPy view of `shape` items of `elem` at `data`, memory `owner` holds (and is
+    pinned for: its close() defers to deallocation while the view lives), as onnxruntime's."""
+    cdef int npy_type = npy_type_of(elem)
+    if npy_type < 0 or elem == ORTAGENT_ELEM_STRING:
+        return _copy_out(data, elem, shape)
+    ensure_numpy()
+    npc.numpy_api()
+    cdef Py_ssize_t ndim = len(shape), i, count = 1
+    cdef object array = None
+    cdef npc.npy_intp* dims = <npc.npy_intp*>malloc((ndim + 1) * sizeof(npc.npy_intp))
+    if dims == NULL:
+        raise MemoryError()
+    try:
+        for i in range(ndim):
+            dims[i] = shape[i]
+            count *= shape[i]
+        if count == 0 or data == NULL:
+            return _copy_out(data, elem, shape)
+        array = npc.PyArray_NewFromDescr(&npc.PyArray_Type, npc.PyArray_DescrFromType(npy_type), <int>ndim,
+                                         dims, NULL, <void*>data, npc.NPY_ARRAY_CARRAY_RO, NULL)
+    finally:
+        free(dims)
+    owner.exports += 1
+    Py_INCREF(owner)
+    npc.PyArray_SetBaseObject(<npc.PyArrayObject*>array, <PyObject*>owner)
+    return array
 
 
 cdef list _dense_shape_of(object dense_shape):
@@ -248,7 +281,7 @@ cdef class SparseTensor:
         return OrtSparseFormat(<int>fmt)
 
     def values(self):
-        """The values (nnz of them), copied into a new NumPy array."""
+        """The values (nnz of them): a read-only view (strings: a new object array of str)."""
         cdef ort.OrtTensorTypeAndShapeInfo* info = NULL
         cdef const void* data = NULL
         cdef ort.OrtValue* handle = self._handle()
@@ -260,7 +293,7 @@ cdef class SparseTensor:
                 count *= extent
             return strings_to_numpy(handle, count, shape)
         check(ort.GetSparseTensorValues(handle, &data))
-        return _copy_out(data, elem, shape)
+        return _view_out(self.ort_value, data, elem, shape)
 
     def dense_shape(self):
         cdef ort.OrtTensorTypeAndShapeInfo* info = NULL
@@ -288,7 +321,7 @@ cdef class SparseTensor:
         check(ort.GetSparseTensorIndicesTypeShape(handle, which, &info))
         elem, shape = _type_and_shape(info)
         check(ort.GetSparseTensorIndices(handle, which, &count, &data))
-        return _copy_out(data, elem, shape)
+        return _view_out(self.ort_value, data, elem, shape)
 
     def as_coo_view(self):
         """COO indices: ``view.indices()``."""
@@ -323,7 +356,7 @@ cdef class SparseTensor:
 
 
 class _IndicesView:
-    """The indices of a sparse tensor in one format (copies)."""
+    """The indices of a sparse tensor in one format (read-only views)."""
 
     def __init__(self, **arrays):
         self._arrays = arrays

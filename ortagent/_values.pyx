@@ -423,9 +423,20 @@ cdef class OrtValue:
         return _dlpack_module().value_device(self)
 
     @staticmethod
-    def from_dlpack(obj, *, stream=None):
-        """An OrtValue viewing the memory of `obj` (any object with __dlpack__, or a capsule)."""
-        return _dlpack_module().from_dlpack(obj, stream=stream)
+    def from_dlpack(obj, is_bool_tensor=False, *, stream=None):
+        """An OrtValue viewing the memory of `obj` (any object with __dlpack__, or a capsule);
+        `is_bool_tensor` reads a uint8 tensor as booleans."""
+        return _dlpack_module().from_dlpack(obj, is_bool_tensor, stream=stream)
+
+    def __array__(self, dtype=None, copy=None):
+        """numpy.asarray(value) / numpy.array(value): the tensor as numpy() gives it (a view),
+        converted to `dtype`, copied when `copy` is True (NumPy's rules otherwise)."""
+        array = self.numpy()
+        if copy is not None:
+            return numpy_module().array(array, dtype=dtype, copy=copy)
+        if dtype is not None:
+            return numpy_module().asarray(array, dtype=dtype)
+        return array
 
     @staticmethod
     def _from_pointer(data_ptr, shape, element_type, device_type="cpu", device_id=0,
@@ -805,6 +816,6 @@ def _dlpack_module():
     return _dlpack_cache[0]
 
 
-def from_dlpack(obj, *, stream=None):
+def from_dlpack(obj, is_bool_tensor=False, *, stream=None):
     """An OrtValue viewing the memory of `obj` (any object with __dlpack__, or a capsule)."""
-    return _dlpack_module().from_dlpack(obj, stream=stream)
+    return _dlpack_module().from_dlpack(obj, is_bool_tensor, stream=stream)

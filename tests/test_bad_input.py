@@ -662,6 +662,18 @@ for kwargs, fragment in [
     (dict(copy=1), "got 1"),
 ]:
     case("dlpack", f"export-{'-'.join(f'{k}={v!r}' for k, v in kwargs.items())}", DLPackError, fragment, export(f23, **kwargs))
+case("dlpack", "is-uint8-not-a-capsule", OrtInvalidType, "expected a DLPack capsule, got str",
+     lambda w: ortagent.is_dlpack_uint8_tensor("dltensor"))
+
+
+def _consumed_capsule():
+    capsule = np.ones(2, np.uint8).__dlpack__()
+    ortagent.OrtValue.from_dlpack(capsule)
+    return capsule
+
+
+case("dlpack", "is-uint8-consumed-capsule", DLPackError, "not an unconsumed DLPack capsule",
+     lambda w: ortagent.is_dlpack_uint8_tensor(_consumed_capsule()))
 case("dlpack", "export-read-only-legacy-without-copy", DLPackError, "read-only memory", export(_readonly_value, copy=False))
 case("dlpack", "export-strings", DLPackError, "tensor(string) has no DLPack data type",
      export(lambda: from_numpy(np.array(["a"], dtype=object))))

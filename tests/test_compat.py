@@ -6,6 +6,7 @@ or NumPy does not compute in the same test.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -245,6 +246,26 @@ def test_set_providers_and_fallback_switches(ort_ref):
         ours.set_providers("CPUExecutionProvider")
     assert ours.get_providers() == [CPU]
 
+
+
+@pytest.mark.parametrize("providers", [["InvalidProvider"], ["InvalidProvider", CPU]])
+def test_set_providers_unknown(ort_ref, providers):
+    """set_providers does not fall back the way the constructor does: an unknown name warns and
+    raises a RuntimeError with onnxruntime's text. onnxruntime's session is left without providers
+    (get_providers() is None); ortagent's keeps its own and still runs."""
+    theirs, ours = _both(ort_ref, add_model())
+    feeds = {"x": np.arange(3, dtype=np.float32), "y": np.ones(3, np.float32)}
+    with pytest.warns(UserWarning) as their_warnings:
+        their_error, our_error = _raises_alike(lambda: theirs.set_providers(providers),
+                                               lambda: ours.set_providers(providers))
+    assert str(our_error) == str(their_error) == "Unknown Provider Type: InvalidProvider"
+    texts = [str(w.message) for w in their_warnings]
+    assert len(texts) == 2 and texts[0] == texts[1]                     # theirs, then ours
+    assert theirs.get_providers() is None
+    assert ours.get_providers() == [CPU]
+    np.testing.assert_array_equal(ours.run(None, feeds)[0], feeds["x"] + feeds["y"])
+    with pytest.raises(ortagent.ProviderError), ortagent.strict_providers():
+        ours.set_providers(providers)
 
 # ---- NodeArg types --------------------------------------------------------------------------------
 
@@ -561,6 +582,18 @@ def test_sparse_tensor_matches(ort_ref, kind):
     assert ours.data_type() == theirs.data_type()
     assert ours.device_name() == theirs.device_name()
     _same(ours.values(), np.asarray(theirs.values()))
+    # read-only views of the tensor's memory in both, alive after the tensor is gone
+    if kind == "coo":
+        views = [ours.values(), ours.as_coo_view().indices()]
+    else:
+        views = [ours.values(), ours.as_csrc_view().inner(), ours.as_csrc_view().outer()]
+    assert [v.flags.writeable for v in views] == [False] * len(views) == [theirs.values().flags.writeable] * len(views)
+    expected = [v.copy() for v in views]
+    del ours
+    gc.collect()
+    for view, copy in zip(views, expected):
+        np.testing.assert_array_equal(view, copy)
+    ours = _sparse_pair(ortagent, kind)
     if kind == "coo":
         _same(ours.as_coo_view().indices(), np.asarray(theirs.as_coo_view().indices()))
         their_error, our_error = _raises_alike(theirs.as_csrc_view, ours.as_csrc_view)
@@ -653,6 +686,49 @@ def test_ort_device_make(ort_ref, name):
     assert (ours.device_type(), ours.device_id(), ours.device_mem_type(), ours.device_vendor_id()) == \
         (theirs.device_type(), theirs.device_id(), theirs.device_mem_type(), theirs.device_vendor_id())
 
+
+
+def test_ort_device_type_numbers(ort_ref):
+    """The device-type and memory-type numbers onnxruntime's C-level OrtDevice hands out."""
+    C = ort_ref.capi._pybind_state.OrtDevice
+    for name in ("cpu", "cuda", "gpu", "webgpu", "fpga", "npu", "cann", "dml", "default_memory"):
+        assert getattr(ortagent.OrtDevice, name)() == getattr(C, name)(), name
+    theirs, ours = C(C.cpu(), C.default_memory(), 0), ortagent.OrtDevice(0, 0, 0)
+    assert ours.vendor_id() == theirs.vendor_id()
+
+
+def test_ortvalue_array_protocol(ort_ref):
+    """numpy.asarray / numpy.array of an OrtValue: the tensor (a view unless a copy or another
+    dtype is asked for), in both modules."""
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+    theirs = ort_ref.OrtValue.ortvalue_from_numpy(data)
+    ours = ortagent.OrtValue.ortvalue_from_numpy(data)
+    for convert in (np.asarray, lambda v: np.asarray(v, dtype=np.float64), lambda v: np.array(v, copy=True),
+                    lambda v: np.array(v, dtype=np.int32)):
+        _same(convert(ours), convert(theirs))
+    assert np.shares_memory(np.asarray(ours), data) == np.shares_memory(np.asarray(theirs), data) == True  # noqa: E712
+    assert not np.shares_memory(np.array(ours, copy=True), data)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.bool_, np.float32])
+def test_dlpack_bool_tensors(ort_ref, dtype):
+    """onnxruntime's from_dlpack(capsule, is_bool_tensor) and is_dlpack_uint8_tensor: booleans
+    that travelled as uint8 come back as tensor(bool) over the same memory; the flag leaves other
+    types alone. (DLPack's own bool type: onnxruntime refuses it, ortagent reads it.)"""
+    C = ort_ref.capi._pybind_state
+    data = (np.arange(4) % 2).astype(dtype)
+    assert ortagent.is_dlpack_uint8_tensor(data.__dlpack__()) == C.is_dlpack_uint8_tensor(data.__dlpack__())
+    for is_bool in (False, True):
+        ours = ortagent.OrtValue.from_dlpack(data.__dlpack__(), is_bool)
+        if dtype is np.bool_:
+            with pytest.raises(RuntimeError, match="Unsupported code 6"):
+                C.OrtValue.from_dlpack(data.__dlpack__(), is_bool)
+            assert ours.data_type() == "tensor(bool)" and ours.numpy().tolist() == data.tolist()
+            continue
+        theirs = C.OrtValue.from_dlpack(data.__dlpack__(), is_bool)
+        assert ours.data_type() == theirs.data_type()
+        _same(ours.numpy(), theirs.numpy())
+        assert ours.data_ptr() == theirs.data_ptr() == data.ctypes.data
 
 def test_ort_device_make_unknown(ort_ref):
     their_error, our_error = _raises_alike(lambda: ort_ref.OrtDevice.make("foo", 0),
