@@ -90,11 +90,11 @@ cdef object _copy_out(const void* data, int elem, list shape):
 cdef object _view_out(OrtValue owner, const void* data, int elem, list shape):
     """A read-only NumPy view of `shape` items of `elem` at `data`, memory `owner` holds (and is
     pinned for: its close() defers to deallocation while the view lives), as onnxruntime's."""
+    ensure_numpy()                   # (before npy_type_of, whose table NumPy's import fills)
+    npc.numpy_api()
     cdef int npy_type = npy_type_of(elem)
     if npy_type < 0 or elem == ORTAGENT_ELEM_STRING:
         return _copy_out(data, elem, shape)
-    ensure_numpy()
-    npc.numpy_api()
     cdef Py_ssize_t ndim = len(shape), i, count = 1
     cdef object array = None
     cdef npc.npy_intp* dims = <npc.npy_intp*>malloc((ndim + 1) * sizeof(npc.npy_intp))

@@ -25,14 +25,16 @@ from ortagent.errors import OrtInvalidArgument, OrtInvalidType
 ort.ortagent_rt = shared_runtime()
 
 _np = None
+cdef bint _numpy_bound = False      # a C flag: checked on every run's output, unlike a global
 
 
-cdef int _numpy_api() except -1:
+cdef inline int _numpy_api() except -1:
     """NumPy imported, its C API bound in this module, and `_np` set."""
-    global _np
-    if _np is None:
+    global _np, _numpy_bound
+    if not _numpy_bound:
         _np = numpy_module()
         npc.numpy_api()
+        _numpy_bound = True
     return 0
 
 

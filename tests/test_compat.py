@@ -619,6 +619,22 @@ def test_sparse_input_to_a_session(ort_ref):
 
 
 
+
+def test_sparse_views_first_thing_in_a_process():
+    """Values read before anything else in the process made ortagent load NumPy's type table
+    (as onnxruntime's upstream sparse tests do) have the tensor's dtype."""
+    script = textwrap.dedent("""
+        import numpy as np, ortagent
+        st = ortagent.SparseTensor.sparse_coo_from_numpy([4], np.array([1.5, 2.5], np.float32),
+                                                         np.array([0, 3], np.int64))
+        values = st.values()
+        assert values.dtype == np.float32 and values.tolist() == [1.5, 2.5], (values.dtype, values)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
 @pytest.mark.parametrize("kind", ["coo", "csr"])
 def test_sparse_strings(ort_ref, kind):
     """String values (onnxruntime takes str arrays; ortagent bytes and str objects too) are copied
