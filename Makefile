@@ -3,6 +3,8 @@
 #   make demo    train a small classifier end to end with TrainingAgent
 #   make demo-torch  train a small char-level GPT through ortagent.torch.ORTModule next to eager
 #   make bench   run the benchmarks side by side with onnxruntime and the C floor
+#   make test-ft / bench-ft  the suite / the threads benchmark on a free-threaded CPython with
+#                the GIL off (skipped when none is found; FT_PYTHON names one)
 # Variables: PYTHON (interpreter for the venvs), ORT_PACKAGE (the onnxruntime wheel to test
 # against), TORCH=1 (also install torch's CPU build so the torch tests run), PYTEST_ARGS.
 
@@ -17,7 +19,7 @@ REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
 
-.PHONY: all test build venv refagent demo demo-torch bench bench-quick fuzz asan dist-check clean
+.PHONY: all test build venv refagent demo demo-torch bench bench-quick ft-build test-ft bench-ft fuzz asan dist-check clean
 
 all: test
 
@@ -87,6 +89,39 @@ bench bench-quick: build refagent
 	@$(PY) -c "import tqdm, matplotlib" 2>/dev/null || \
 		$(PY) -m pip install -q --disable-pip-version-check tqdm matplotlib
 	$(PY) benchmarks/bench.py $(if $(filter bench-quick,$@),--quick) $(BENCH_ARGS)
+
+# Free-threaded CPython (3.13t+) with the GIL off: ortagent built in a copy of the tree (FT_DIR;
+# the in-place build is left alone) for FT_PYTHON, in a venv of its own (FT_VENV: numpy, onnx and
+# onnxruntime's cp313t wheels, pytest, hypothesis). test-ft runs the suite there with
+# PYTHON_GIL=0, bench-ft the threads group (results in FT_DIR/results). Without a free-threaded
+# interpreter (none on PATH, none at /opt/py313t) both say so and succeed.
+FT_PYTHON ?= $(firstword $(shell command -v python3.14t python3.13t 2>/dev/null) $(wildcard /opt/py313t/bin/python3.13t))
+FT_DIR ?= build/ft
+FT_VENV ?= build/venv-ft
+FT_BENCH_ARGS ?=
+FT_READY = $(FT_DIR)/.built
+
+ft-build:
+	@rm -f $(FT_READY)
+	@if [ -z "$(FT_PYTHON)" ] || ! "$(FT_PYTHON)" -c "import sys, sysconfig; sys.exit(not sysconfig.get_config_var('Py_GIL_DISABLED'))" 2>/dev/null; then \
+		echo "no free-threaded CPython found (FT_PYTHON='$(FT_PYTHON)'): free-threaded build skipped"; exit 0; fi; \
+	set -e; \
+	if [ ! -x $(FT_VENV)/bin/python ]; then \
+		"$(FT_PYTHON)" -m venv $(FT_VENV); \
+		$(FT_VENV)/bin/python -m pip install -q --disable-pip-version-check "setuptools>=77" "Cython>=3.1" \
+			"numpy>=2.0" onnx onnxruntime pytest hypothesis tqdm; fi; \
+	rm -rf $(FT_DIR) && mkdir -p $(FT_DIR) .cache; \
+	git ls-files --cached --others --exclude-standard -z | xargs -0 tar cf - | tar xf - -C $(FT_DIR); \
+	ln -sfn $(CURDIR)/.cache $(FT_DIR)/.cache; \
+	cd $(FT_DIR) && $(abspath $(FT_VENV))/bin/python setup.py -q build_ext --inplace && touch .built
+
+test-ft: ft-build
+	@if [ -f $(FT_READY) ]; then cd $(FT_DIR) && PYTHON_GIL=0 $(abspath $(FT_VENV))/bin/python -m pytest -q -ra \
+		-p no:cacheprovider tests $(PYTEST_ARGS); fi
+
+bench-ft: ft-build
+	@if [ -f $(FT_READY) ]; then cd $(FT_DIR) && PYTHON_GIL=0 $(abspath $(FT_VENV))/bin/python benchmarks/bench.py \
+		--groups threads --no-plot --out results $(FT_BENCH_ARGS); fi
 
 # The demo's own packages (scikit-learn ships the digits data: nothing is downloaded at run time).
 # DEMO_ARGS passes options to demo/train_digits.py, e.g. DEMO_ARGS="--device cuda --epochs 40".

@@ -32,13 +32,14 @@ extra_compile_args = (["-O2", "-Wno-unused-function", *STRICT_C_WARNINGS]
                       + shlex.split(os.environ.get("ORTAGENT_CFLAGS", "")))
 extra_link_args = shlex.split(os.environ.get("ORTAGENT_LDFLAGS", ""))
 
-# ORTAGENT_FREETHREADING=1 builds modules that declare free-threading support (Cython's
-# freethreading_compatible: a free-threaded CPython, 3.13t+, then keeps the GIL off when they are
-# imported). Off by default: ortagent's per-object bookkeeping (run counters, feed caches, the
-# agent's run states) is still protected by the GIL alone, so only runs that share no ortagent
-# object between threads (a session and values per thread) are safe without it. See README,
-# "Performance" (free-threaded CPython).
-FREETHREADING = os.environ.get("ORTAGENT_FREETHREADING", "") == "1"
+# Every module declares free-threading support (Cython's freethreading_compatible): on a
+# free-threaded CPython (3.13t+) the GIL stays off when ortagent is imported. ortagent's shared
+# per-object state (a session's run count and caches, a value's use counts, an agent run's
+# phase, an IOBinding's bookkeeping) is changed inside critical sections, which compile to
+# nothing on a GIL build, and the live-handle counters with atomic adds; see README,
+# "Performance" (free-threaded CPython). ORTAGENT_FREETHREADING=0 builds modules that do not
+# declare it: importing them turns the GIL back on (with a warning).
+FREETHREADING = os.environ.get("ORTAGENT_FREETHREADING", "1") != "0"
 
 extensions = [
     Extension(

@@ -13,6 +13,9 @@ cdef class PartialGraphExecutionState:
     cdef public object run_id          # set by the run-id API
     cdef public object binding         # set by the run-id API: where gradients land
     cdef void drop(self) noexcept
+    # Move from phase `expected` to `new` atomically (a critical section on the state); returns
+    # the phase found, so the move happened only when that is `expected`.
+    cdef int move(self, int expected, int new) noexcept
 
 
 cdef class _AgentEngine:

@@ -22,7 +22,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF
 
 from ortagent cimport _capi as ort
-from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_RUN_STATE
+from ortagent._runtime cimport check, shared_runtime, live_handle_counts, count_add, HANDLE_RUN_STATE
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
 from ortagent._values cimport OrtValue
@@ -63,20 +63,35 @@ cdef class PartialGraphExecutionState:
 
     def __cinit__(self):
         self.phase = PHASE_NEW
-        _live[<int>HANDLE_RUN_STATE] += 1
+        count_add(&_live[<int>HANDLE_RUN_STATE], 1)
 
     def __dealloc__(self):
-        _live[<int>HANDLE_RUN_STATE] -= 1
+        count_add(&_live[<int>HANDLE_RUN_STATE], -1)
 
     cdef void drop(self) noexcept:
+        # Only the thread that moved the state into its phase (or the last owner) gets here.
         self.stash = None
         self.backward_inputs = None
         self.gradient_shapes = None
-        self.phase = PHASE_FINISHED
+        with cython.critical_section(self):
+            self.phase = PHASE_FINISHED
+
+    cdef int move(self, int expected, int new) noexcept:
+        cdef int found
+        with cython.critical_section(self):
+            found = self.phase
+            if found == expected:
+                self.phase = new
+        return found
 
     def release(self):
         """Free what this run holds; its backward can then no longer run."""
-        if self.phase == PHASE_FORWARD or self.phase == PHASE_BACKWARD:
+        cdef int found
+        with cython.critical_section(self):
+            found = self.phase
+            if found != PHASE_FORWARD and found != PHASE_BACKWARD:
+                self.phase = PHASE_FINISHED     # no forward or backward can claim it now
+        if found == PHASE_FORWARD or found == PHASE_BACKWARD:
             raise RunStateError("this run is executing; release it after the call returns")
         self.drop()
 
@@ -296,12 +311,12 @@ cdef class _AgentEngine:
         self.require_open()
         if len(graph_inputs) != self.n_graph_inputs:
             raise OrtInvalidArgument(f"expected {self.n_graph_inputs} graph inputs, got {len(graph_inputs)}")
-        if state.phase != PHASE_NEW:
-            raise RunStateError(
-                f"this PartialGraphExecutionState is {_PHASE_TEXT[state.phase]}; a state serves one "
-                "forward and one backward: create a new one for each run")
         # Claim the state before anything that can let another thread in.
-        state.phase = PHASE_FORWARD
+        cdef int found = state.move(PHASE_NEW, PHASE_FORWARD)
+        if found != PHASE_NEW:
+            raise RunStateError(
+                f"this PartialGraphExecutionState is {_PHASE_TEXT[found]}; a state serves one "
+                "forward and one backward: create a new one for each run")
         cdef list targets
         cdef bint on_cpu = self.cpu_only
         try:
@@ -336,7 +351,7 @@ cdef class _AgentEngine:
                                  for i in self.gradient_output_positions]
         state.stash = outputs[self.n_module_outputs:]
         state.backward_inputs = [graph_inputs[p] for p in self.backward_input_positions]
-        state.phase = PHASE_WAITING
+        state.move(PHASE_FORWARD, PHASE_WAITING)    # publishes the fields set above
         return module_outputs
 
     # -- the state API's hot path ---------------------------------------------------------------------
@@ -353,7 +368,8 @@ cdef class _AgentEngine:
         cdef Py_ssize_t i, n_used = 0
         cdef RunStack stack
         cdef RunArrays a
-        cdef bint begun = False
+        cdef bint begun = False, claimed = False
+        cdef int found
         cdef InferenceSession session = self.forward_session
         cdef object feed
         if not self.cpu_only or len(graph_inputs) != self.n_graph_inputs:
@@ -362,14 +378,16 @@ cdef class _AgentEngine:
             if type(graph_inputs[self.forward_input_pos_c[i]]) is not OrtValue:
                 return 0
         self.require_open()
-        if state.phase != PHASE_NEW:
+        found = state.move(PHASE_NEW, PHASE_FORWARD)
+        if found != PHASE_NEW:
             raise RunStateError(
-                f"this PartialGraphExecutionState is {_PHASE_TEXT[state.phase]}; a state serves one "
+                f"this PartialGraphExecutionState is {_PHASE_TEXT[found]}; a state serves one "
                 "forward and one backward: create a new one for each run")
-        state.phase = PHASE_FORWARD
         a.heap = NULL
         try:
-            session.begin_run()
+            # the session's caches, when no other run holds them: then the fixed outputs
+            # are preallocated and the engine's forward flags are this run's to change
+            claimed = session.begin_run(True)
             begun = True
             run_arrays_init(&a, &stack, n_in, n_out)
             for i in range(n_in):
@@ -383,14 +401,15 @@ cdef class _AgentEngine:
             for i in range(n_out):
                 a.out_names[i] = self.forward_output_names[i]
             outputs = _run_hot(session, &a, n_in, n_out, self.forward_output_slot_c,
-                               self.forward_output_twice_c, &self.prealloc_forward, self.allocator)
-            if self.fixed_gradient_shapes is not None and _all_preallocated(
+                               self.forward_output_twice_c, &self.prealloc_forward, self.allocator,
+                               claimed)
+            if claimed and self.fixed_gradient_shapes is not None and _all_preallocated(
                     &a, self.gradient_output_positions):
                 state.gradient_shapes = self.fixed_gradient_shapes     # never changed: shared
             else:
                 state.gradient_shapes = [_shape_of(<OrtValue>outputs[i], True)
                                          for i in self.gradient_output_positions]
-                if _all_preallocated(&a, self.gradient_output_positions):
+                if claimed and _all_preallocated(&a, self.gradient_output_positions):
                     self.fixed_gradient_shapes = state.gradient_shapes
         except BaseException:
             state.drop()
@@ -401,7 +420,7 @@ cdef class _AgentEngine:
                 Py_DECREF(<object>a.in_holders[i])
             run_arrays_release(&a)
             if begun:
-                session.end_run()
+                session.end_run(claimed)
         state.engine = self
         if self.n_stash:
             state.stash = outputs[self.n_module_outputs:]
@@ -414,7 +433,7 @@ cdef class _AgentEngine:
             Py_INCREF(feed)
             PyList_SET_ITEM(backward_inputs, i, feed)
         state.backward_inputs = backward_inputs
-        state.phase = PHASE_WAITING
+        state.move(PHASE_FORWARD, PHASE_WAITING)    # publishes the fields set above
         PyList_SetSlice(fetches, 0, len(fetches), outputs)
         return 1
 
@@ -423,28 +442,34 @@ cdef class _AgentEngine:
         cdef Py_ssize_t n_g = self.n_gradients, n_in, i, n_held = 0
         cdef RunStack stack
         cdef RunArrays a
-        cdef bint begun = False
+        cdef bint begun = False, claimed = False
         cdef InferenceSession session = self.backward_session
         cdef object feed
         cdef list stash, backward_inputs
-        if not self.cpu_only or len(gradients) != n_g or state.phase != PHASE_WAITING \
-                or state.engine is not self:
+        if not self.cpu_only or len(gradients) != n_g:
             return 0                # the general path explains what is wrong
         for i in range(n_g):
             if type(gradients[i]) is not OrtValue:
                 return 0
+        self.require_open()
+        # Claim the run (a second backward of this state, or a release, then fails) before
+        # reading what its forward left in it.
+        if state.move(PHASE_WAITING, PHASE_BACKWARD) != PHASE_WAITING:
+            return 0
         stash = state.stash
         backward_inputs = state.backward_inputs
+        if state.engine is not self:
+            state.move(PHASE_BACKWARD, PHASE_WAITING)
+            return 0
         for i in range(self.n_backward_graph_inputs):
             if type(backward_inputs[i]) is not OrtValue:   # fed as NumPy to a general forward
+                state.move(PHASE_BACKWARD, PHASE_WAITING)
                 return 0
-        self.require_open()
-        state.phase = PHASE_BACKWARD        # claimed: a second backward of this state fails
         n_in = n_g + self.n_stash + self.n_backward_graph_inputs
         a.heap = NULL
         try:
             self.check_gradients(state, gradients)
-            session.begin_run()
+            claimed = session.begin_run(True)
             begun = True
             run_arrays_init(&a, &stack, n_in, n_out)
             for i in range(n_in):
@@ -463,10 +488,10 @@ cdef class _AgentEngine:
             for i in range(n_out):
                 a.out_names[i] = output_names[i]
             outputs = _run_hot(session, &a, n_in, n_out, output_slots, NULL, &self.prealloc_backward,
-                               self.allocator)
+                               self.allocator, claimed)
         except BaseException:
             # as in backward(): the run stays resumable, its stash intact
-            state.phase = PHASE_WAITING
+            state.move(PHASE_BACKWARD, PHASE_WAITING)
             raise
         finally:
             for i in range(n_held):
@@ -474,7 +499,7 @@ cdef class _AgentEngine:
                 Py_DECREF(<object>a.in_holders[i])
             run_arrays_release(&a)
             if begun:
-                session.end_run()
+                session.end_run(claimed)
         state.drop()
         PyList_SetSlice(fetches, 0, len(fetches), outputs)
         return 1
@@ -530,15 +555,16 @@ cdef class _AgentEngine:
         `output_positions`, each placed per `output_targets` (None: where onnxruntime produces
         it; an OrtDevice; or an OrtValue to write into)."""
         self.require_open()
-        if state.phase != PHASE_WAITING or state.engine is not self:
-            if state.phase == PHASE_WAITING:
-                raise RunStateError("this run belongs to another TrainingAgent")
-            raise RunStateError(
-                f"cannot run backward: this run is {_PHASE_TEXT[state.phase]}"
-                + ("; run_forward must come first" if state.phase == PHASE_NEW else ""))
         # Claim the run before anything that can let another thread in (a second backward of
         # the same state from another thread then fails instead of running twice).
-        state.phase = PHASE_BACKWARD
+        cdef int found = state.move(PHASE_WAITING, PHASE_BACKWARD)
+        if found != PHASE_WAITING:
+            raise RunStateError(
+                f"cannot run backward: this run is {_PHASE_TEXT[found]}"
+                + ("; run_forward must come first" if found == PHASE_NEW else ""))
+        if state.engine is not self:
+            state.move(PHASE_BACKWARD, PHASE_WAITING)
+            raise RunStateError("this run belongs to another TrainingAgent")
         cdef Py_ssize_t n_out = len(output_positions), i
         cdef char** names = NULL
         cdef int* feed_types = self.backward_feed_types
@@ -565,7 +591,7 @@ cdef class _AgentEngine:
         except BaseException:
             # A failed backward leaves the run resumable (e.g. after fixing a gradient) unless
             # the failure came from onnxruntime mid-run; the stash is intact either way.
-            state.phase = PHASE_WAITING
+            state.move(PHASE_BACKWARD, PHASE_WAITING)
             raise
         finally:
             free(names)

@@ -39,7 +39,7 @@ cdef bint _all_preallocated(RunArrays* a, list positions) noexcept:
 
 cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out,
                    const Py_ssize_t* slots, const bint* twice, bint* preallocate,
-                   ort.OrtAllocator* allocator):
+                   ort.OrtAllocator* allocator, bint owned):
     """OrtApi::Run of prepared arrays (inputs, their owners in a.in_holders, output names) with
     the GIL released; returns the outputs as OrtValues.
 
@@ -48,7 +48,8 @@ cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_s
     the run, and onnxruntime writes into it: cheaper than onnxruntime allocating the output
     inside Run. a.out_positions[i] comes back 1 for those, 0 for the others. Names listed
     twice (twice[i]) are left to onnxruntime. If a run with preallocated outputs fails, it runs
-    again without; when that succeeds, the fixed shapes do not hold and `preallocate` goes off."""
+    again without; when that succeeds, the fixed shapes do not hold and `preallocate` goes off.
+    A run that does not own the session's caches (`owned` false) preallocates nothing."""
     cdef Py_ssize_t i, n_pre = 0
     cdef FixedOutput* fixed
     cdef ort.OrtStatus* status = NULL
@@ -60,7 +61,7 @@ cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_s
         a.out_values[i] = NULL
         a.out_positions[i] = 0
     try:
-        if preallocate[0]:
+        if owned and preallocate[0]:
             for i in range(n_out):
                 fixed = &session.fixed_outputs[slots[i]]
                 if fixed.elem_type >= 0 and fixed.confirmed and (twice == NULL or not twice[i]):
@@ -93,7 +94,7 @@ cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_s
         if status != NULL:
             check_run_status(status, session, _names(<char**>a.in_names, n_in),
                              [<object>a.in_holders[i] for i in range(n_in)])
-        for i in range(n_out):
+        for i in range(n_out if owned else 0):
             fixed = &session.fixed_outputs[slots[i]]
             if fixed.elem_type >= 0 and not fixed.confirmed and outputs[i] is not None:
                 value = outputs[i]
@@ -196,7 +197,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
     a.heap = NULL
-    session.begin_run()
+    session.begin_run(False)
     try:
         run_arrays_init(&a, &stack, n_in, n_out)
         for i in range(n_in):
@@ -242,7 +243,7 @@ cdef list _run(InferenceSession session, char** input_names, list feeds, int* in
         for value in used:
             (<OrtValue>value).end_use()
         run_arrays_release(&a)
-        session.end_run()
+        session.end_run(False)
 
 
 cdef OrtValue _copy_to(OrtValue value, object target):
@@ -276,7 +277,7 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
     cdef ort.OrtValue** in_values = in_stack
     if run_options is not None:
         run_options_c = (<RunOptions>run_options).handle
-    session.begin_run()
+    session.begin_run(False)
     try:
         check(ort.CreateIoBinding(session.handle, &binding))
         for i in range(len(feeds)):
@@ -338,4 +339,4 @@ cdef list _run_bound(InferenceSession session, char** input_names, list feeds, i
             ort.ReleaseIoBinding(binding)
         for value in used:
             (<OrtValue>value).end_use()
-        session.end_run()
+        session.end_run(False)

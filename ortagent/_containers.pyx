@@ -21,7 +21,7 @@ from libc.string cimport strlen
 
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
-from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE
+from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_VALUE
 from ortagent._dtypes cimport numpy_module, tensor_type_name
 from ortagent._tensors cimport tensor_for_feed
 from ortagent._values cimport OrtValue, wrap_value, value_to_numpy
@@ -333,7 +333,7 @@ cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
     cdef OrtValue value = made
     cdef ort.OrtValue* handle = value.handle
     value.handle = NULL              # handed over to the caller (the maker session stays cached)
-    _live[<int>HANDLE_VALUE] -= 1
+    count_add(&_live[<int>HANDLE_VALUE], -1)
     return handle
 
 

@@ -13,7 +13,7 @@ Pinned memory is host memory and is copied with NumPy.
 cimport cython
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport ORTAGENT_ELEM_STRING
-from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_ALLOCATOR
+from ortagent._runtime cimport check, shared_runtime, live_handle_counts, count_add, HANDLE_ALLOCATOR
 from ortagent._dtypes cimport ensure_numpy
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED
 from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors as copy_value_tensors, allocate_with
@@ -59,7 +59,7 @@ cdef class _Allocator:
         if self.handle != NULL:
             ort.ReleaseAllocator(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_ALLOCATOR] -= 1
+            count_add(&_live[<int>HANDLE_ALLOCATOR], -1)
 
 
 cdef class _CudaDevice:
@@ -93,7 +93,7 @@ cdef class _CudaDevice:
             holder = _Allocator.__new__(_Allocator)
             check(ort.CreateAllocator((<InferenceSession>session).handle, device.memory_info(),
                                       &(<_Allocator>holder).handle))
-            _live[<int>HANDLE_ALLOCATOR] += 1
+            count_add(&_live[<int>HANDLE_ALLOCATOR], 1)
             (<_Allocator>holder).session = session
             self.allocators[device.kind] = holder
         return <_Allocator>holder

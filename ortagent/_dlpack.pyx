@@ -86,7 +86,7 @@ from libc.string cimport memcpy, strcmp, strncmp
 
 from ortagent cimport _capi as ort
 from ortagent._element_types cimport *
-from ortagent._runtime cimport check, shared_runtime, live_handle_counts, HANDLE_DLPACK_EXPORT
+from ortagent._runtime cimport check, shared_runtime, live_handle_counts, count_add, HANDLE_DLPACK_EXPORT
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED
 from ortagent._values cimport OrtValue, wrap_value, export_guard, value_to_numpy, copy_tensors
@@ -192,7 +192,7 @@ cdef void _drop_export(void* manager_ctx) noexcept:
     cdef ortagent_saved_error saved
     ortagent_save_error(&saved)
     Py_XDECREF(<PyObject*>manager_ctx)
-    _live[<int>HANDLE_DLPACK_EXPORT] -= 1
+    count_add(&_live[<int>HANDLE_DLPACK_EXPORT], -1)
     ortagent_restore_error(&saved)
 
 
@@ -289,7 +289,7 @@ cdef object _new_capsule(void* data, int device_type, int device_id, int ndim,
         Py_XDECREF(<PyObject*>context)
         free(block)
         raise
-    _live[<int>HANDLE_DLPACK_EXPORT] += 1
+    count_add(&_live[<int>HANDLE_DLPACK_EXPORT], 1)
     return capsule
 
 

@@ -9,7 +9,7 @@ from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, shared_runtime, live_handle_counts, interruptible_begin, HANDLE_IO_BINDING,
+    check, shared_runtime, live_handle_counts, count_add, interruptible_begin, HANDLE_IO_BINDING,
 )
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice
@@ -68,7 +68,7 @@ cdef class IOBinding(SessionBinding):
             raise OrtInvalidType(f"IOBinding needs an ortagent.InferenceSession, got {type(session).__name__}")
         (<InferenceSession>session).require_open()
         check(ort.CreateIoBinding((<InferenceSession>session).handle, &self.handle))
-        _live[<int>HANDLE_IO_BINDING] += 1
+        count_add(&_live[<int>HANDLE_IO_BINDING], 1)
         self.session = session
         self.reuse_output_buffers = reuse_output_buffers
 
@@ -76,10 +76,15 @@ cdef class IOBinding(SessionBinding):
         self._release_handle()
 
     cdef void _release_handle(self) noexcept:
-        if self.handle != NULL:
-            ort.ReleaseIoBinding(self.handle)
+        # Taken in a critical section: of close() and the end of a run on two threads, one
+        # releases.
+        cdef ort.OrtIoBinding* handle
+        with cython.critical_section(self):
+            handle = self.handle
             self.handle = NULL
-            _live[<int>HANDLE_IO_BINDING] -= 1
+        if handle != NULL:
+            ort.ReleaseIoBinding(handle)
+            count_add(&_live[<int>HANDLE_IO_BINDING], -1)
 
     cdef int require_open(self) except -1:
         if self.handle == NULL or self.close_pending:
@@ -93,7 +98,9 @@ cdef class IOBinding(SessionBinding):
         for item in self.bound_outputs:
             if (<_BoundOutput>item).value is not None:
                 values.append((<_BoundOutput>item).value)
-        self.bound_values = tuple(values)
+        values = tuple(values)
+        with cython.critical_section(self):     # begin_run reads it in one
+            self.bound_values = values
         return 0
 
     cdef tuple begin_run(self):
@@ -101,7 +108,9 @@ cdef class IOBinding(SessionBinding):
         (close() of either waits); a value closed since it was bound is an ObjectClosedError.
         Returns the values marked (a binding changed by another thread meanwhile does not
         change what this run releases)."""
-        cdef tuple used = self.bound_values
+        cdef tuple used
+        with cython.critical_section(self):
+            used = self.bound_values
         cdef Py_ssize_t i, n = len(used)
         for i in range(n):
             try:
@@ -111,27 +120,35 @@ cdef class IOBinding(SessionBinding):
                     i -= 1
                     (<OrtValue>used[i]).end_use()
                 raise
-        self.runs_in_flight += 1
+        with cython.critical_section(self):
+            self.runs_in_flight += 1
         return used
 
     cdef void end_run(self, tuple used) noexcept:
+        cdef bint closing
         for item in used:
             (<OrtValue>item).end_use()
-        self.runs_in_flight -= 1
-        if self.close_pending and self.runs_in_flight == 0:
+        with cython.critical_section(self):
+            self.runs_in_flight -= 1
+            closing = self.close_pending and self.runs_in_flight == 0
+        if closing:
             self._release()
 
     cdef void _release(self) noexcept:
         self._release_handle()
-        self.bound_inputs = {}
-        self.bound_outputs = []
-        self.bound_values = ()
+        with cython.critical_section(self):
+            self.bound_inputs = {}
+            self.bound_outputs = []
+            self.bound_values = ()
 
     def close(self):
         """Release the binding and the values it keeps alive. A run using the binding on
         another thread finishes first."""
-        self.close_pending = True
-        if self.runs_in_flight == 0:
+        cdef bint closing
+        with cython.critical_section(self):
+            self.close_pending = True
+            closing = self.runs_in_flight == 0
+        if closing:
             self._release()
 
     cdef bytes _input_name(self, object name):
@@ -301,12 +318,12 @@ cdef class IOBinding(SessionBinding):
         cdef ort.OrtIoBinding* binding = bound.handle
         cdef ort.OrtStatus* status = NULL
         cdef bint registered = False
-        session.begin_run()
+        session.begin_run(False)
         cdef tuple used
         try:
             used = bound.begin_run()            # close() of the binding or its values waits
         except BaseException:
-            session.end_run()
+            session.end_run(False)
             raise
         try:
             while True:
@@ -324,7 +341,7 @@ cdef class IOBinding(SessionBinding):
             check(status)
         finally:
             bound.end_run(used)
-            session.end_run()
+            session.end_run(False)
         bound.outputs_unsynchronized = _disables_sync(run_options)
         return 0
 

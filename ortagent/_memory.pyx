@@ -15,7 +15,7 @@ from operator import index as _index
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_MEMORY_INFO,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_MEMORY_INFO,
 )
 
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
@@ -26,13 +26,18 @@ cdef Py_ssize_t* _live = live_handle_counts()
 # ---- memory descriptions -----------------------------------------------------------------------
 
 cdef ort.OrtMemoryInfo* _cpu_memory_info = NULL
+cdef object _cpu_memory_info_guard = object()      # first creation: one thread at a time
 
 cdef ort.OrtMemoryInfo* cpu_memory_info() except NULL:
     global _cpu_memory_info
-    if _cpu_memory_info == NULL:
-        ensure_loaded()
-        check(ort.CreateCpuMemoryInfo(ort.OrtArenaAllocator, ort.OrtMemTypeDefault,
-                                      &_cpu_memory_info))
+    cdef ort.OrtMemoryInfo* info = _cpu_memory_info
+    if info != NULL:
+        return info
+    ensure_loaded()
+    with cython.critical_section(_cpu_memory_info_guard):
+        if _cpu_memory_info == NULL:
+            check(ort.CreateCpuMemoryInfo(ort.OrtArenaAllocator, ort.OrtMemTypeDefault, &info))
+            _cpu_memory_info = info
     return _cpu_memory_info
 
 
@@ -73,7 +78,7 @@ cdef class _MemoryInfoHandle:
     def __dealloc__(self):
         if self.handle != NULL:
             ort.ReleaseMemoryInfo(self.handle)
-            _live[<int>HANDLE_MEMORY_INFO] -= 1
+            count_add(&_live[<int>HANDLE_MEMORY_INFO], -1)
 
 
 @cython.final
@@ -227,7 +232,7 @@ cdef class OrtDevice:
                                            &(<_MemoryInfoHandle>holder).handle))
             else:
                 raise OrtNotImplemented(f"no memory description for {self!r}")
-            _live[<int>HANDLE_MEMORY_INFO] += 1
+            count_add(&_live[<int>HANDLE_MEMORY_INFO], 1)
             _memory_infos[key] = holder
         return (<_MemoryInfoHandle>holder).handle
 
@@ -365,16 +370,16 @@ cdef class OrtMemoryInfo:
         if self.handle != NULL:
             ort.ReleaseMemoryInfo(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_MEMORY_INFO] -= 1
+            count_add(&_live[<int>HANDLE_MEMORY_INFO], -1)
         check(ort.CreateMemoryInfo(name.encode(), <ort.OrtAllocatorType><int>alloc, <int>device,
                                    <ort.OrtMemType><int>memory, &self.handle))
-        _live[<int>HANDLE_MEMORY_INFO] += 1
+        count_add(&_live[<int>HANDLE_MEMORY_INFO], 1)
 
     def __dealloc__(self):
         if self.handle != NULL:
             ort.ReleaseMemoryInfo(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_MEMORY_INFO] -= 1
+            count_add(&_live[<int>HANDLE_MEMORY_INFO], -1)
 
     cdef int _require(self) except -1:
         if self.handle == NULL:

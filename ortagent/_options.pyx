@@ -12,7 +12,7 @@ from libc.string cimport strlen, strcpy
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS,
 )
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
@@ -153,7 +153,7 @@ cdef class SessionOptions(_LogSettings):
     def __cinit__(self):
         ensure_loaded()
         check(ort.CreateSessionOptions(&self.handle))
-        _live[<int>HANDLE_SESSION_OPTIONS] += 1
+        count_add(&_live[<int>HANDLE_SESSION_OPTIONS], 1)
         self._config_entries = {}
         self._initializers = []
         self._dimension_overrides = {}
@@ -175,7 +175,7 @@ cdef class SessionOptions(_LogSettings):
         if self.handle != NULL:
             ort.ReleaseSessionOptions(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_SESSION_OPTIONS] -= 1
+            count_add(&_live[<int>HANDLE_SESSION_OPTIONS], -1)
 
     cdef int require_handle(self) except -1:
         if self.handle == NULL:
@@ -188,9 +188,9 @@ cdef class SessionOptions(_LogSettings):
         cdef SessionOptions other = SessionOptions.__new__(SessionOptions)
         ort.ReleaseSessionOptions(other.handle)
         other.handle = NULL
-        _live[<int>HANDLE_SESSION_OPTIONS] -= 1
+        count_add(&_live[<int>HANDLE_SESSION_OPTIONS], -1)
         check(ort.CloneSessionOptions(self.handle, &other.handle))
-        _live[<int>HANDLE_SESSION_OPTIONS] += 1
+        count_add(&_live[<int>HANDLE_SESSION_OPTIONS], 1)
         other._log_severity_level = self._log_severity_level
         other._log_verbosity_level = self._log_verbosity_level
         other._logid = self._logid
@@ -530,7 +530,7 @@ cdef class RunOptions(_LogSettings):
     def __cinit__(self):
         ensure_loaded()
         check(ort.CreateRunOptions(&self.handle))
-        _live[<int>HANDLE_RUN_OPTIONS] += 1
+        count_add(&_live[<int>HANDLE_RUN_OPTIONS], 1)
         self._terminate = False
         self._config_entries = {}
         self._adapters = []
@@ -539,7 +539,7 @@ cdef class RunOptions(_LogSettings):
         if self.handle != NULL:
             ort.ReleaseRunOptions(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_RUN_OPTIONS] -= 1
+            count_add(&_live[<int>HANDLE_RUN_OPTIONS], -1)
 
     cdef int apply_log_severity(self, int level) except -1:
         check(ort.RunOptionsSetRunLogSeverityLevel(self.handle, level))

@@ -18,8 +18,22 @@ cpdef enum HandleKind:
 
 # The process-wide runtime description; its fields are filled once the runtime is loaded.
 cdef ort.ortagent_runtime* shared_runtime() noexcept nogil
-# Live-handle counters, indexed by HandleKind. Changed only with the GIL held.
+# Live-handle counters, indexed by HandleKind; change them with count_add only.
 cdef Py_ssize_t* live_handle_counts() noexcept nogil
+
+# `*counter += delta`: an atomic add on a free-threaded build (other threads change the same
+# counter with no lock held), a plain one where the GIL serialises every change.
+cdef extern from *:
+    """
+    #ifndef ORTAGENT_COUNT_ADD
+    #ifdef Py_GIL_DISABLED
+    #define ORTAGENT_COUNT_ADD(counter, delta) ((void)__atomic_fetch_add((counter), (delta), __ATOMIC_RELAXED))
+    #else
+    #define ORTAGENT_COUNT_ADD(counter, delta) ((void)(*(counter) += (delta)))
+    #endif
+    #endif
+    """
+    void count_add "ORTAGENT_COUNT_ADD"(Py_ssize_t* counter, Py_ssize_t delta) noexcept nogil
 
 # Load the runtime (once); raises OrtLoadError. Needs the GIL.
 cdef int ensure_loaded() except -1

@@ -18,9 +18,9 @@ cdef struct FixedOutput:
     size_t nbytes
     # Outputs of at most COPY_OUT_MAX_BYTES (_session.pyx): a tensor of the session's, made once,
     # that onnxruntime writes into and run() copies out of into a new NumPy array (creating and
-    # releasing a tensor over each new array cost more than copying a few bytes). `scratch_busy`
-    # while a run uses it (changed with the GIL held); another thread's run meanwhile gets a
-    # new array and tensor instead.
+    # releasing a tensor over each new array cost more than copying a few bytes). Only the run
+    # that owns the session's caches (InferenceSession.caches_busy) reads or changes these
+    # fields after creation; `scratch_busy` while that run uses the scratch tensor.
     ort.OrtValue* scratch
     void* scratch_data
     bint scratch_busy
@@ -115,11 +115,21 @@ cdef class InferenceSession:
     cdef list _outputs_meta
     cdef list _overridable_meta
     cdef readonly bint cpu_only                 # the CPU provider only: outputs are host memory
-    cdef Py_ssize_t runs_in_flight              # changed with the GIL held
+    # Changed inside a critical section on the session (with the GIL on a GIL build):
+    cdef Py_ssize_t runs_in_flight
     cdef bint close_pending
+    cdef bint replacing                         # set_providers() is replacing the handle
+    # A run owns the session's caches (feed_keys, feed_key_positions, feed_views, the
+    # FixedOutput states and scratch tensors, preallocate_outputs; the agent's preallocation
+    # flags) while this is set by its begin_run(True); a run that finds it set takes the
+    # uncached path instead of waiting, so runs on other threads still overlap in Run.
+    cdef bint caches_busy
     cdef int require_open(self) except -1
-    cdef int begin_run(self) except -1
-    cdef void end_run(self) noexcept
+    # A run starts (ObjectClosedError once closed): counted in runs_in_flight so that close()
+    # waits for it. With `claim`, returns 1 when the run took the caches, else 0.
+    cdef int begin_run(self, bint claim) except -1
+    # The run ended: `claimed` is what begin_run returned.
+    cdef void end_run(self, bint claimed) noexcept
     cdef int output_positions(self, object output_names, const char** names_out,
                               Py_ssize_t* positions_out, Py_ssize_t capacity) except -1
     cdef int _read_io_metadata(self) except -1

@@ -24,7 +24,7 @@ from libc.string cimport strlen, strcpy
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, interruptible_begin, interruptible_end,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, interruptible_begin, interruptible_end,
     HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
 )
 from ortagent._dtypes cimport MAX_INLINE_DIMS, tensor_type_name, element_size, has_builtin_numpy_type
@@ -262,7 +262,7 @@ cdef class InferenceSession:
             self._strict, self._fallback, registered, &fell_back)
         self._release_handle()
         self.handle = session
-        _live[<int>HANDLE_SESSION] += 1
+        count_add(&_live[<int>HANDLE_SESSION], 1)
         if fell_back:
             self._fallback = False          # onnxruntime falls back once
         # providers added to the options for devices come first (onnxruntime lists them so)
@@ -411,31 +411,58 @@ cdef class InferenceSession:
         if self.handle != NULL:
             ort.ReleaseSession(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_SESSION] -= 1
+            count_add(&_live[<int>HANDLE_SESSION], -1)
 
     cdef int require_open(self) except -1:
         if self.handle == NULL or self.close_pending:
             raise ObjectClosedError("this InferenceSession has been closed")
         return 0
 
-    cdef int begin_run(self) except -1:
-        self.require_open()
-        self.runs_in_flight += 1
-        return 0
+    # begin_run, end_run, close and set_providers change the run count, the close and replace
+    # flags and the cache owner inside a critical section on the session: nothing on a GIL
+    # build, where the GIL held throughout does the same; on a free-threaded build the
+    # session's own lock, held for these few C statements only (never across Run).
 
-    cdef void end_run(self) noexcept:
-        self.runs_in_flight -= 1
-        if self.close_pending and self.runs_in_flight == 0:
-            self._release_handle()
+    cdef int begin_run(self, bint claim) except -1:
+        cdef int took = -1
+        with cython.critical_section(self):
+            if self.handle != NULL and not self.close_pending and not self.replacing:
+                self.runs_in_flight += 1
+                took = 0
+                if claim and not self.caches_busy:
+                    self.caches_busy = True
+                    took = 1
+        if took < 0:
+            self.require_open()
+            raise OrtInvalidArgument("a run cannot start while set_providers() replaces the session "
+                                     "on another thread")
+        return took
+
+    cdef void end_run(self, bint claimed) noexcept:
+        cdef ort.OrtSession* closing = NULL
+        with cython.critical_section(self):
+            self.runs_in_flight -= 1
+            if claimed:
+                self.caches_busy = False
+            if self.close_pending and self.runs_in_flight == 0:
+                closing = self.handle
+                self.handle = NULL
+        if closing != NULL:
+            ort.ReleaseSession(closing)
+            count_add(&_live[<int>HANDLE_SESSION], -1)
 
     def close(self):
         """Release the session. Runs in flight on other threads finish first; values already
         returned stay valid."""
-        if self.runs_in_flight > 0:
+        cdef ort.OrtSession* closing = NULL
+        with cython.critical_section(self):
             self.close_pending = True
-        else:
-            self._release_handle()
-            self.close_pending = True
+            if self.runs_in_flight == 0:
+                closing = self.handle
+                self.handle = NULL
+        if closing != NULL:
+            ort.ReleaseSession(closing)
+            count_add(&_live[<int>HANDLE_SESSION], -1)
 
     def __enter__(self):
         return self
@@ -613,8 +640,11 @@ cdef class InferenceSession:
         cdef list keep = None
         cdef list results
         cdef OrtValue value
+        # Whether this run owns the session's caches (see InferenceSession.caches_busy): a run
+        # that does not (another thread's run holds them) looks every name up, makes a tensor
+        # for every array and lets onnxruntime allocate every output.
+        cdef bint claimed = self.begin_run(True)
 
-        self.begin_run()
         a.heap = NULL
         try:
             run_arrays_init(&a, &stack, n_in, n_out_capacity)
@@ -623,7 +653,7 @@ cdef class InferenceSession:
             while n_ready < n_in and PyDict_Next(input_feed, &cursor, &key, &item):
                 # Callers usually pass the same key objects in the same order: compare the key
                 # with the one seen at this place last time before looking the name up.
-                if n_ready < self.n_feedable and self.feed_keys[n_ready] == key:
+                if claimed and n_ready < self.n_feedable and self.feed_keys[n_ready] == key:
                     i = self.feed_key_positions[n_ready]
                 else:
                     position = PyDict_GetItem(self.input_index, <object>key)
@@ -631,7 +661,7 @@ cdef class InferenceSession:
                         raise OrtInvalidArgument(
                             f"unknown input name {<object>key!r}; the model's inputs are {list(self.input_index)}")
                     i = PyLong_AsSsize_t(<object>position)
-                    if n_ready < self.n_feedable:
+                    if claimed and n_ready < self.n_feedable:
                         Py_INCREF(<object>key)
                         Py_XDECREF(self.feed_keys[n_ready])
                         self.feed_keys[n_ready] = key
@@ -666,8 +696,13 @@ cdef class InferenceSession:
                     if keep is None:
                         keep = []
                     kept = len(keep)
-                    a.in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
-                                                     self.input_elem_types[i], keep, &from_cache)
+                    if claimed:
+                        a.in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
+                                                         self.input_elem_types[i], keep, &from_cache)
+                    else:
+                        a.in_values[n_ready] = tensor_for_feed(<object>item, <object>key,
+                                                               self.input_elem_types[i], keep)
+                        from_cache = False
                     a.in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
                     # what owns the memory the tensor describes: the array, or its copy (kept
                     # alive by `keep` until this call returns)
@@ -679,7 +714,7 @@ cdef class InferenceSession:
             for i in range(n_out):
                 a.out_values[i] = NULL
                 a.out_arrays[i] = NULL
-            if as_numpy and self.cpu_only and self.preallocate_outputs:
+            if claimed and as_numpy and self.cpu_only and self.preallocate_outputs:
                 n_preallocated = self._preallocate_outputs(a.out_positions, n_out, output_names is None,
                                                            a.out_values, a.out_arrays)
             run_options_c = interruptible_begin(run_options_c, &registered)
@@ -717,7 +752,7 @@ cdef class InferenceSession:
                             value = results[i]
                             value.describe_as(MEMORY_CPU)
                             fixed = &self.fixed_outputs[a.out_positions[i]]
-                            if fixed.elem_type >= 0 and not fixed.confirmed:
+                            if claimed and fixed.elem_type >= 0 and not fixed.confirmed:
                                 self._confirm_fixed_output(fixed, value)
                 if n_preallocated < n_out:      # preallocated outputs never share a feed's memory
                     for i in range(n_ready):
@@ -761,7 +796,7 @@ cdef class InferenceSession:
                         ort.ReleaseValue(a.out_values[i])
                     Py_DECREF(<object>a.out_arrays[i])
             run_arrays_release(&a)
-            self.end_run()
+            self.end_run(claimed)
 
     def io_binding(self, bint reuse_output_buffers=False):
         """A new IOBinding for this session (see IOBinding)."""
@@ -786,19 +821,28 @@ cdef class InferenceSession:
     def set_providers(self, providers=None, provider_options=None):
         """Create the session again with these providers (same model and options)."""
         self.require_open()
-        if self.runs_in_flight:
+        cdef bint busy
+        with cython.critical_section(self):
+            busy = self.runs_in_flight > 0 or self.replacing
+            if not busy:
+                self.replacing = True       # runs refuse to start until the new handle is in
+        if busy:
             raise OrtInvalidArgument("set_providers() while runs are in flight on other threads")
-        requested = _normalise_providers(providers, provider_options, self._strict)
-        if not (self._strict or _strict_scope.get()):
-            available = get_available_providers()
-            for name, _ in requested:
-                if name not in available:
-                    # onnxruntime warns, then its recreation fails (set_providers does not fall
-                    # back the way the constructor does): the session keeps its providers
-                    warnings.warn(f"Specified provider '{name}' is not in available provider names."
-                                  f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
-                    raise OrtFail(f"Unknown Provider Type: {name}")
-        self._create_with_fallback(requested)
+        try:
+            requested = _normalise_providers(providers, provider_options, self._strict)
+            if not (self._strict or _strict_scope.get()):
+                available = get_available_providers()
+                for name, _ in requested:
+                    if name not in available:
+                        # onnxruntime warns, then its recreation fails (set_providers does not
+                        # fall back the way the constructor does): the session keeps its providers
+                        warnings.warn(f"Specified provider '{name}' is not in available provider names."
+                                      f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
+                        raise OrtFail(f"Unknown Provider Type: {name}")
+            self._create_with_fallback(requested)
+        finally:
+            with cython.critical_section(self):
+                self.replacing = False
 
     def enable_fallback(self):
         """Let a failed creation (set_providers) retry on the fallback providers (the default)."""

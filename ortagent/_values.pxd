@@ -38,6 +38,7 @@ cdef class OrtValue:
 
     cdef int describe(self) except -1
     cdef int describe_as(self, int known_memory_kind) except -1
+    cdef int _describe(self, int known_memory_kind) except -1
     cdef int _describe_sparse(self) noexcept
     cdef bint _reserve_dims(self, size_t count) noexcept
     cdef ort.OrtStatus* _type_and_shape(self, ort.ONNXTensorElementDataType* elem, size_t* count) noexcept

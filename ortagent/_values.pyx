@@ -18,7 +18,7 @@ from operator import index as _index
 from ortagent cimport _capi as ort
 from ortagent cimport _numpy as npc
 from ortagent._element_types cimport *
-from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_VALUE
+from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_VALUE
 from ortagent._dtypes cimport (
     MAX_INLINE_DIMS, ensure_numpy, numpy_module, npy_type_of, numpy_dtype_for, tensor_type_name, element_size,
 )
@@ -67,7 +67,7 @@ cdef class OrtValue:
         if self.handle != NULL:
             ort.ReleaseValue(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_VALUE] -= 1
+            count_add(&_live[<int>HANDLE_VALUE], -1)
         if self.dims != self.dims_inline and self.dims != NULL:
             free(self.dims)
         self.dims = self.dims_inline
@@ -79,18 +79,29 @@ cdef class OrtValue:
             raise ObjectClosedError("this OrtValue has been released")
         return 0
 
+    # in_use, exports and close_requested change inside a critical section on the value (the
+    # GIL on a GIL build), and the value is released in one: two threads sharing a value can
+    # neither lose a count nor both release it.
+
     cdef int begin_use(self) except -1:
         """A run is about to read or write this value: close() waits for end_use()."""
-        self.require_handle()
-        self.in_use += 1
+        cdef bint usable
+        with cython.critical_section(self):
+            usable = self.handle != NULL and not self.close_requested
+            if usable:
+                self.in_use += 1
+        if not usable:
+            self.require_handle()       # raises
         return 0
 
     cdef void end_use(self) noexcept:
-        self.in_use -= 1
-        self._release_if_unused()
+        with cython.critical_section(self):
+            self.in_use -= 1
+            self._release_if_unused()
 
     cdef void _release_if_unused(self) noexcept:
-        """Release now if close() was asked for and nothing (view, export, run) uses the value."""
+        """Release now if close() was asked for and nothing (view, export, run) uses the value.
+        Called inside a critical section on the value."""
         if self.close_requested and self.exports == 0 and self.in_use == 0:
             self._release()
 
@@ -134,6 +145,14 @@ cdef class OrtValue:
         self.require_handle()
         if self.elem_type >= 0:
             return 0
+        # Described once, by one thread at a time (another one sharing the value waits, then
+        # finds it described); elem_type is written last.
+        with cython.critical_section(self):
+            if self.elem_type < 0:
+                self._describe(known_memory_kind)
+        return 0
+
+    cdef int _describe(self, int known_memory_kind) except -1:
         cdef int is_tensor = 0
         cdef ort.ONNXTensorElementDataType elem = ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
         cdef size_t count = 0
@@ -154,8 +173,8 @@ cdef class OrtValue:
                 check(ort.IsTensor(self.handle, &is_tensor))
             if not is_tensor:
                 self.is_tensor_value = False
-                self.elem_type = 0
                 self.ndim = 0
+                self.elem_type = 0
                 return 0
             check(self._type_and_shape(&elem, &count))
             shape = NULL
@@ -193,9 +212,9 @@ cdef class OrtValue:
 
     cdef int _describe_sparse(self) noexcept:
         self.is_tensor_value = False
-        self.elem_type = 0
         self.ndim = 0
         self.data = NULL
+        self.elem_type = 0                       # last: a described value has elem_type >= 0
         return 0
 
     # -- construction ----------------------------------------------------------------------------
@@ -394,10 +413,11 @@ cdef class OrtValue:
         """Release the ORT value. Views and DLPack capsules taken earlier stay valid: the memory
         is released when the last of them goes; a run reading or writing the value on another
         thread finishes first. Later calls on this object raise."""
-        if self.exports > 0 or self.in_use > 0:
-            self.close_requested = True
-        else:
-            self._release()
+        with cython.critical_section(self):
+            if self.exports > 0 or self.in_use > 0:
+                self.close_requested = True
+            else:
+                self._release()
 
     def __repr__(self):
         if self.handle == NULL:
@@ -479,7 +499,7 @@ cdef OrtValue wrap_value(ort.OrtValue* handle, object memory_owner, object sessi
     value.handle = handle
     value.memory_owner = memory_owner
     value.session = session
-    _live[<int>HANDLE_VALUE] += 1
+    count_add(&_live[<int>HANDLE_VALUE], 1)
     return value
 
 
@@ -653,14 +673,16 @@ cdef class _ExportGuard:
     def __dealloc__(self):
         cdef OrtValue value = self.value
         if value is not None:
-            value.exports -= 1
-            value._release_if_unused()
+            with cython.critical_section(value):
+                value.exports -= 1
+                value._release_if_unused()
 
 
 cdef object export_guard(OrtValue value):
     cdef _ExportGuard guard = _ExportGuard.__new__(_ExportGuard)
     guard.value = value
-    value.exports += 1
+    with cython.critical_section(value):
+        value.exports += 1
     return guard
 
 
@@ -707,7 +729,8 @@ cdef object value_to_numpy(OrtValue value, bint tracked):
     if tracked:
         base = export_guard(value)
     else:
-        value.exports += 1   # pinned: close() defers to deallocation
+        with cython.critical_section(value):
+            value.exports += 1   # pinned: close() defers to deallocation
         base = value
     Py_INCREF(base)
     npc.PyArray_SetBaseObject(<npc.PyArrayObject*>array, <PyObject*>base)

@@ -381,10 +381,11 @@ class TrainingAgent(_AgentHotPath):
         graph_inputs = binding._graph_inputs()
         state = PartialGraphExecutionState()
         outputs = self._engine_forward(state, graph_inputs, run_options)
-        run_id = next(self._run_ids)
-        state.run_id = run_id
         state.binding = binding
         with self._lock:
+            # under the lock: itertools.count is not thread-safe without the GIL
+            run_id = next(self._run_ids)
+            state.run_id = run_id
             if not self._closed:
                 self._runs[run_id] = state
                 return list(outputs), run_id

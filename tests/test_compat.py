@@ -158,8 +158,13 @@ def _raises_alike(their_call, our_call):
 
 def test_provider_lists_match(ort_ref):
     assert ortagent.get_available_providers() == ort_ref.get_available_providers()
-    assert ortagent.get_all_providers() == ort_ref.get_all_providers()
     assert ortagent.get_device() == ort_ref.get_device()
+    if ort_ref.get_device() != "GPU":
+        # e.g. the cp313t environment, where only the CPU wheel exists: its Python module
+        # compiles in a shorter list of names
+        pytest.skip("get_all_providers() is the onnxruntime-gpu wheel's list; the reference "
+                    f"onnxruntime here is a CPU build ({ort_ref.__version__})")
+    assert ortagent.get_all_providers() == ort_ref.get_all_providers()
 
 
 def _providers_after(module, model, providers):
@@ -698,6 +703,9 @@ def test_sequence_value_kinds(ort_ref):
 
 @pytest.mark.parametrize("name", ["cpu", "cuda", "gpu"])
 def test_ort_device_make(ort_ref, name):
+    if name == "gpu" and ort_ref.get_device() != "GPU":
+        pytest.skip("'gpu' is NVIDIA's vendor id in the onnxruntime-gpu wheel, which ortagent follows; "
+                    f"the reference onnxruntime here is a CPU build ({ort_ref.__version__}) and says 0")
     theirs, ours = ort_ref.OrtDevice.make(name, 0), ortagent.OrtDevice.make(name, 0)
     assert (ours.device_type(), ours.device_id(), ours.device_mem_type(), ours.device_vendor_id()) == \
         (theirs.device_type(), theirs.device_id(), theirs.device_mem_type(), theirs.device_vendor_id())

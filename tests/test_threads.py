@@ -245,3 +245,192 @@ def test_close_while_other_threads_run(closer):
             session.run(None, {"x": x})
         else:
             agent.io_binding()
+
+
+# -- objects shared by threads running at once ---------------------------------------------------
+#
+# The tests below start their threads together (a barrier) and keep them calling the same
+# session, value or agent, so that on a free-threaded build with the GIL off the calls overlap
+# in onnxruntime's Run and in ortagent's bookkeeping around it; each result is checked against
+# NumPy. On a GIL build they check the same results with the threads taking turns.
+
+PARALLEL = 4
+ROUNDS = 1_500
+
+
+def _run_together(target, count=PARALLEL):
+    """Run target(index) on `count` threads started at once; re-raise the first failure."""
+    start = threading.Barrier(count)
+    failures: list = []
+
+    def body(index):
+        start.wait()
+        try:
+            target(index)
+        except BaseException as exc:        # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a thread never finished (deadlock?)"
+    if failures:
+        raise failures[0]
+
+
+def _mlp_reference(model, x):
+    """The MLP of onnx_models.mlp computed with NumPy from the model's initializers."""
+    from onnx import numpy_helper
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    h = x.astype(np.float64)
+    layers = len([n for n in weights if n.startswith("w")])
+    for i in range(layers):
+        h = h @ weights[f"w{i}"].astype(np.float64) + weights[f"b{i}"]
+        if i < layers - 1:
+            h = np.maximum(h, 0)
+    return h
+
+
+@pytest.mark.parametrize("model_name", ["identity", "add", "mlp"])
+def test_threads_run_one_session_at_once(model_name):
+    """PARALLEL threads run one session at once, each with arrays of its own and with one array
+    they all feed (the session's feed cache and scratch outputs are then contended), through
+    run() and run_with_ort_values(); every output is NumPy's."""
+    gc.collect()
+    handles = live()
+    if model_name == "identity":
+        model = models.identity(shape=(4,))
+        names = ["x"]
+        reference = lambda feeds: feeds["x"]                      # noqa: E731
+        shapes = {"x": (4,)}
+    elif model_name == "add":
+        model = models.add(shape=(1,))
+        names = ["a", "b"]
+        reference = lambda feeds: feeds["a"] + feeds["b"]         # noqa: E731
+        shapes = {"a": (1,), "b": (1,)}
+    else:
+        model = models.mlp(sizes=(8, 16, 4))
+        names = ["x"]
+        reference = lambda feeds: _mlp_reference(model, feeds["x"])   # noqa: E731
+        shapes = {"x": (3, 8)}
+    options = ortagent.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ortagent.InferenceSession(model.SerializeToString(), options)
+    common = {n: np.full(shapes[n], 0.5, np.float32) for n in names}
+
+    def work(index):
+        rng = np.random.default_rng(index)
+        own = [{n: rng.standard_normal(shapes[n]).astype(np.float32) for n in names} for _ in range(4)]
+        for step in range(ROUNDS):
+            feeds = common if step % 3 == 0 else own[step % 4]
+            if step % 5 == 4:
+                (y,) = session.run_with_ort_values(
+                    None, {n: OrtValue.ortvalue_from_numpy(a) for n, a in feeds.items()})
+                got = y.numpy()
+            else:
+                (got,) = session.run(None, feeds)
+            np.testing.assert_allclose(got, reference(feeds), rtol=1e-5, atol=1e-6)
+
+    _run_together(work)
+    del session, options
+    assert not changed(handles, settled(handles)), changed(handles, live())
+
+
+def test_threads_share_one_ortvalue():
+    """One OrtValue fed by PARALLEL threads at once (its use count changes from all of them),
+    viewed with numpy() and exported by DLPack meanwhile; then closed while runs still use it:
+    those finish with the right result, later uses raise ObjectClosedError, and the value's
+    handle goes once the last use and view are gone."""
+    gc.collect()
+    handles = live()
+    options = ortagent.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ortagent.InferenceSession(models.add(shape=(64,)).SerializeToString(), options)
+    base = np.arange(64, dtype=np.float32)
+    shared = OrtValue.ortvalue_from_numpy(base)
+
+    def work(index):
+        b = np.full(64, index, np.float32)
+        for step in range(ROUNDS):
+            if step % 4 == 3:
+                np.testing.assert_array_equal(shared.numpy(), base)
+                np.testing.assert_array_equal(np.from_dlpack(shared), base)
+            else:
+                (c,) = session.run(None, {"a": shared, "b": b})
+                np.testing.assert_array_equal(c, base + index)
+
+    _run_together(work)
+
+    closed_at = threading.Event()
+    outcomes: list = []
+
+    def race(index):
+        b = np.full(64, index, np.float32)
+        for step in range(ROUNDS):
+            if index == 0 and step == ROUNDS // 4:
+                shared.close()
+                closed_at.set()
+            try:
+                (c,) = session.run(None, {"a": shared, "b": b})
+            except ortagent.ObjectClosedError:
+                assert closed_at.is_set()
+                outcomes.append("closed")
+                return
+            np.testing.assert_array_equal(c, base + index)
+        outcomes.append("finished")
+
+    _run_together(race)
+    assert outcomes.count("closed") >= 1, outcomes
+    with pytest.raises(ortagent.ObjectClosedError):
+        session.run(None, {"a": shared, "b": base})
+    del session, shared, options
+    assert not changed(handles, settled(handles)), changed(handles, live())
+
+
+def test_threads_step_one_agent_at_once():
+    """PARALLEL threads step one TrainingAgent at once through the state API's hot path (OrtValue
+    feeds, a state each) and through the run-id API; outputs and gradients are NumPy's."""
+    gc.collect()
+    handles = live()
+    case = tg.mul_add_case()
+    model = case.model.SerializeToString()
+    options = ortagent.SessionOptions()
+    options.intra_op_num_threads = 1
+    state_agent = ortagent.TrainingAgent(model, options, **KW1192_NAMES)
+    id_agent = ortagent.TrainingAgent(model, options)
+
+    def work(index):
+        rng = np.random.default_rng(100 + index)
+        for step in range(ROUNDS // 3):
+            feeds = case.make_feeds(rng)
+            grad = rng.standard_normal((2, 3))
+            (want_out,) = case.reference(feeds)
+            want_grads = case.reference_gradients(feeds, [grad])
+            if step % 2 == 0:
+                values = [OrtValue.ortvalue_from_numpy(feeds[n]) for n in ("x", "w", "bias")]
+                state = ortagent.PartialGraphExecutionState()
+                outputs: list = []
+                state_agent.run_forward(values, outputs, state)
+                grads: list = []
+                state_agent.run_backward([OrtValue.ortvalue_from_numpy(grad)], grads, state)
+                got_out, got_grads = outputs[0].numpy(), [g.numpy() for g in grads]
+            else:
+                binding = id_agent.io_binding()
+                for name in ("x", "w", "bias"):
+                    binding.bind_cpu_input(name, feeds[name])
+                (out,), run_id = id_agent.run_forward(binding, None)
+                got_out = out.numpy()
+                id_agent.run_backward([grad], run_id)
+                got_grads = [g.numpy() for g in binding.get_outputs()]
+            np.testing.assert_allclose(got_out, want_out, rtol=1e-12)
+            for got, want in zip(got_grads, want_grads):
+                np.testing.assert_allclose(got, want, rtol=1e-12)
+
+    _run_together(work)
+    assert id_agent.runs_in_flight == 0
+    state_agent.close()
+    id_agent.close()
+    del state_agent, id_agent, options
+    assert not changed(handles, settled(handles)), changed(handles, live())
