@@ -17,7 +17,7 @@ from libc.stdint cimport uint32_t
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_COMPILE_OPTIONS,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_COMPILE_OPTIONS,
 )
 from ortagent._options cimport SessionOptions
 
@@ -131,7 +131,7 @@ cdef class ModelCompiler:
         ensure_loaded()
         check(ort.CreateModelCompilationOptionsFromSessionOptions(shared_runtime().env, self._options.handle,
                                                                   &options))
-        _live[<int>HANDLE_COMPILE_OPTIONS] += 1
+        count_add(&_live[<int>HANDLE_COMPILE_OPTIONS], 1)
         try:
             if self._input_path is not None:
                 check(ort.ModelCompilationOptions_SetInputModelPath(options, self._input_path))
@@ -221,4 +221,4 @@ cdef class ModelCompiler:
 
 cdef void _release(ort.OrtModelCompilationOptions* options) noexcept:
     ort.ReleaseModelCompilationOptions(options)
-    _live[<int>HANDLE_COMPILE_OPTIONS] -= 1
+    count_add(&_live[<int>HANDLE_COMPILE_OPTIONS], -1)

@@ -19,7 +19,7 @@ from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, HANDLE_SYNC_STREAM,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SYNC_STREAM,
 )
 from ortagent._memory cimport memory_info_copy
 from ortagent._options cimport SessionOptions, _encode
@@ -264,7 +264,7 @@ cdef class OrtEpDevice:
             raise OrtFail("ep_device does not use DEFAULT memory of a non-CPU device.")
         cdef OrtSyncStream stream = OrtSyncStream.__new__(OrtSyncStream)
         check(ort.CreateSyncStreamForEpDevice(device, NULL, &stream.handle))
-        _live[<int>HANDLE_SYNC_STREAM] += 1
+        count_add(&_live[<int>HANDLE_SYNC_STREAM], 1)
         stream.device = self
         return stream
 
@@ -300,7 +300,7 @@ cdef class OrtSyncStream:
             if ort.HAS_ReleaseSyncStream:
                 ort.ReleaseSyncStream(self.handle)
             self.handle = NULL
-            _live[<int>HANDLE_SYNC_STREAM] -= 1
+            count_add(&_live[<int>HANDLE_SYNC_STREAM], -1)
 
     def get_handle(self):
         """The native stream (e.g. a cudaStream_t) as an int."""

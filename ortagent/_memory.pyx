@@ -471,7 +471,7 @@ cdef class OrtMemoryInfo:
         check(ort.CreateMemoryInfo_V2(name.encode(), <ort.OrtMemoryInfoDeviceType><int>kind, <uint32_t>vendor,
                                       <int32_t>device, <ort.OrtDeviceMemoryType><int>memory, <size_t>align,
                                       <ort.OrtAllocatorType><int>alloc, &info.handle))
-        _live[<int>HANDLE_MEMORY_INFO] += 1
+        count_add(&_live[<int>HANDLE_MEMORY_INFO], 1)
         return info
 
     def __eq__(self, other):

@@ -13,6 +13,7 @@ from libc.string cimport strlen, strcpy
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
     check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS,
+    HANDLE_LORA_ADAPTER,
 )
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
@@ -606,6 +607,7 @@ cdef class LoraAdapter:
         if self.handle != NULL:
             ort.ReleaseLoraAdapter(self.handle)
             self.handle = NULL
+            count_add(&_live[<int>HANDLE_LORA_ADAPTER], -1)
 
     def Load(self, path_or_bytes):
         """Read an adapter from a file (or from the file's bytes), replacing any held before.
@@ -635,7 +637,9 @@ cdef class LoraAdapter:
             raise OrtInvalidType(f"path_or_bytes must be a path or bytes, got {type(path_or_bytes).__name__}")
         if self.handle != NULL:
             ort.ReleaseLoraAdapter(self.handle)
+            count_add(&_live[<int>HANDLE_LORA_ADAPTER], -1)
         self.handle = handle
+        count_add(&_live[<int>HANDLE_LORA_ADAPTER], 1)
 
     def __reduce__(self):
         raise OrtInvalidType("LoraAdapter cannot be pickled")

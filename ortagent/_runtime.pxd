@@ -14,7 +14,8 @@ cpdef enum HandleKind:
     HANDLE_DLPACK_EXPORT = 8
     HANDLE_SYNC_STREAM = 9
     HANDLE_COMPILE_OPTIONS = 10
-    HANDLE_KIND_COUNT = 11
+    HANDLE_LORA_ADAPTER = 11
+    HANDLE_KIND_COUNT = 12
 
 # The process-wide runtime description; its fields are filled once the runtime is loaded.
 cdef ort.ortagent_runtime* shared_runtime() noexcept nogil

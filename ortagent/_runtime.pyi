@@ -12,7 +12,8 @@ class HandleKind(enum.IntEnum):
     HANDLE_DLPACK_EXPORT = 8
     HANDLE_SYNC_STREAM = 9
     HANDLE_COMPILE_OPTIONS = 10
-    HANDLE_KIND_COUNT = 11
+    HANDLE_LORA_ADAPTER = 11
+    HANDLE_KIND_COUNT = 12
 
 def load() -> str: ...
 def library_path() -> str | None: ...

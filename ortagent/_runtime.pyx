@@ -31,7 +31,7 @@ ort.ortagent_rt = &_runtime
 
 _HANDLE_KIND_NAMES = (
     "session", "session_options", "run_options", "value", "memory_info", "io_binding",
-    "allocator", "run_state", "dlpack_export", "sync_stream", "compile_options",
+    "allocator", "run_state", "dlpack_export", "sync_stream", "compile_options", "lora_adapter",
 )
 
 # Severity names onnxruntime uses for OrtLoggingLevel 0..4.

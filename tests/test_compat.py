@@ -540,6 +540,12 @@ def test_lora_adapter(ort_ref, tmp_path):
         ortagent.LoraAdapter().Load(str(tmp_path / "missing.onnx_adapter"))
     with pytest.raises(ortagent.OrtInvalidArgument, match="Load"):
         ortagent.RunOptions().add_active_adapter(ortagent.LoraAdapter())
+    # adapter handles are counted like the others, and released with their last user
+    held = ortagent.live_handles()["lora_adapter"]
+    assert held >= 2
+    del adapter, from_bytes, run_options, session
+    gc.collect()
+    assert ortagent.live_handles()["lora_adapter"] == held - 2
 
 
 def test_graph_optimization_levels(ort_ref):
