@@ -124,6 +124,9 @@ cdef class InferenceSession:
     # flags) while this is set by its begin_run(True); a run that finds it set takes the
     # uncached path instead of waiting, so runs on other threads still overlap in Run.
     cdef bint caches_busy
+    # The run that owns the caches keeps the copies its feeds needed here (a list made once, not
+    # per call), emptied as the run ends.
+    cdef list scratch_keep
     cdef int require_open(self) except -1
     # A run starts (ObjectClosedError once closed): counted in runs_in_flight so that close()
     # waits for it. With `claim`, returns 1 when the run took the caches, else 0.

@@ -14,7 +14,7 @@ import warnings
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Next, PyDict_GetItem
-from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsSsize_t
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
@@ -93,6 +93,18 @@ cdef inline bint _asked_twice(const Py_ssize_t* positions, Py_ssize_t n, Py_ssiz
 
 
 # ---- the run core (shared by InferenceSession, IOBinding and the agent engine) ----------------------
+
+cdef extern from "Python.h":
+    Py_ssize_t PyDict_GET_SIZE(object mapping)      # (not in Cython's cpython.dict)
+
+
+cdef inline void _list_replace(list items, Py_ssize_t i, object item) noexcept:
+    """items[i] = item for an index known to be in range (no bounds check: a run's results)."""
+    cdef PyObject* old = PyList_GET_ITEM(items, i)
+    Py_INCREF(item)
+    PyList_SET_ITEM(items, i, item)
+    Py_XDECREF(old)
+
 
 cdef bint _absent_optional(object feed) except -1:
     """Whether a feed for an input of an optional type means "no element": None, as in
@@ -218,6 +230,7 @@ cdef class InferenceSession:
     """
 
     def __cinit__(self):
+        self.scratch_keep = []
         self.input_index = {}
         self.output_index = {}
         self._inputs_meta = []
@@ -611,7 +624,7 @@ cdef class InferenceSession:
                 raise OrtInvalidType(f"run_options must be ortagent.RunOptions, got "
                                      f"{type(run_options).__name__}")
             run_options_c = (<RunOptions>run_options).handle
-        cdef Py_ssize_t n_in = len(input_feed)
+        cdef Py_ssize_t n_in = PyDict_GET_SIZE(input_feed)
         if output_names is not None and type(output_names) is not list and type(output_names) is not tuple:
             if isinstance(output_names, (str, bytes)):
                 raise OrtInvalidType(f"output_names must be a list of names or None, not a string "
@@ -644,6 +657,8 @@ cdef class InferenceSession:
         # that does not (another thread's run holds them) looks every name up, makes a tensor
         # for every array and lets onnxruntime allocate every output.
         cdef bint claimed = self.begin_run(True)
+        if claimed:
+            keep = self.scratch_keep
 
         a.heap = NULL
         try:
@@ -764,19 +779,19 @@ cdef class InferenceSession:
             if as_numpy:
                 for i in range(n_out):
                     if a.out_arrays[i] != NULL:
-                        results[i] = <object>a.out_arrays[i]
+                        _list_replace(results, i, <object>a.out_arrays[i])
                     else:
                         value = results[i]
                         value.describe()
                         if not value.is_tensor_value:
-                            results[i] = python_from_value(value)
+                            _list_replace(results, i, python_from_value(value))
                         elif value.memory_owner is not None:
                             # an alias of a feed (a graph input that is also an output, an
                             # Identity of one): a copy, as onnxruntime's run() returns, so that
                             # the caller's later writes to the feed do not change the result
-                            results[i] = value_to_numpy(value, False).copy()
+                            _list_replace(results, i, value_to_numpy(value, False).copy())
                         else:
-                            results[i] = value_to_numpy(value, False)
+                            _list_replace(results, i, value_to_numpy(value, False))
             return results
         finally:
             if n_preallocated > 0:
@@ -796,6 +811,8 @@ cdef class InferenceSession:
                         ort.ReleaseValue(a.out_values[i])
                     Py_DECREF(<object>a.out_arrays[i])
             run_arrays_release(&a)
+            if claimed and PyList_GET_SIZE(self.scratch_keep):
+                del self.scratch_keep[:]            # the copies made for this run's feeds
             self.end_run(claimed)
 
     def io_binding(self, bint reuse_output_buffers=False):
