@@ -92,13 +92,15 @@ bench bench-quick: build refagent
 
 # Free-threaded CPython (3.13t+) with the GIL off: ortagent built in a copy of the tree (FT_DIR;
 # the in-place build is left alone) for FT_PYTHON, in a venv of its own (FT_VENV: numpy, onnx and
-# onnxruntime's cp313t wheels, pytest, hypothesis: before 6.156, as later releases build a native
-# part from source for cp313t, which needs a Rust toolchain). test-ft runs the suite there with
+# onnxruntime's cp313t wheels, pytest, hypothesis; wheels only, pinned in FT_PACKAGES to releases
+# that ship cp313t wheels: newer onnx and hypothesis build from source there, which needs CMake
+# downloads and a Rust toolchain). test-ft runs the suite there with
 # PYTHON_GIL=0, bench-ft the threads group (results in FT_DIR/results). Without a free-threaded
 # interpreter (none on PATH, none at /opt/py313t) both say so and succeed.
 FT_PYTHON ?= $(firstword $(shell command -v python3.14t python3.13t 2>/dev/null) $(wildcard /opt/py313t/bin/python3.13t))
 FT_DIR ?= build/ft
 FT_VENV ?= build/venv-ft
+FT_PACKAGES ?= numpy==2.4.6 onnx==1.21.0 onnxruntime==1.32.0 hypothesis==6.155.7
 FT_BENCH_ARGS ?=
 FT_READY = $(FT_DIR)/.built
 
@@ -109,8 +111,8 @@ ft-build:
 	set -e; \
 	if [ ! -x $(FT_VENV)/bin/python ]; then \
 		"$(FT_PYTHON)" -m venv $(FT_VENV); \
-		$(FT_VENV)/bin/python -m pip install -q --disable-pip-version-check "setuptools>=77" "Cython>=3.1" \
-			"numpy>=2.0" onnx onnxruntime pytest "hypothesis>=6.100,<6.156" tqdm; fi; \
+		$(FT_VENV)/bin/python -m pip install -q --disable-pip-version-check --only-binary=:all: "setuptools>=77" \
+			"Cython>=3.1" $(FT_PACKAGES) pytest tqdm; fi; \
 	rm -rf $(FT_DIR) && mkdir -p $(FT_DIR) .cache; \
 	git ls-files --cached --others --exclude-standard -z | xargs -0 tar cf - | tar xf - -C $(FT_DIR); \
 	ln -sfn $(CURDIR)/.cache $(FT_DIR)/.cache; \
