@@ -100,7 +100,7 @@ bench bench-quick: build refagent
 FT_PYTHON ?= $(firstword $(shell command -v python3.14t python3.13t 2>/dev/null) $(wildcard /opt/py313t/bin/python3.13t))
 FT_DIR ?= build/ft
 FT_VENV ?= build/venv-ft
-FT_PACKAGES ?= numpy==2.4.6 onnx==1.21.0 onnxruntime==1.32.0 hypothesis==6.155.7
+FT_PACKAGES ?= numpy==2.4.6 onnx==1.21.0 onnxruntime==1.32.0 hypothesis==6.155.7 onnx-ad==0.3.0
 FT_BENCH_ARGS ?=
 FT_READY = $(FT_DIR)/.built
 
