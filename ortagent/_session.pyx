@@ -54,7 +54,7 @@ import ortagent._options as _options_module
 # names above are their C types, not module attributes
 globals()["SessionOptions"] = _options_module.SessionOptions
 globals()["RunOptions"] = _options_module.RunOptions
-from ortagent._runtime import get_available_providers, ALL_PROVIDERS
+from ortagent._runtime import get_available_providers, ALL_PROVIDERS as _ALL_PROVIDERS
 from ortagent.errors import (
     OrtError, OrtFail, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, ProviderError,
     ProviderFallbackWarning,
@@ -850,7 +850,7 @@ cdef class InferenceSession:
             if not (self._strict or _strict_scope.get()):
                 available = get_available_providers()
                 for name, _ in requested:
-                    if name not in available and name not in ALL_PROVIDERS:
+                    if name not in available and name not in _ALL_PROVIDERS:
                         # onnxruntime warns, then its recreation fails (set_providers does not
                         # fall back the way the constructor does): the session keeps its providers
                         warnings.warn(f"Specified provider '{name}' is not in available provider names."
