@@ -240,6 +240,13 @@ cdef int _left_out(str name, str reason, bint strict) except -1:
     return 0
 
 
+def _warn_unavailable(str name, list available):
+    """onnxruntime's warning for a provider that this build does not offer (its own words, which
+    users' warning filters match)."""
+    warnings.warn(f"Specified provider '{name}' is not in available provider names."
+                  f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
+
+
 cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, bint strict=False):
     """Append the requested providers to `options`; returns [(name, options)] as registered.
 
@@ -257,9 +264,7 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
                 raise ProviderError(
                     (f"execution provider {name} is not available in this onnxruntime build" if known
                      else f"unknown execution provider {name!r}") + f" (available: {', '.join(available)})")
-            # onnxruntime's own words, which users' warning filters match
-            warnings.warn(f"Specified provider '{name}' is not in available provider names."
-                          f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
+            _warn_unavailable(name, available)
             continue
         if name == _CPU:
             unknown = set(settings) - {"use_arena"}

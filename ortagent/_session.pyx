@@ -9,7 +9,6 @@ around ``OrtApi::Run`` and returns NumPy views of the buffers ORT produced.
 
 import enum
 import os
-import warnings
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -47,7 +46,7 @@ from ortagent._epdevices cimport session_input_devices
 from ortagent._providers cimport create_session, _effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
 from ortagent._options import GraphOptimizationLevel, ExecutionMode, effective_options
-from ortagent._providers import _normalise_providers, _CPU, _CUDA, _strict as _strict_scope
+from ortagent._providers import _warn_unavailable, _normalise_providers, _CPU, _CUDA, _strict as _strict_scope
 import ortagent._options as _options_module
 
 # the option classes, also under this module's name (where they lived before); the cimported
@@ -57,7 +56,6 @@ globals()["RunOptions"] = _options_module.RunOptions
 from ortagent._runtime import get_available_providers, ALL_PROVIDERS as _ALL_PROVIDERS
 from ortagent.errors import (
     OrtError, OrtFail, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, ProviderError,
-    ProviderFallbackWarning,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -853,8 +851,7 @@ cdef class InferenceSession:
                     if name not in available and name not in _ALL_PROVIDERS:
                         # onnxruntime warns, then its recreation fails (set_providers does not
                         # fall back the way the constructor does): the session keeps its providers
-                        warnings.warn(f"Specified provider '{name}' is not in available provider names."
-                                      f"Available providers: '{', '.join(available)}'", ProviderFallbackWarning)
+                        _warn_unavailable(name, available)
                         raise OrtFail(f"Unknown Provider Type: {name}")
             self._create_with_fallback(requested)
         finally:
