@@ -10,7 +10,8 @@ batch 32 (the kernels dominate). For each model and library, in every round (ran
 
 On a free-threaded CPython with the GIL off (3.13t+; ortagent's modules declare free-threading
 support by default) two more contenders run 4 threads, with a session each and sharing one; the
-targets are then those of the free-threaded build (2 threads >= 1.8x one thread's throughput).
+targets are then those of the free-threaded build (2 threads >= 1.8x one thread's throughput;
+on a GIL build >= 1.5x).
 
 Sessions have 1 intra-op thread, so two Python threads can at best use two cores; what stops
 them is the GIL held outside ORT's ``Run``. A burst starts the threads, releases them together
@@ -78,16 +79,19 @@ def run(settings) -> Group:
                              other_tag and key.replace(f"/{tag}-", f"/{other_tag}-")))
         blocks.append(block)
     # what the machine offers two threads right now: hashing 256 KiB releases the GIL, so two
-    # threads of it reach 2x only when two CPUs are free for this process
-    data = bytes(range(256)) * 1024
+    # threads of it reach 2x only when two CPUs are free for this process. Hashing 2 KiB (the
+    # least hashlib releases the GIL for) is a call shaped like a tiny run: ~1 µs with the GIL
+    # released between two short stretches holding it, so two threads of it show what handing
+    # the GIL over costs the interpreter itself, whoever the extension.
     block = []
-    for key, label, calls in (
-            ("cpu/1", "harness: 1 thread hashing 256 KiB (no GIL)", [(hashlib.sha256, (data,))]),
-            ("cpu/2", "harness: 2 threads hashing 256 KiB (no GIL)",
-             [(hashlib.sha256, (data,)), (hashlib.sha256, (data,))])):
-        contender = Threaded(key, label, "harness", calls)
-        block.append(contender)
-        plan.append((contender, None if key == "cpu/1" else "cpu/1", None))
+    for size, tag in ((256 * 1024, "cpu"), (2048, "gil")):
+        data = bytes(range(256)) * (size // 256)
+        for n in (1, 2):
+            key = f"{tag}/{n}"
+            label = f"harness: {n} thread{'s' if n > 1 else ''} hashing {size // 1024} KiB (GIL released)"
+            contender = Threaded(key, label, "harness", [(hashlib.sha256, (data,))] * n)
+            block.append(contender)
+            plan.append((contender, None if n == 1 else f"{tag}/1", None))
     blocks.append(block)
     samples = run_rounds(blocks, settings.rounds["threads"], settings.burst_s, desc="4/5 threads",
                          seed=settings.seed)
@@ -96,6 +100,7 @@ def run(settings) -> Group:
                               ref=ref, peer=peer, speedup=True, ref_name="1 thread",
                               peer_name="onnxruntime"))
     headroom = statistics.median(group.ratio("cpu/2", "cpu/1", speedup=True))
+    handoff = statistics.median(group.ratio("gil/2", "gil/1", speedup=True))
     if FREE_THREADED:
         group.notes.append("free-threaded CPython with the GIL off "
                            f"({sys.version.split()[0]}): 4-thread rows added")
@@ -107,10 +112,13 @@ def run(settings) -> Group:
             group.ratio_target(f"threads_{name}" + ("_ft" if FREE_THREADED else "")
                                + ("_shared" if layout == "shared" else ""),
                                f"2 threads, {described}, {title}"
-                               + (" (GIL off)" if FREE_THREADED else "") + ": throughput >= 1.8x one thread's",
-                               f"{name}/oa-2-{layout}", f"{name}/oa-1", 1.8, op=">=", speedup=True,
+                               + (" (GIL off): throughput >= 1.8x one thread's" if FREE_THREADED
+                                  else ": throughput >= 1.5x one thread's"),
+                               f"{name}/oa-2-{layout}", f"{name}/oa-1", 1.8 if FREE_THREADED else 1.5,
+                               op=">=", speedup=True,
                                detail=f"onnxruntime's: {ort_speedup:.2f}x; the machine's headroom "
-                                      f"(2 threads of GIL-free hashing): {headroom:.2f}x")
+                                      f"(2 threads hashing 256 KiB): {headroom:.2f}x; 2 threads "
+                                      f"hashing 2 KiB (a call shaped like a tiny run): {handoff:.2f}x")
     if busy is not None:
         group.notes.append(f"other processes kept {busy:.2f} CPUs busy when the group started "
                            f"(after waiting {waited:.0f} s for a quiet machine)")

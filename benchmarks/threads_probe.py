@@ -4,7 +4,8 @@ runs, and this says for each run whether two CPUs were free.
 
     PYTHON_GIL=0 python benchmarks/threads_probe.py identity --calls 20000 --rounds 11
 
-In each round, in this order: 1 and 2 threads hashing 256 KiB (GIL-free: the headroom), then
+In each round, in this order: 1 and 2 threads hashing 256 KiB (GIL-free: the headroom), 1 and 2
+threads hashing 2 KiB (the GIL released for ~1 µs a call: what handing it over costs), then
 ``run`` on 1 thread, on 2 threads with a session each and on 2 threads sharing one session,
 each once with one feed dict both threads pass (arrays made by the main thread) and once with
 arrays each thread makes itself. Every thread makes ``--calls`` calls after a barrier; the figure
@@ -62,11 +63,17 @@ def main(argv=None) -> int:
     feeds = models.feeds(proto)
     one, other = (ortagent.InferenceSession(data, _common.ortagent_options()) for _ in range(2))
     blob = bytes(range(256)) * 1024
+    small = blob[:2048]         # the least hashlib releases the GIL for: ~1 µs, like a tiny Run
     hashes = max(1, args.calls // 100)
 
     def hashing():
         for _ in range(hashes):
             hashlib.sha256(blob)
+
+    def hashing_small():
+        sha256 = hashlib.sha256
+        for _ in range(args.calls):
+            sha256(small)
 
     def runs(session, own_arrays: bool):
         def work():
@@ -85,15 +92,18 @@ def main(argv=None) -> int:
         "2 threads, one session, own arrays": lambda: [runs(one, True), runs(one, True)],
     }
     times = {name: [] for name in cases}
-    headroom = []
+    headroom, handoff = [], []
     for _ in range(args.rounds):
         single = burst([hashing], hashes)
         headroom.append(single / burst([hashing, hashing], hashes))
+        single = burst([hashing_small], args.calls)
+        handoff.append(single / burst([hashing_small, hashing_small], args.calls))
         for name, make in cases.items():
             times[name].append(burst(make(), args.calls))
     gil = getattr(sys, "_is_gil_enabled", lambda: True)()
     print(f"{args.model}: Python {sys.version.split()[0]}, GIL {'on' if gil else 'off'}; headroom "
-          f"(2 threads hashing) {statistics.median(headroom):.2f}x")
+          f"(2 threads hashing 256 KiB) {statistics.median(headroom):.2f}x; 2 threads hashing 2 KiB "
+          f"(a call shaped like a tiny run) {statistics.median(handoff):.2f}x")
     base = statistics.median(times["1 thread"])
     for name, samples in times.items():
         median = statistics.median(samples)

@@ -19,7 +19,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free, calloc
-from libc.string cimport strlen, strcpy
+from libc.string cimport strlen, strcpy, memset
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
@@ -229,6 +229,7 @@ cdef class InferenceSession:
 
     def __cinit__(self):
         self.scratch_keep = []
+        self.n_bound_inputs = -1
         self.input_index = {}
         self.output_index = {}
         self._inputs_meta = []
@@ -304,11 +305,13 @@ cdef class InferenceSession:
         self.feed_keys = <PyObject**>calloc(n_in + n_over + 1, sizeof(PyObject*))
         self.feed_key_positions = <Py_ssize_t*>calloc(n_in + n_over + 1, sizeof(Py_ssize_t))
         self.feed_kinds = <char*>calloc(n_in + n_over + 1, sizeof(char))
+        self.bound_serials = <unsigned long long*>calloc(n_in + n_over + 1, sizeof(unsigned long long))
+        self.bound_outputs = <Py_ssize_t*>calloc(n_out + 1, sizeof(Py_ssize_t))
         self._input_descs = []
         self.n_required_inputs = 0
         if (self.feed_kinds == NULL or self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
                 or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL
-                or self.fixed_outputs == NULL):
+                or self.fixed_outputs == NULL or self.bound_serials == NULL or self.bound_outputs == NULL):
             raise MemoryError()
         for i in range(n_in + n_over):
             if i < n_in:
@@ -417,11 +420,23 @@ cdef class InferenceSession:
         self.feed_key_positions = NULL
         free(self.feed_kinds)
         self.feed_kinds = NULL
+        free(self.bound_serials)
+        self.bound_serials = NULL
+        free(self.bound_outputs)
+        self.bound_outputs = NULL
 
     cdef void _release_handle(self) noexcept:
-        if self.handle != NULL:
-            ort.ReleaseSession(self.handle)
-            self.handle = NULL
+        cdef ort.OrtSession* closing = self.handle
+        self.handle = NULL
+        self._release_session(closing)
+
+    cdef void _release_session(self, ort.OrtSession* closing) noexcept:
+        if self.run_binding != NULL:
+            ort.ReleaseIoBinding(self.run_binding)
+            self.run_binding = NULL
+            self.n_bound_inputs = -1
+        if closing != NULL:
+            ort.ReleaseSession(closing)
             count_add(&_live[<int>HANDLE_SESSION], -1)
 
     cdef int require_open(self) except -1:
@@ -459,8 +474,7 @@ cdef class InferenceSession:
                 closing = self.handle
                 self.handle = NULL
         if closing != NULL:
-            ort.ReleaseSession(closing)
-            count_add(&_live[<int>HANDLE_SESSION], -1)
+            self._release_session(closing)
 
     def close(self):
         """Release the session. Runs in flight on other threads finish first; values already
@@ -472,8 +486,7 @@ cdef class InferenceSession:
                 closing = self.handle
                 self.handle = NULL
         if closing != NULL:
-            ort.ReleaseSession(closing)
-            count_add(&_live[<int>HANDLE_SESSION], -1)
+            self._release_session(closing)
 
     def __enter__(self):
         return self
@@ -587,6 +600,65 @@ cdef class InferenceSession:
                 a.out_arrays[i] = <PyObject*>array
         return 0
 
+    cdef bint _run_binding_ready(self, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out) except -1:
+        """Whether RunWithBinding on the run binding runs exactly this run: in sync when it
+        holds this run's feed-view tensors (same positions, same serials) and scratch outputs
+        (same positions, same order). Out of sync, an eligible run binds afresh: every feed a
+        feed view's tensor and every output a scratch tensor. Binding stops for good when a bind
+        fails or binds stop paying (more than one bind per four bound runs: a caller changing
+        arrays or output names from call to call)."""
+        cdef Py_ssize_t i, position
+        cdef bint in_sync = n_in == self.n_bound_inputs and n_out == self.n_bound_outputs
+        for i in range(n_in):
+            if a.in_created[i] < FEED_CACHED:
+                return False
+            position = a.in_created[i] - FEED_CACHED
+            if self.bound_serials[position] != self.feed_views[position].serial:
+                in_sync = False
+        for i in range(n_out):
+            if a.out_arrays[i] != NULL or a.out_values[i] == NULL:
+                return False
+            if in_sync and self.bound_outputs[i] != a.out_positions[i]:
+                in_sync = False
+        if in_sync:
+            self.n_bound_runs += 1
+            return True
+        if self.binding_refused:
+            return False
+        if self.n_binds >= 4 and self.n_binds * 4 > self.n_bound_runs:
+            self.binding_refused = True
+            self._release_session(NULL)
+            return False
+        cdef ort.OrtStatus* status = NULL
+        self.n_bound_inputs = -1
+        if self.run_binding == NULL:
+            status = ort.CreateIoBinding(self.handle, &self.run_binding)
+        else:
+            ort.ClearBoundInputs(self.run_binding)
+            ort.ClearBoundOutputs(self.run_binding)
+        memset(self.bound_serials, 0, <size_t>self.n_feedable * sizeof(unsigned long long))
+        i = 0
+        while status == NULL and i < n_in:
+            status = ort.BindInput(self.run_binding, a.in_names[i], a.in_values[i])
+            position = a.in_created[i] - FEED_CACHED
+            self.bound_serials[position] = self.feed_views[position].serial
+            i += 1
+        i = 0
+        while status == NULL and i < n_out:
+            status = ort.BindOutput(self.run_binding, a.out_names[i], a.out_values[i])
+            self.bound_outputs[i] = a.out_positions[i]
+            i += 1
+        if status != NULL:
+            ort.ReleaseStatus(status)
+            self.binding_refused = True
+            self._release_session(NULL)
+            return False
+        self.n_binds += 1
+        self.n_bound_runs += 1
+        self.n_bound_inputs = n_in
+        self.n_bound_outputs = n_out
+        return True
+
     cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1:
         """After a run where onnxruntime allocated a fixed output: preallocate it from now on
         if it came out with exactly the declared type and shape, never again if not."""
@@ -607,6 +679,13 @@ cdef class InferenceSession:
         them a copy: small outputs of fixed type and shape are new arrays onnxruntime wrote
         into, the others views of onnxruntime's output buffers."""
         return self._run(output_names, input_feed, run_options, True)
+
+    def _run_binding_stats(self):
+        """(binds made, runs through the session's run binding, whether binding stopped,
+        whether the session holds a binding now): for tests of run()'s binding path. (The
+        binding is the session's, released with it, and not counted in live_handles(), like
+        its other caches.)"""
+        return self.n_binds, self.n_bound_runs, bool(self.binding_refused), self.run_binding != NULL
 
     def run_with_ort_values(self, output_names, input_dict, run_options=None):
         """Like run(), returning OrtValues (outputs stay where onnxruntime produced them)."""
@@ -641,6 +720,7 @@ cdef class InferenceSession:
         cdef Py_ssize_t kept
         cdef bint from_cache = False
         cdef bint registered = False
+        cdef bint bound = False
         cdef Py_ssize_t n_preallocated = 0
         cdef FixedOutput* fixed
         cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
@@ -730,8 +810,17 @@ cdef class InferenceSession:
             if claimed and as_numpy and self.cpu_only and self.preallocate_outputs:
                 n_preallocated = self._preallocate_outputs(a.out_positions, n_out, output_names is None,
                                                            a.out_values, a.out_arrays)
+            # (RunWithBinding leaves out the parameters of the LoRA adapters active in the run
+            # options, which onnxruntime's C Run adds as feeds: such runs take Run.)
+            bound = (n_preallocated == n_out and (run_options is None or not (<RunOptions>run_options)._adapters)
+                     and self._run_binding_ready(&a, n_ready, n_out))
             run_options_c = interruptible_begin(run_options_c, &registered)
-            status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
+            if bound:
+                status = run_binding_nogil(self.handle, run_options_c, self.run_binding, False)
+                if status != NULL:
+                    self.n_bound_inputs = -1            # bind afresh next time
+            else:
+                status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
             if n_preallocated > 0:
                 for i in range(n_out):
                     if a.out_arrays[i] != NULL:

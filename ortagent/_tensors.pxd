@@ -11,9 +11,12 @@ cdef ort.OrtValue* tensor_for_feed(object feed, object name, int expected_type, 
 # A reusable tensor over the memory of the NumPy array last fed to one input. A run that feeds
 # an array with the same address, size, element type and shape reuses the tensor instead of
 # creating one: the tensor is only a description of that memory, so it describes the new array
-# exactly. `users` counts the runs using `value` (changed with the GIL held).
+# exactly. `users` counts the runs using `value` (changed with the GIL held); `serial` changes
+# whenever `value` is replaced or cleared (so a binding of an earlier `value` is seen stale even
+# where a new handle lands at the old one's address).
 cdef struct FeedView:
     ort.OrtValue* value
+    unsigned long long serial
     void* data
     size_t nbytes
     int elem_type

@@ -122,6 +122,7 @@ cdef ort.OrtValue* feed_view(FeedView* cache, object feed, object name, int expe
             ort.ReleaseValue(cache.value)
         arr = <npc.PyArrayObject*>feed
         cache.value = handle
+        cache.serial += 1
         cache.data = npc.PyArray_DATA(arr)
         cache.nbytes = <size_t>npc.PyArray_NBYTES(arr)
         cache.elem_type = onnx_type_of_array(arr)
@@ -159,6 +160,7 @@ cdef void clear_feed_view(FeedView* cache) noexcept:
     if cache.value != NULL and cache.users == 0:
         ort.ReleaseValue(cache.value)
         cache.value = NULL
+        cache.serial += 1
 
 
 cdef object new_output_array(int elem_type, int ndim, const int64_t* dims,

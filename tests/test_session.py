@@ -513,3 +513,77 @@ def test_large_fixed_outputs_are_left_to_onnxruntime(ort_ref):
         feeds_list = [{"x": np.full(n, i, np.float32)} for i in range(3)]
         _, results = _runs_match(ort_ref, model, feeds_list)
         assert (results[-1][0].base is None) == expect_preallocated, n
+
+
+# ---- run() through the session's own IoBinding ----------------------------------------------
+# A run whose feeds are the arrays fed last (the same memory, so the session's tensors over
+# them are reused) and whose outputs all fit the session's scratch tensors goes through
+# RunWithBinding on a binding the session keeps; anything else runs the plain way.
+
+def _two_output_model():
+    return models.make_model([helper_node("Add", ["a", "b"], ["s"]), helper_node("Mul", ["a", "b"], ["p"])],
+                             [models.vinfo("a", TensorProto.FLOAT, [4]), models.vinfo("b", TensorProto.FLOAT, [4])],
+                             [models.vinfo("s", TensorProto.FLOAT, [4]), models.vinfo("p", TensorProto.FLOAT, [4])])
+
+
+def test_run_binding_follows_arrays_written_in_place_and_rebinds_on_change(ort_ref):
+    model = _two_output_model()
+    session = ortagent.InferenceSession(model)
+    ref = reference_session(ort_ref, model)
+    a, b = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)
+    results = []
+    for step in range(6):
+        a[:] = step                                 # the same memory, new contents
+        got = session.run(None, {"a": a, "b": b})
+        assert_same_outputs(got, ref.run(None, {"a": a, "b": b}))
+        results.append(got)
+    # run 1 confirms the outputs' shapes, run 2 binds, runs 2-6 go through the binding
+    assert session._run_binding_stats() == (1, 5, False, True)
+    for step, got in enumerate(results):            # each result its own array, unchanged since
+        np.testing.assert_array_equal(got[0], np.full(4, step) + np.arange(4))
+    # another array for b: bound afresh; b's old array again: once more
+    other = np.full(4, 10, np.float32)
+    for x in (other, other, b, b):
+        assert_same_outputs(session.run(None, {"a": a, "b": x}), ref.run(None, {"a": a, "b": x}))
+    assert session._run_binding_stats()[:2] == (3, 9)
+    # an OrtValue feed, a subset of the outputs, the outputs in another order: the plain way or a
+    # new binding, the same results
+    value = ortagent.OrtValue.ortvalue_from_numpy(a)
+    for names in (None, ["p"], ["p", "s"], ["s", "p"]):
+        for feeds in ({"a": value, "b": b}, {"a": a, "b": b}, {"b": b, "a": a}):
+            ref_feeds = {k: a if v is value else v for k, v in feeds.items()}
+            assert_same_outputs(session.run(names, feeds), ref.run(names, ref_feeds))
+    # a bad feed fails as it does without a binding, and the binding recovers
+    with pytest.raises(ortagent.OrtInvalidArgument):
+        session.run(None, {"a": np.ones(5, np.float32), "b": b})
+    assert_same_outputs(session.run(None, {"a": a, "b": b}), ref.run(None, {"a": a, "b": b}))
+    session.close()
+    assert not session._run_binding_stats()[3]
+
+
+def test_run_binding_stops_when_callers_change_outputs_every_call(ort_ref):
+    model = _two_output_model()
+    session = ortagent.InferenceSession(model)
+    ref = reference_session(ort_ref, model)
+    a, b = np.arange(4, dtype=np.float32), np.full(4, 3, np.float32)
+    for i in range(40):
+        names = ["s"] if i % 2 else ["p"]
+        assert_same_outputs(session.run(names, {"a": a, "b": b}), ref.run(names, {"a": a, "b": b}))
+    binds, bound_runs, refused, held = session._run_binding_stats()
+    assert refused and binds == 4 and not held, (binds, bound_runs)
+
+
+def test_run_binding_with_optional_inputs_initializers_and_set_providers(ort_ref):
+    model = models.overridable_initializer()
+    session = ortagent.InferenceSession(model)
+    ref = reference_session(ort_ref, model)
+    x, scale = np.array([1, 2, 3], np.float32), np.array([5], np.float32)
+    for feeds in [{"x": x}] * 3 + [{"x": x, "scale": scale}] * 3 + [{"x": x}] * 3:
+        assert_same_outputs(session.run(None, feeds), ref.run(None, feeds))
+    binds, bound_runs, _, held = session._run_binding_stats()
+    assert held and (binds, bound_runs) == (3, 8), (binds, bound_runs)  # x; x + scale; x again
+    session.set_providers(["CPUExecutionProvider"])      # a new session: its binding goes with it
+    assert not session._run_binding_stats()[3]
+    for _ in range(3):
+        assert_same_outputs(session.run(None, {"x": x}), ref.run(None, {"x": x}))
+    assert session._run_binding_stats()[3]
