@@ -18,6 +18,12 @@ for _path in (str(REPO_ROOT / "tests"), str(REPO_ROOT)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+# NumPy's OpenBLAS starts a worker thread per extra CPU, which spins at times (perf: ~5% of the
+# samples of two threads running tiny models on 2 CPUs). Nothing timed here calls BLAS, and on a
+# small machine that worker takes CPU time from the threads being measured; set before any
+# benchmark imports NumPy (this module comes first; a value set by the caller wins).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 # The same session settings everywhere: C floor, ortagent, onnxruntime's Python, 1.19.2 agent.
 INTRA_OP_THREADS = 1
 INTER_OP_THREADS = 1
