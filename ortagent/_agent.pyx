@@ -369,6 +369,7 @@ cdef class _AgentEngine:
         cdef RunStack stack
         cdef RunArrays a
         cdef bint begun = False, claimed = False
+        cdef int lane = 0
         cdef int found
         cdef InferenceSession session = self.forward_session
         cdef object feed
@@ -387,7 +388,8 @@ cdef class _AgentEngine:
         try:
             # the session's caches, when no other run holds them: then the fixed outputs
             # are preallocated and the engine's forward flags are this run's to change
-            claimed = session.begin_run(True)
+            lane = session.begin_run(True)
+            claimed = lane == 1          # lane 1 owns the engine's flags
             begun = True
             run_arrays_init(&a, &stack, n_in, n_out)
             for i in range(n_in):
@@ -420,7 +422,7 @@ cdef class _AgentEngine:
                 Py_DECREF(<object>a.in_holders[i])
             run_arrays_release(&a)
             if begun:
-                session.end_run(claimed)
+                session.end_run(lane)
         state.engine = self
         if self.n_stash:
             state.stash = outputs[self.n_module_outputs:]
@@ -443,6 +445,7 @@ cdef class _AgentEngine:
         cdef RunStack stack
         cdef RunArrays a
         cdef bint begun = False, claimed = False
+        cdef int lane = 0
         cdef InferenceSession session = self.backward_session
         cdef object feed
         cdef list stash, backward_inputs
@@ -469,7 +472,8 @@ cdef class _AgentEngine:
         a.heap = NULL
         try:
             self.check_gradients(state, gradients)
-            claimed = session.begin_run(True)
+            lane = session.begin_run(True)
+            claimed = lane == 1          # lane 1 owns the engine's flags
             begun = True
             run_arrays_init(&a, &stack, n_in, n_out)
             for i in range(n_in):
@@ -499,7 +503,7 @@ cdef class _AgentEngine:
                 Py_DECREF(<object>a.in_holders[i])
             run_arrays_release(&a)
             if begun:
-                session.end_run(claimed)
+                session.end_run(lane)
         state.drop()
         PyList_SetSlice(fetches, 0, len(fetches), outputs)
         return 1

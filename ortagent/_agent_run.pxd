@@ -6,8 +6,8 @@ from ortagent._session cimport InferenceSession, RunArrays
 # Whether the run preallocated every output at `positions`.
 cdef bint _all_preallocated(RunArrays* a, list positions) noexcept
 # OrtApi::Run with arrays the caller filled (the state API's hot path); outputs as OrtValues.
-# `owned`: the run owns the session's caches (begin_run(True) returned 1), so it may read and
-# change the session's FixedOutput states and *preallocate.
+# `owned`: the run holds the session's first lane of caches (begin_run(True) returned 1), so it
+# may read and change the session's FixedOutput states and *preallocate.
 cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out,
                    const Py_ssize_t* slots, const bint* twice, bint* preallocate,
                    ort.OrtAllocator* allocator, bint owned)

@@ -16,14 +16,44 @@ cdef struct FixedOutput:
     int ndim
     int64_t dims[MAX_INLINE_DIMS]
     size_t nbytes
-    # Outputs of at most COPY_OUT_MAX_BYTES (_session.pyx): a tensor of the session's, made once,
-    # that onnxruntime writes into and run() copies out of into a new NumPy array (creating and
-    # releasing a tensor over each new array cost more than copying a few bytes). Only the run
-    # that owns the session's caches (InferenceSession.caches_busy) reads or changes these
-    # fields after creation; `scratch_busy` while that run uses the scratch tensor.
-    ort.OrtValue* scratch
-    void* scratch_data
-    bint scratch_busy
+
+
+cdef enum:
+    # At most this many runs of one session use caches at once (one lane each, see RunLane);
+    # further concurrent runs take the uncached path.
+    MAX_RUN_LANES = 8
+
+
+# One set of a session's run caches. A run holds one lane from begin_run to end_run, so
+# concurrent runs (threads sharing a session) each get their own; a thread gets the lane it
+# used last when that one is free. Lanes are made as concurrent runs first need them and live
+# as long as the session.
+cdef struct RunLane:
+    bint busy                      # a run holds this lane
+    unsigned long owner            # the thread that held it last
+    PyObject** feed_keys           # per feed place: the key object seen there last
+    Py_ssize_t* feed_key_positions # ... and the input position it named
+    FeedView* feed_views           # per input: tensor over the array fed last
+    # Per output of at most COPY_OUT_MAX_BYTES (_session.pyx): a tensor made once that
+    # onnxruntime writes into and run() copies out of into a new NumPy array (creating and
+    # releasing a tensor over each new array cost more than copying a few bytes);
+    # `scratch_busy` while this lane's run uses it.
+    ort.OrtValue** scratch
+    void** scratch_data
+    char* scratch_busy
+    # An IoBinding of the lane's own, for runs that feed the very tensors of the lane's feed
+    # views and whose outputs all go to scratch tensors (a loop feeding the same arrays):
+    # RunWithBinding skips the per-call name strings and value copies of Run (~830 of ~10,600
+    # instructions on Identity). Bound inputs are recorded by position with their feed view's
+    # serial; bound outputs by position, in order. n_bound_inputs < 0: nothing bound.
+    ort.OrtIoBinding* binding
+    unsigned long long* bound_serials   # per feedable input: serial bound, 0 if not bound
+    Py_ssize_t* bound_outputs           # output positions bound, in order
+    Py_ssize_t n_bound_inputs
+    Py_ssize_t n_bound_outputs
+    bint binding_refused           # a bind failed, or binds did not pay: no binding
+    Py_ssize_t n_binds             # binds made, and runs through the binding
+    Py_ssize_t n_bound_runs
 
 
 cdef enum:
@@ -103,12 +133,9 @@ cdef class InferenceSession:
     cdef char** input_names_c                   # n_feedable names: inputs, then initializers
     cdef char** output_names_c
     cdef int* input_elem_types                  # ONNX element type per input, -1 if not a tensor
-    cdef FeedView* feed_views                   # per input: tensor over the array fed last
     cdef FixedOutput* fixed_outputs             # per output (see FixedOutput)
     cdef bint preallocate_outputs               # off once a preallocated run failed where
                                                 # an onnxruntime-allocated one succeeded
-    cdef PyObject** feed_keys                   # per feed place: the key object seen there last
-    cdef Py_ssize_t* feed_key_positions         # ... and the input position it named
     cdef dict input_index                       # name -> position
     cdef dict output_index
     cdef list _inputs_meta
@@ -119,49 +146,40 @@ cdef class InferenceSession:
     cdef Py_ssize_t runs_in_flight
     cdef bint close_pending
     cdef bint replacing                         # set_providers() is replacing the handle
-    # A run owns the session's caches (feed_keys, feed_key_positions, feed_views, the
-    # FixedOutput states and scratch tensors, preallocate_outputs; the agent's preallocation
-    # flags) while this is set by its begin_run(True); a run that finds it set takes the
-    # uncached path instead of waiting, so runs on other threads still overlap in Run.
-    cdef bint caches_busy
-    # The run that owns the caches keeps the copies its feeds needed here (a list made once, not
-    # per call), emptied as the run ends.
-    cdef list scratch_keep
-    # Also one of the caches: an IoBinding of the session's own, for runs that feed the very tensors
-    # of the session's feed views and whose outputs all go to scratch tensors (a loop feeding the
-    # same arrays): RunWithBinding skips the name lookups and value copies of Run (~830 of
-    # ~10,600 instructions on Identity). Bound inputs are recorded by position with their feed
-    # view's serial; bound outputs by position, in order. n_bound_inputs < 0: nothing bound.
-    cdef ort.OrtIoBinding* run_binding
-    cdef unsigned long long* bound_serials      # per feedable input: serial bound, 0 if not bound
-    cdef Py_ssize_t* bound_outputs              # output positions bound, in order
-    cdef Py_ssize_t n_bound_inputs
-    cdef Py_ssize_t n_bound_outputs
-    cdef bint binding_refused                   # a bind failed, or binds did not pay: no binding
-    cdef Py_ssize_t n_binds                     # binds made, and runs through the binding
-    cdef Py_ssize_t n_bound_runs
+    # The run caches, one lane per concurrent run (see RunLane): lanes[:n_lanes] are made.
+    # Which lanes are busy changes inside the critical section; a lane's contents belong to the
+    # run holding it. The fixed outputs' type and shape, preallocate_outputs, and the agent's
+    # preallocation flags are the business of the run holding lane 0.
+    cdef RunLane* lanes[MAX_RUN_LANES]
+    cdef int n_lanes
+    # Per lane: the copies its run's feeds needed (a list made once, not per call), emptied as
+    # the run ends.
+    cdef list lane_keeps
     cdef int require_open(self) except -1
     # A run starts (ObjectClosedError once closed): counted in runs_in_flight so that close()
-    # waits for it. With `claim`, returns 1 when the run took the caches, else 0.
+    # waits for it. With `claim`, returns the number of the lane the run took (index + 1; lane
+    # 1 also owns the session-wide flags), or 0 when every lane is busy.
     cdef int begin_run(self, bint claim) except -1
-    # The run ended: `claimed` is what begin_run returned.
-    cdef void end_run(self, bint claimed) noexcept
+    # The run ended: `lane` is what begin_run returned.
+    cdef void end_run(self, int lane) noexcept
     cdef int output_positions(self, object output_names, const char** names_out,
                               Py_ssize_t* positions_out, Py_ssize_t capacity) except -1
     cdef int _read_io_metadata(self) except -1
     cdef _create_with_fallback(self, list requested)
     cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1
-    cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,
-                                         bint distinct, ort.OrtValue** values,
+    cdef Py_ssize_t _preallocate_outputs(self, RunLane* lane, const Py_ssize_t* positions,
+                                         Py_ssize_t n_out, bint distinct, ort.OrtValue** values,
                                          PyObject** arrays) except -1
-    cdef int _take_scratch_outputs(self, RunArrays* a, Py_ssize_t n_out, bint copy) except -1
+    cdef int _take_scratch_outputs(self, RunLane* lane, RunArrays* a, Py_ssize_t n_out,
+                                   bint copy) except -1
     cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1
     cdef void _release_handle(self) noexcept
-    # Release `closing` (the session's handle, already detached) and the run binding made for it.
+    # Release `closing` (the session's handle, already detached) and the lanes' bindings of it.
     cdef void _release_session(self, ort.OrtSession* closing) noexcept
-    # Whether the run binding holds exactly this run's feeds and outputs, binding them if the run
-    # is eligible (every feed a feed view's tensor, every output a scratch tensor).
-    cdef bint _run_binding_ready(self, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out) except -1
+    # Whether the lane's binding holds exactly this run's feeds and outputs, binding them if the
+    # run is eligible (every feed a feed view's tensor, every output a scratch tensor).
+    cdef bint _run_binding_ready(self, RunLane* lane, RunArrays* a, Py_ssize_t n_in,
+                                 Py_ssize_t n_out) except -1
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)
 
 

@@ -16,6 +16,7 @@ from cpython.dict cimport PyDict_Next, PyDict_GetItem
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsSsize_t
 from cpython.object cimport PyObject
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.ref cimport Py_INCREF, Py_DECREF, Py_XDECREF
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free, calloc
@@ -68,7 +69,7 @@ cdef enum:
     # below glibc's default mmap threshold (128 KiB) it comes from the heap, and small outputs
     # are where sparing onnxruntime's allocation matters.
     PREALLOCATE_MAX_BYTES = 65536
-    # Fixed outputs up to this size go through the session's scratch tensor (FixedOutput.scratch)
+    # Fixed outputs up to this size go through a scratch tensor of the run's lane (RunLane.scratch)
     # and one memcpy into a new array: on Identity f32[1] that is ~1,200 instructions a run less
     # than a new tensor over each new array (CreateTensorWithDataAsOrtValue + ReleaseValue).
     COPY_OUT_MAX_BYTES = 1024
@@ -207,6 +208,58 @@ cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, objec
     return 0
 
 
+# ---- run lanes (see RunLane) -----------------------------------------------------------------------
+
+cdef RunLane* _lane_new(Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept:
+    """A lane with nothing cached yet; NULL when memory is short (the run goes uncached)."""
+    cdef RunLane* lane = <RunLane*>calloc(1, sizeof(RunLane))
+    if lane == NULL:
+        return NULL
+    lane.n_bound_inputs = -1
+    lane.feed_keys = <PyObject**>calloc(n_feedable + 1, sizeof(PyObject*))
+    lane.feed_key_positions = <Py_ssize_t*>calloc(n_feedable + 1, sizeof(Py_ssize_t))
+    lane.feed_views = <FeedView*>calloc(n_feedable + 1, sizeof(FeedView))
+    lane.bound_serials = <unsigned long long*>calloc(n_feedable + 1, sizeof(unsigned long long))
+    lane.scratch = <ort.OrtValue**>calloc(n_out + 1, sizeof(ort.OrtValue*))
+    lane.scratch_data = <void**>calloc(n_out + 1, sizeof(void*))
+    lane.scratch_busy = <char*>calloc(n_out + 1, sizeof(char))
+    lane.bound_outputs = <Py_ssize_t*>calloc(n_out + 1, sizeof(Py_ssize_t))
+    if (lane.feed_keys == NULL or lane.feed_key_positions == NULL or lane.feed_views == NULL
+            or lane.bound_serials == NULL or lane.scratch == NULL or lane.scratch_data == NULL
+            or lane.scratch_busy == NULL or lane.bound_outputs == NULL):
+        _lane_free(lane, 0, 0)
+        return NULL
+    return lane
+
+
+cdef void _lane_drop_binding(RunLane* lane) noexcept:
+    if lane.binding != NULL:
+        ort.ReleaseIoBinding(lane.binding)
+        lane.binding = NULL
+    lane.n_bound_inputs = -1
+
+
+cdef void _lane_free(RunLane* lane, Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept:
+    """Release what the lane holds (its first n_feedable feed caches, n_out scratch tensors)."""
+    cdef Py_ssize_t i
+    _lane_drop_binding(lane)
+    for i in range(n_feedable):
+        clear_feed_view(&lane.feed_views[i])
+        Py_XDECREF(lane.feed_keys[i])
+    for i in range(n_out):
+        if lane.scratch[i] != NULL:
+            ort.ReleaseValue(lane.scratch[i])
+    free(lane.feed_keys)
+    free(lane.feed_key_positions)
+    free(lane.feed_views)
+    free(lane.bound_serials)
+    free(lane.scratch)
+    free(lane.scratch_data)
+    free(lane.scratch_busy)
+    free(lane.bound_outputs)
+    free(lane)
+
+
 # ---- InferenceSession ----------------------------------------------------------------------------
 
 cdef char* _copy_c_string(bytes text) except NULL:
@@ -228,8 +281,7 @@ cdef class InferenceSession:
     """
 
     def __cinit__(self):
-        self.scratch_keep = []
-        self.n_bound_inputs = -1
+        self.lane_keeps = [[] for _ in range(MAX_RUN_LANES)]
         self.input_index = {}
         self.output_index = {}
         self._inputs_meta = []
@@ -300,18 +352,12 @@ cdef class InferenceSession:
         self.input_names_c = <char**>calloc(n_in + n_over + 1, sizeof(char*))
         self.output_names_c = <char**>calloc(n_out + 1, sizeof(char*))
         self.input_elem_types = <int*>calloc(n_in + n_over + 1, sizeof(int))
-        self.feed_views = <FeedView*>calloc(n_in + n_over + 1, sizeof(FeedView))
         self.fixed_outputs = <FixedOutput*>calloc(n_out + 1, sizeof(FixedOutput))
-        self.feed_keys = <PyObject**>calloc(n_in + n_over + 1, sizeof(PyObject*))
-        self.feed_key_positions = <Py_ssize_t*>calloc(n_in + n_over + 1, sizeof(Py_ssize_t))
         self.feed_kinds = <char*>calloc(n_in + n_over + 1, sizeof(char))
-        self.bound_serials = <unsigned long long*>calloc(n_in + n_over + 1, sizeof(unsigned long long))
-        self.bound_outputs = <Py_ssize_t*>calloc(n_out + 1, sizeof(Py_ssize_t))
         self._input_descs = []
         self.n_required_inputs = 0
         if (self.feed_kinds == NULL or self.input_names_c == NULL or self.output_names_c == NULL or self.input_elem_types == NULL
-                or self.feed_views == NULL or self.feed_keys == NULL or self.feed_key_positions == NULL
-                or self.fixed_outputs == NULL or self.bound_serials == NULL or self.bound_outputs == NULL):
+                or self.fixed_outputs == NULL):
             raise MemoryError()
         for i in range(n_in + n_over):
             if i < n_in:
@@ -400,30 +446,14 @@ cdef class InferenceSession:
             self.output_names_c = NULL
         free(self.input_elem_types)
         self.input_elem_types = NULL
-        if self.fixed_outputs != NULL:
-            for i in range(self.n_outputs):
-                if self.fixed_outputs[i].scratch != NULL:
-                    ort.ReleaseValue(self.fixed_outputs[i].scratch)
         free(self.fixed_outputs)
         self.fixed_outputs = NULL
-        if self.feed_views != NULL:
-            for i in range(self.n_feedable):
-                clear_feed_view(&self.feed_views[i])
-            free(self.feed_views)
-            self.feed_views = NULL
-        if self.feed_keys != NULL:
-            for i in range(self.n_feedable):
-                Py_XDECREF(self.feed_keys[i])
-            free(self.feed_keys)
-            self.feed_keys = NULL
-        free(self.feed_key_positions)
-        self.feed_key_positions = NULL
+        for i in range(self.n_lanes):
+            _lane_free(self.lanes[i], self.n_feedable, self.n_outputs)
+            self.lanes[i] = NULL
+        self.n_lanes = 0
         free(self.feed_kinds)
         self.feed_kinds = NULL
-        free(self.bound_serials)
-        self.bound_serials = NULL
-        free(self.bound_outputs)
-        self.bound_outputs = NULL
 
     cdef void _release_handle(self) noexcept:
         cdef ort.OrtSession* closing = self.handle
@@ -431,10 +461,9 @@ cdef class InferenceSession:
         self._release_session(closing)
 
     cdef void _release_session(self, ort.OrtSession* closing) noexcept:
-        if self.run_binding != NULL:
-            ort.ReleaseIoBinding(self.run_binding)
-            self.run_binding = NULL
-            self.n_bound_inputs = -1
+        cdef int k
+        for k in range(self.n_lanes):
+            _lane_drop_binding(self.lanes[k])       # bindings belong to the session released
         if closing != NULL:
             ort.ReleaseSession(closing)
             count_add(&_live[<int>HANDLE_SESSION], -1)
@@ -450,26 +479,41 @@ cdef class InferenceSession:
     # session's own lock, held for these few C statements only (never across Run).
 
     cdef int begin_run(self, bint claim) except -1:
-        cdef int took = -1
+        cdef int took = -1, k, free_lane = -1
+        cdef unsigned long me = PyThread_get_thread_ident() if claim else 0
         with cython.critical_section(self):
             if self.handle != NULL and not self.close_pending and not self.replacing:
                 self.runs_in_flight += 1
                 took = 0
-                if claim and not self.caches_busy:
-                    self.caches_busy = True
-                    took = 1
+                if claim:
+                    for k in range(self.n_lanes):
+                        if not self.lanes[k].busy:
+                            if self.lanes[k].owner == me:
+                                free_lane = k
+                                break
+                            if free_lane < 0:
+                                free_lane = k
+                    if free_lane < 0 and self.n_lanes < MAX_RUN_LANES and self.fixed_outputs != NULL:
+                        self.lanes[self.n_lanes] = _lane_new(self.n_feedable, self.n_outputs)
+                        if self.lanes[self.n_lanes] != NULL:
+                            free_lane = self.n_lanes
+                            self.n_lanes += 1
+                    if free_lane >= 0:
+                        self.lanes[free_lane].busy = True
+                        self.lanes[free_lane].owner = me
+                        took = free_lane + 1
         if took < 0:
             self.require_open()
             raise OrtInvalidArgument("a run cannot start while set_providers() replaces the session "
                                      "on another thread")
         return took
 
-    cdef void end_run(self, bint claimed) noexcept:
+    cdef void end_run(self, int lane) noexcept:
         cdef ort.OrtSession* closing = NULL
         with cython.critical_section(self):
             self.runs_in_flight -= 1
-            if claimed:
-                self.caches_busy = False
+            if lane > 0:
+                self.lanes[lane - 1].busy = False
             if self.close_pending and self.runs_in_flight == 0:
                 closing = self.handle
                 self.handle = NULL
@@ -546,32 +590,33 @@ cdef class InferenceSession:
             i += 1
         return <int>i
 
-    cdef Py_ssize_t _preallocate_outputs(self, const Py_ssize_t* positions, Py_ssize_t n_out,
-                                         bint distinct, ort.OrtValue** values,
+    cdef Py_ssize_t _preallocate_outputs(self, RunLane* lane, const Py_ssize_t* positions,
+                                         Py_ssize_t n_out, bint distinct, ort.OrtValue** values,
                                          PyObject** arrays) except -1:
         """For each requested output whose type and shape the model fixes and a run confirmed,
         a new NumPy array (into `arrays`, a reference the caller owns) and a tensor over it
         (into `values`) for onnxruntime to write the output into; or, for a small output, the
-        session's scratch tensor (into `values`, `arrays` left NULL: see _take_scratch_outputs).
+        lane's scratch tensor (into `values`, `arrays` left NULL: see _take_scratch_outputs).
         Names asked for twice get none. Returns how many outputs were preallocated."""
-        cdef Py_ssize_t i, n = 0
+        cdef Py_ssize_t i, n = 0, position
         cdef FixedOutput* fixed
         cdef ort.OrtAllocator* allocator = NULL
         for i in range(n_out):
-            fixed = &self.fixed_outputs[positions[i]]
+            position = positions[i]
+            fixed = &self.fixed_outputs[position]
             if fixed.elem_type < 0 or not fixed.confirmed:
                 continue
             if not distinct and _asked_twice(positions, n_out, i):
                 continue
-            if fixed.nbytes <= COPY_OUT_MAX_BYTES and not fixed.scratch_busy:
-                if fixed.scratch == NULL:
+            if fixed.nbytes <= COPY_OUT_MAX_BYTES and not lane.scratch_busy[position]:
+                if lane.scratch[position] == NULL:
                     check(ort.GetAllocatorWithDefaultOptions(&allocator))
                     check(ort.CreateTensorAsOrtValue(allocator, fixed.dims, <size_t>fixed.ndim,
                                                      <ort.ONNXTensorElementDataType>fixed.elem_type,
-                                                     &fixed.scratch))
-                    check(ort.GetTensorMutableData(fixed.scratch, &fixed.scratch_data))
-                fixed.scratch_busy = True
-                values[i] = fixed.scratch
+                                                     &lane.scratch[position]))
+                    check(ort.GetTensorMutableData(lane.scratch[position], &lane.scratch_data[position]))
+                lane.scratch_busy[position] = True
+                values[i] = lane.scratch[position]
                 n += 1
                 continue
             array = new_output_array(fixed.elem_type, fixed.ndim, fixed.dims, &values[i])
@@ -580,97 +625,104 @@ cdef class InferenceSession:
             n += 1
         return n
 
-    cdef int _take_scratch_outputs(self, RunArrays* a, Py_ssize_t n_out, bint copy) except -1:
+    cdef int _take_scratch_outputs(self, RunLane* lane, RunArrays* a, Py_ssize_t n_out,
+                                   bint copy) except -1:
         """After a run: give back the scratch tensors the run used (their out_values entries go
         NULL) and, when `copy`, copy each into a new NumPy array (into out_arrays)."""
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, position
         cdef FixedOutput* fixed
         for i in range(n_out):
             if a.out_values[i] == NULL or a.out_arrays[i] != NULL:
                 continue
-            fixed = &self.fixed_outputs[a.out_positions[i]]
-            if a.out_values[i] != fixed.scratch:
+            position = a.out_positions[i]
+            if a.out_values[i] != lane.scratch[position]:
                 continue
+            fixed = &self.fixed_outputs[position]
             a.out_values[i] = NULL
-            fixed.scratch_busy = False
+            lane.scratch_busy[position] = False
             if copy:
-                array = new_array_from(fixed.elem_type, fixed.ndim, fixed.dims, fixed.scratch_data,
+                array = new_array_from(fixed.elem_type, fixed.ndim, fixed.dims, lane.scratch_data[position],
                                        fixed.nbytes)
                 Py_INCREF(array)
                 a.out_arrays[i] = <PyObject*>array
         return 0
 
-    cdef bint _run_binding_ready(self, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out) except -1:
-        """Whether RunWithBinding on the run binding runs exactly this run: in sync when it
+    cdef bint _run_binding_ready(self, RunLane* lane, RunArrays* a, Py_ssize_t n_in,
+                                 Py_ssize_t n_out) except -1:
+        """Whether RunWithBinding on the lane's binding runs exactly this run: in sync when it
         holds this run's feed-view tensors (same positions, same serials) and scratch outputs
         (same positions, same order). Out of sync, an eligible run binds afresh: every feed a
         feed view's tensor and every output a scratch tensor. Binding stops for good when a bind
         fails or binds stop paying (more than one bind per four bound runs: a caller changing
         arrays or output names from call to call)."""
         cdef Py_ssize_t i, position
-        cdef bint in_sync = n_in == self.n_bound_inputs and n_out == self.n_bound_outputs
+        cdef bint in_sync = n_in == lane.n_bound_inputs and n_out == lane.n_bound_outputs
         for i in range(n_in):
             if a.in_created[i] < FEED_CACHED:
                 return False
             position = a.in_created[i] - FEED_CACHED
-            if self.bound_serials[position] != self.feed_views[position].serial:
+            if lane.bound_serials[position] != lane.feed_views[position].serial:
                 in_sync = False
         for i in range(n_out):
             if a.out_arrays[i] != NULL or a.out_values[i] == NULL:
                 return False
-            if in_sync and self.bound_outputs[i] != a.out_positions[i]:
+            if in_sync and lane.bound_outputs[i] != a.out_positions[i]:
                 in_sync = False
         if in_sync:
-            self.n_bound_runs += 1
+            lane.n_bound_runs += 1
             return True
-        if self.binding_refused:
+        if lane.binding_refused:
             return False
-        if self.n_binds >= 4 and self.n_binds * 4 > self.n_bound_runs:
-            self.binding_refused = True
-            self._release_session(NULL)
+        if lane.n_binds >= 4 and lane.n_binds * 4 > lane.n_bound_runs:
+            lane.binding_refused = True
+            _lane_drop_binding(lane)
             return False
         cdef ort.OrtStatus* status = NULL
-        self.n_bound_inputs = -1
-        if self.run_binding == NULL:
-            status = ort.CreateIoBinding(self.handle, &self.run_binding)
+        lane.n_bound_inputs = -1
+        if lane.binding == NULL:
+            status = ort.CreateIoBinding(self.handle, &lane.binding)
         else:
-            ort.ClearBoundInputs(self.run_binding)
-            ort.ClearBoundOutputs(self.run_binding)
-        memset(self.bound_serials, 0, <size_t>self.n_feedable * sizeof(unsigned long long))
+            ort.ClearBoundInputs(lane.binding)
+            ort.ClearBoundOutputs(lane.binding)
+        memset(lane.bound_serials, 0, <size_t>self.n_feedable * sizeof(unsigned long long))
         i = 0
         while status == NULL and i < n_in:
-            status = ort.BindInput(self.run_binding, a.in_names[i], a.in_values[i])
+            status = ort.BindInput(lane.binding, a.in_names[i], a.in_values[i])
             position = a.in_created[i] - FEED_CACHED
-            self.bound_serials[position] = self.feed_views[position].serial
+            lane.bound_serials[position] = lane.feed_views[position].serial
             i += 1
         i = 0
         while status == NULL and i < n_out:
-            status = ort.BindOutput(self.run_binding, a.out_names[i], a.out_values[i])
-            self.bound_outputs[i] = a.out_positions[i]
+            status = ort.BindOutput(lane.binding, a.out_names[i], a.out_values[i])
+            lane.bound_outputs[i] = a.out_positions[i]
             i += 1
         if status != NULL:
             ort.ReleaseStatus(status)
-            self.binding_refused = True
-            self._release_session(NULL)
+            lane.binding_refused = True
+            _lane_drop_binding(lane)
             return False
-        self.n_binds += 1
-        self.n_bound_runs += 1
-        self.n_bound_inputs = n_in
-        self.n_bound_outputs = n_out
+        lane.n_binds += 1
+        lane.n_bound_runs += 1
+        lane.n_bound_inputs = n_in
+        lane.n_bound_outputs = n_out
         return True
 
     cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1:
         """After a run where onnxruntime allocated a fixed output: preallocate it from now on
-        if it came out with exactly the declared type and shape, never again if not."""
+        if it came out with exactly the declared type and shape, never again if not. (Runs of
+        other lanes read these fields: they change inside the critical section.)"""
         cdef int d
-        if value.elem_type != fixed.elem_type or value.ndim != fixed.ndim:
-            fixed.elem_type = -1
-            return 0
-        for d in range(fixed.ndim):
-            if value.dims[d] != fixed.dims[d]:
+        cdef bint same = value.elem_type == fixed.elem_type and value.ndim == fixed.ndim
+        if same:
+            for d in range(fixed.ndim):
+                if value.dims[d] != fixed.dims[d]:
+                    same = False
+                    break
+        with cython.critical_section(self):
+            if same:
+                fixed.confirmed = True
+            else:
                 fixed.elem_type = -1
-                return 0
-        fixed.confirmed = True
         return 0
 
     def run(self, output_names, input_feed, run_options=None):
@@ -681,11 +733,23 @@ cdef class InferenceSession:
         return self._run(output_names, input_feed, run_options, True)
 
     def _run_binding_stats(self):
-        """(binds made, runs through the session's run binding, whether binding stopped,
-        whether the session holds a binding now): for tests of run()'s binding path. (The
-        binding is the session's, released with it, and not counted in live_handles(), like
-        its other caches.)"""
-        return self.n_binds, self.n_bound_runs, bool(self.binding_refused), self.run_binding != NULL
+        """(binds made, runs through a lane's binding, whether a lane stopped binding, how
+        many lanes hold a binding now), summed over the session's run lanes: for tests of
+        run()'s binding path. (Bindings are the session's, released with it, and not counted
+        in live_handles(), like its other caches.)"""
+        cdef int k
+        cdef Py_ssize_t binds = 0, bound_runs = 0, held = 0
+        cdef bint refused = False
+        for k in range(self.n_lanes):
+            binds += self.lanes[k].n_binds
+            bound_runs += self.lanes[k].n_bound_runs
+            refused = refused or self.lanes[k].binding_refused
+            held += self.lanes[k].binding != NULL
+        return binds, bound_runs, refused, held
+
+    def _run_lanes(self):
+        """How many run lanes the session has made (for tests)."""
+        return self.n_lanes
 
     def run_with_ort_values(self, output_names, input_dict, run_options=None):
         """Like run(), returning OrtValues (outputs stay where onnxruntime produced them)."""
@@ -731,12 +795,15 @@ cdef class InferenceSession:
         cdef list keep = None
         cdef list results
         cdef OrtValue value
-        # Whether this run owns the session's caches (see InferenceSession.caches_busy): a run
-        # that does not (another thread's run holds them) looks every name up, makes a tensor
-        # for every array and lets onnxruntime allocate every output.
-        cdef bint claimed = self.begin_run(True)
+        # The run's lane of caches (see RunLane): a run without one (every lane busy) looks
+        # every name up, makes a tensor for every array and lets onnxruntime allocate every
+        # output.
+        cdef int lane_number = self.begin_run(True)
+        cdef bint claimed = lane_number > 0
+        cdef RunLane* lane = NULL
         if claimed:
-            keep = self.scratch_keep
+            lane = self.lanes[lane_number - 1]
+            keep = self.lane_keeps[lane_number - 1]
 
         a.heap = NULL
         try:
@@ -746,8 +813,8 @@ cdef class InferenceSession:
             while n_ready < n_in and PyDict_Next(input_feed, &cursor, &key, &item):
                 # Callers usually pass the same key objects in the same order: compare the key
                 # with the one seen at this place last time before looking the name up.
-                if claimed and n_ready < self.n_feedable and self.feed_keys[n_ready] == key:
-                    i = self.feed_key_positions[n_ready]
+                if claimed and n_ready < self.n_feedable and lane.feed_keys[n_ready] == key:
+                    i = lane.feed_key_positions[n_ready]
                 else:
                     position = PyDict_GetItem(self.input_index, <object>key)
                     if position == NULL:
@@ -756,9 +823,9 @@ cdef class InferenceSession:
                     i = PyLong_AsSsize_t(<object>position)
                     if claimed and n_ready < self.n_feedable:
                         Py_INCREF(<object>key)
-                        Py_XDECREF(self.feed_keys[n_ready])
-                        self.feed_keys[n_ready] = key
-                        self.feed_key_positions[n_ready] = i
+                        Py_XDECREF(lane.feed_keys[n_ready])
+                        lane.feed_keys[n_ready] = key
+                        lane.feed_key_positions[n_ready] = i
                 if self.feed_kinds[i] == FEED_OPTIONAL and _absent_optional(<object>item):
                     continue                    # onnxruntime's None: the input is left out
                 if i < self.n_inputs and self.feed_kinds[i] != FEED_OPTIONAL:
@@ -790,7 +857,7 @@ cdef class InferenceSession:
                         keep = []
                     kept = len(keep)
                     if claimed:
-                        a.in_values[n_ready] = feed_view(&self.feed_views[i], <object>item, <object>key,
+                        a.in_values[n_ready] = feed_view(&lane.feed_views[i], <object>item, <object>key,
                                                          self.input_elem_types[i], keep, &from_cache)
                     else:
                         a.in_values[n_ready] = tensor_for_feed(<object>item, <object>key,
@@ -808,17 +875,17 @@ cdef class InferenceSession:
                 a.out_values[i] = NULL
                 a.out_arrays[i] = NULL
             if claimed and as_numpy and self.cpu_only and self.preallocate_outputs:
-                n_preallocated = self._preallocate_outputs(a.out_positions, n_out, output_names is None,
+                n_preallocated = self._preallocate_outputs(lane, a.out_positions, n_out, output_names is None,
                                                            a.out_values, a.out_arrays)
             # (RunWithBinding leaves out the parameters of the LoRA adapters active in the run
             # options, which onnxruntime's C Run adds as feeds: such runs take Run.)
             bound = (n_preallocated == n_out and (run_options is None or not (<RunOptions>run_options)._adapters)
-                     and self._run_binding_ready(&a, n_ready, n_out))
+                     and self._run_binding_ready(lane, &a, n_ready, n_out))
             run_options_c = interruptible_begin(run_options_c, &registered)
             if bound:
-                status = run_binding_nogil(self.handle, run_options_c, self.run_binding, False)
+                status = run_binding_nogil(self.handle, run_options_c, lane.binding, False)
                 if status != NULL:
-                    self.n_bound_inputs = -1            # bind afresh next time
+                    lane.n_bound_inputs = -1            # bind afresh next time
             else:
                 status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
             if n_preallocated > 0:
@@ -826,7 +893,7 @@ cdef class InferenceSession:
                     if a.out_arrays[i] != NULL:
                         ort.ReleaseValue(a.out_values[i])
                         a.out_values[i] = NULL
-                self._take_scratch_outputs(&a, n_out, status == NULL)
+                self._take_scratch_outputs(lane, &a, n_out, status == NULL)
                 if status != NULL:
                     # Run again the plain way: if that works, the model's declared output types
                     # or shapes do not hold, and this session stops preallocating. (onnxruntime
@@ -839,7 +906,8 @@ cdef class InferenceSession:
                     n_preallocated = 0
                     status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
                     if status == NULL:
-                        self.preallocate_outputs = False
+                        with cython.critical_section(self):     # lanes of other threads read it
+                            self.preallocate_outputs = False
             # Own every output before anything can raise, so none leaks.
             results = PyList_New(n_out)
             for i in range(n_out):
@@ -882,12 +950,12 @@ cdef class InferenceSession:
             return results
         finally:
             if n_preallocated > 0:
-                self._take_scratch_outputs(&a, n_out, False)     # after an error: give them back
+                self._take_scratch_outputs(lane, &a, n_out, False)     # after an error: give them back
             for i in range(n_ready):
                 if a.in_created[i] == FEED_CREATED:
                     ort.ReleaseValue(a.in_values[i])
                 elif a.in_created[i] >= FEED_CACHED:
-                    release_feed_view(&self.feed_views[a.in_created[i] - FEED_CACHED])
+                    release_feed_view(&lane.feed_views[a.in_created[i] - FEED_CACHED])
                 else:                                   # FEED_BORROWED: the caller's OrtValue
                     (<OrtValue>a.in_holders[i]).end_use()
             for i in range(n_held):
@@ -898,9 +966,9 @@ cdef class InferenceSession:
                         ort.ReleaseValue(a.out_values[i])
                     Py_DECREF(<object>a.out_arrays[i])
             run_arrays_release(&a)
-            if claimed and PyList_GET_SIZE(self.scratch_keep):
-                del self.scratch_keep[:]            # the copies made for this run's feeds
-            self.end_run(claimed)
+            if claimed and PyList_GET_SIZE(keep):
+                del keep[:]                         # the copies made for this run's feeds
+            self.end_run(lane_number)
 
     def io_binding(self, bint reuse_output_buffers=False):
         """A new IOBinding for this session (see IOBinding)."""

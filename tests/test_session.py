@@ -587,3 +587,35 @@ def test_run_binding_with_optional_inputs_initializers_and_set_providers(ort_ref
     for _ in range(3):
         assert_same_outputs(session.run(None, {"x": x}), ref.run(None, {"x": x}))
     assert session._run_binding_stats()[3]
+
+
+def test_a_run_on_another_thread_gets_its_own_lane_of_caches(ort_ref):
+    """While one thread's long run holds a session's caches, another thread's runs get a second
+    lane of them (feed tensors, scratch outputs, binding) instead of the uncached path."""
+    chain = [helper_node("MatMul", [f"m{k}", "x"], [f"m{k + 1}"]) for k in range(4)]  # m1..m4
+    model = models.make_model([helper_node("Identity", ["x"], ["m0"]), *chain,
+                               helper_node("ReduceSum", ["m4"], ["total"], keepdims=0)],
+                              [models.vinfo("x", TensorProto.FLOAT, ["n", "n"])],
+                              [models.vinfo("total", TensorProto.FLOAT, [])])
+    options = ortagent.SessionOptions()
+    options.intra_op_num_threads = 1                     # four 1000 x 1000 MatMuls: ~0.2 s or more
+    session = ortagent.InferenceSession(model, options)
+    ref = reference_session(ort_ref, model)
+    big = np.random.default_rng(0).standard_normal((1000, 1000)).astype(np.float32) / 30
+    small = np.arange(4, dtype=np.float32).reshape(2, 2)
+    for _ in range(2):
+        session.run(None, {"x": small})                  # lane 1 confirms the output, binds
+    long_result = []
+    thread = threading.Thread(target=lambda: long_result.append(session.run(None, {"x": big})))
+    thread.start()
+    time.sleep(0.05)
+    quick = [session.run(None, {"x": small}) for _ in range(5)]
+    overlapped = thread.is_alive()
+    thread.join()
+    for got in quick:
+        assert_same_outputs(got, ref.run(None, {"x": small}))
+    np.testing.assert_allclose(long_result[0][0], ref.run(None, {"x": big})[0], rtol=1e-3, atol=1e-2)
+    if overlapped:                                       # the quick runs ran during the long one
+        assert session._run_lanes() == 2
+        assert session._run_binding_stats()[3] == 2      # each lane has its binding
+    assert session._run_lanes() <= 2
