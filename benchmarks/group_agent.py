@@ -282,15 +282,18 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
 
     # the C floor of the split: Run of the forward half + Run of the backward half, each in its
     # own ort_floor --serve process (float32 inputs of the right shapes; values do not matter)
+    # ort_floor gives every symbolic dimension one value (--dim): the graph's symbolic input
+    # dimensions must all have one value in the feeds (an ORTModule graph's batch), else no floor
     floor = _common.c_floor()
     library = floor.default_library()
-    if library is not None:
+    dim = _single_symbolic_value(model, feeds)
+    if library is not None and dim is not None:
         program = floor.build()
         for half, half_model in (("fw", split.forward_model), ("bw", split.backward_model)):
             path = settings.workdir / f"{tag}-{half}.onnx"
             path.write_bytes(half_model.SerializeToString())
-            server = BurstServer([str(program), str(path), "--serve", "--lib", str(library)],
-                                 what=f"ort_floor {tag} {half}")
+            server = BurstServer([str(program), str(path), "--serve", "--lib", str(library),
+                                  "--dim", str(dim)], what=f"ort_floor {tag} {half}")
             servers.append(server)
             plan.append((Served(f"{tag}/c-{half}", f"{title}: C Run of the {half} half", "C",
                                 server, "run"), None, HIDDEN))
@@ -298,6 +301,14 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
 
 
 HIDDEN = "(hidden)"     # a contender whose samples only feed a derived row
+
+
+def _single_symbolic_value(model: onnx.ModelProto, feeds) -> int | None:
+    """The one value the graph's symbolic input dimensions take in `feeds` (1 when there are
+    none), or None when they take several."""
+    values = {feed.shape[d] for value_info, feed in zip(model.graph.input, feeds)
+              for d, dim in enumerate(value_info.type.tensor_type.shape.dim) if not dim.HasField("dim_value")}
+    return 1 if not values else values.pop() if len(values) == 1 else None
 
 
 def run(settings) -> Group:
