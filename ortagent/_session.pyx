@@ -879,7 +879,8 @@ cdef class InferenceSession:
                                                            a.out_values, a.out_arrays)
             # (RunWithBinding leaves out the parameters of the LoRA adapters active in the run
             # options, which onnxruntime's C Run adds as feeds: such runs take Run.)
-            bound = (n_preallocated == n_out and (run_options is None or not (<RunOptions>run_options)._adapters)
+            bound = (claimed and n_preallocated == n_out
+                     and (run_options is None or not (<RunOptions>run_options)._adapters)
                      and self._run_binding_ready(lane, &a, n_ready, n_out))
             run_options_c = interruptible_begin(run_options_c, &registered)
             if bound:
