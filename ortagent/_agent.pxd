@@ -57,7 +57,7 @@ cdef class _AgentEngine:
     cdef bint prealloc_forward                # off once a preallocated forward failed where a plain one ran
     cdef bint prealloc_backward
     cdef list fixed_gradient_shapes           # gradient_shapes shared by every run once all are fixed
-    cdef ort.OrtAllocator* allocator          # onnxruntime's default CPU allocator
+    cdef ort.OrtAllocator* allocator          # the pooled CPU allocator (_cpu_pool)
     cdef int require_open(self) except -1
     cdef int forward_hot(self, PartialGraphExecutionState state, list graph_inputs, list fetches) except -1
     cdef int backward_hot(self, PartialGraphExecutionState state, list gradients, list fetches,

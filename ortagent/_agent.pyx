@@ -23,6 +23,7 @@ from cpython.ref cimport Py_INCREF, Py_DECREF
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport check, shared_runtime, live_handle_counts, count_add, HANDLE_RUN_STATE
+from ortagent._cpu_pool cimport pooled_cpu_allocator
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
 from ortagent._values cimport OrtValue
@@ -270,7 +271,7 @@ cdef class _AgentEngine:
             name = forward_output_names[i]
             self.forward_output_slot_c[i] = self.forward_session.output_index[name]
             self.forward_output_twice_c[i] = forward_output_names.count(name) > 1
-        check(ort.GetAllocatorWithDefaultOptions(&self.allocator))
+        self.allocator = pooled_cpu_allocator()
         self.prealloc_forward = True
         self.prealloc_backward = True
 

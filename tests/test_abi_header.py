@@ -7,7 +7,8 @@ repository. Every test against a genuine header runs once per header. The tests 
 
 What is checked (tests/abi_check/check_ort_abi.c does the C part):
   - every declared slot index and signature that the header's API version covers, every enum
-    value, the OrtApiBase layout;
+    value, the OrtApiBase layout, and ortagent_allocator_v1 against OrtAllocator's first
+    members (the pooled CPU allocator, include/ortagent/cpu_pool.h, is handed to onnxruntime as one);
   - every declared `since` against the header: a slot the header's version covers must be
     there (under its name), and its `since` must match the member's "\\since" doc comment, or
     lie between the documented versions around it; a slot newer than the header must lie past
@@ -216,6 +217,7 @@ def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
     assert f"api_version {genuine.version}" in lines
     assert f"table {len(genuine.members)}" in lines
     assert "api_base ok" in lines
+    assert "allocator_v1 ok" in lines
 
     declared = ctools.declared_functions()
     expected_slots = {f"slot {d.name} {d.slot} {d.since} {d.slot}"
@@ -245,7 +247,8 @@ def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
                   f"declared slots verified (index + signature), {len(checked_compile)} of "
                   f"{len(compile_declared)} OrtCompileApi slots, "
                   f"{len({line.split()[1] for line in checked_enums})} of {len(enums)} enums / "
-                  f"{len(checked_enums)} values verified, OrtApiBase layout verified")
+                  f"{len(checked_enums)} values verified, OrtApiBase layout and OrtAllocator's "
+                  "version-1 members verified")
 
 
 def test_since_versions_agree_with_genuine_header(genuine, request):
@@ -317,6 +320,15 @@ MUTATIONS = {
         "    const char* (*get_version_string)(void);       /* \"1.N.P\" */",
         "const char* (*get_version_string)(void);\n    const void* (*get_api)(uint32_t);",
         "offset of ortagent_api_base"),
+    "allocator member order": (
+        "    void* (*Alloc)(struct ortagent_allocator_v1* self, size_t size);\n"
+        "    void (*Free)(struct ortagent_allocator_v1* self, void* p);",
+        "    void (*Free)(struct ortagent_allocator_v1* self, void* p);\n"
+        "    void* (*Alloc)(struct ortagent_allocator_v1* self, size_t size);",
+        "offset of ortagent_allocator_v1.Alloc"),
+    "allocator member type": ("    uint32_t version;\n    void* (*Alloc)",
+                              "    uint64_t version;\n    void* (*Alloc)",
+                              "ortagent_allocator_v1.version"),
 }
 
 

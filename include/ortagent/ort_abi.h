@@ -164,6 +164,17 @@ ORTAGENT_ENUMS_23(ORTAGENT_DECLARE_ENUM_)
 /* OrtWriteBufferFunc: write `size` bytes of the output model; return NULL or an OrtStatus. */
 typedef OrtStatus* (*ortagent_write_buffer_fn)(void* state, const void* buffer, size_t size);
 
+/* The members of OrtAllocator that every version has, in order: what ortagent fills in to give
+ * onnxruntime an allocator of its own (cpu_pool.h). `version` is set to 1, so onnxruntime reads
+ * none of the members later versions append (Reserve, GetStats, AllocOnStream, ...): each is
+ * read only when `version` is at least the version that added it. */
+typedef struct ortagent_allocator_v1 {
+    uint32_t version;
+    void* (*Alloc)(struct ortagent_allocator_v1* self, size_t size);
+    void (*Free)(struct ortagent_allocator_v1* self, void* p);
+    const OrtMemoryInfo* (*Info)(const struct ortagent_allocator_v1* self);
+} ortagent_allocator_v1;
+
 /* ---- entry points ----------------------------------------------------------------------- */
 /* The one exported symbol: OrtGetApiBase() returns a pointer to this pair of functions. */
 typedef struct ortagent_api_base {

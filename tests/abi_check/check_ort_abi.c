@@ -134,6 +134,38 @@ _Static_assert(_Generic(OrtGetApiBase, genuine_get_api_base_shape: 1, default: 0
 _Static_assert(_Generic((ortagent_get_api_base_fn)0,
                         const ortagent_api_base* (*)(void): 1, default: 0),
                "ortagent_get_api_base_fn is not const ortagent_api_base* (*)(void)");
+/* ---- OrtAllocator's first members ---------------------------------------------------------- */
+/* ortagent_allocator_v1 is the genuine OrtAllocator cut after Info (the members of version 1):
+ * the same offsets, and function members of the same shape with the struct's own type as
+ * `self`. The genuine struct may be longer (later versions append members). */
+#define CHECK_ALLOCATOR_MEMBER(ours, genuine)                                                 \
+    _Static_assert(offsetof(ortagent_allocator_v1, ours) == offsetof(OrtAllocator, genuine),  \
+                   "offset of ortagent_allocator_v1." #ours " differs from OrtAllocator." #genuine); \
+    _Static_assert(sizeof(((ortagent_allocator_v1*)0)->ours) == sizeof(((OrtAllocator*)0)->genuine), \
+                   "size of ortagent_allocator_v1." #ours " differs from OrtAllocator." #genuine);
+CHECK_ALLOCATOR_MEMBER(version, version)
+CHECK_ALLOCATOR_MEMBER(Alloc, Alloc)
+CHECK_ALLOCATOR_MEMBER(Free, Free)
+CHECK_ALLOCATOR_MEMBER(Info, Info)
+_Static_assert(sizeof(ortagent_allocator_v1) <= sizeof(OrtAllocator),
+               "ortagent_allocator_v1 is longer than the genuine OrtAllocator");
+_Static_assert(_Generic(((OrtAllocator*)0)->version, uint32_t: 1, default: 0) &&
+                   _Generic(((ortagent_allocator_v1*)0)->version, uint32_t: 1, default: 0),
+               "OrtAllocator.version is not a uint32_t in both");
+_Static_assert(_Generic(((OrtAllocator*)0)->Alloc, void* (*)(OrtAllocator*, size_t): 1, default: 0) &&
+                   _Generic(((ortagent_allocator_v1*)0)->Alloc,
+                            void* (*)(ortagent_allocator_v1*, size_t): 1, default: 0),
+               "signature of OrtAllocator.Alloc differs");
+_Static_assert(_Generic(((OrtAllocator*)0)->Free, void (*)(OrtAllocator*, void*): 1, default: 0) &&
+                   _Generic(((ortagent_allocator_v1*)0)->Free,
+                            void (*)(ortagent_allocator_v1*, void*): 1, default: 0),
+               "signature of OrtAllocator.Free differs");
+_Static_assert(_Generic(((OrtAllocator*)0)->Info,
+                        const OrtMemoryInfo* (*)(const OrtAllocator*): 1, default: 0) &&
+                   _Generic(((ortagent_allocator_v1*)0)->Info,
+                            const OrtMemoryInfo* (*)(const ortagent_allocator_v1*): 1, default: 0),
+               "signature of OrtAllocator.Info differs");
+
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
 
@@ -190,5 +222,6 @@ int main(void) {
         return 1;
     }
     printf("api_base ok\n");
+    printf("allocator_v1 ok\n");
     return 0;
 }
