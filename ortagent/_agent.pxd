@@ -1,6 +1,7 @@
 # cython: language_level=3
 from ortagent cimport _capi as ort
 from ortagent._session cimport InferenceSession, FixedOutput
+from ortagent._values cimport SpareOutputs
 
 
 cdef class PartialGraphExecutionState:
@@ -58,6 +59,8 @@ cdef class _AgentEngine:
     cdef bint prealloc_backward
     cdef list fixed_gradient_shapes           # gradient_shapes shared by every run once all are fixed
     cdef ort.OrtAllocator* allocator          # the pooled CPU allocator (_cpu_pool)
+    cdef SpareOutputs forward_spares          # preallocated outputs given back, per session output
+    cdef SpareOutputs backward_spares
     cdef int require_open(self) except -1
     cdef int forward_hot(self, PartialGraphExecutionState state, list graph_inputs, list fetches) except -1
     cdef int backward_hot(self, PartialGraphExecutionState state, list gradients, list fetches,

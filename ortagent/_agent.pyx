@@ -26,7 +26,7 @@ from ortagent._runtime cimport check, shared_runtime, live_handle_counts, count_
 from ortagent._cpu_pool cimport pooled_cpu_allocator
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
-from ortagent._values cimport OrtValue
+from ortagent._values cimport OrtValue, SpareOutputs
 from ortagent._session cimport (
     InferenceSession, RunArrays, RunStack, run_arrays_init, run_arrays_release,
 )
@@ -272,6 +272,8 @@ cdef class _AgentEngine:
             self.forward_output_slot_c[i] = self.forward_session.output_index[name]
             self.forward_output_twice_c[i] = forward_output_names.count(name) > 1
         self.allocator = pooled_cpu_allocator()
+        self.forward_spares = SpareOutputs(self.forward_session.n_outputs)
+        self.backward_spares = SpareOutputs(self.backward_session.n_outputs)
         self.prealloc_forward = True
         self.prealloc_backward = True
 
@@ -295,6 +297,8 @@ cdef class _AgentEngine:
 
     def close(self):
         self.closed = True
+        self.forward_spares.close()
+        self.backward_spares.close()
         self.forward_session.close()
         self.backward_session.close()
 
@@ -405,7 +409,7 @@ cdef class _AgentEngine:
                 a.out_names[i] = self.forward_output_names[i]
             outputs = _run_hot(session, &a, n_in, n_out, self.forward_output_slot_c,
                                self.forward_output_twice_c, &self.prealloc_forward, self.allocator,
-                               claimed)
+                               self.forward_spares, claimed)
             if claimed and self.fixed_gradient_shapes is not None and _all_preallocated(
                     &a, self.gradient_output_positions):
                 state.gradient_shapes = self.fixed_gradient_shapes     # never changed: shared
@@ -493,7 +497,7 @@ cdef class _AgentEngine:
             for i in range(n_out):
                 a.out_names[i] = output_names[i]
             outputs = _run_hot(session, &a, n_in, n_out, output_slots, NULL, &self.prealloc_backward,
-                               self.allocator, claimed)
+                               self.allocator, self.backward_spares, claimed)
         except BaseException:
             # as in backward(): the run stays resumable, its stash intact
             state.move(PHASE_BACKWARD, PHASE_WAITING)

@@ -1,16 +1,18 @@
 # cython: language_level=3
 from ortagent cimport _capi as ort
-from ortagent._values cimport OrtValue
+from ortagent._values cimport OrtValue, SpareOutputs
 from ortagent._session cimport InferenceSession, RunArrays
 
 # Whether the run preallocated every output at `positions`.
 cdef bint _all_preallocated(RunArrays* a, list positions) noexcept
 # OrtApi::Run with arrays the caller filled (the state API's hot path); outputs as OrtValues.
 # `owned`: the run holds the session's first lane of caches (begin_run(True) returned 1), so it
-# may read and change the session's FixedOutput states and *preallocate.
+# may read and change the session's FixedOutput states and *preallocate. Preallocated outputs
+# come from `spares` (by session output slot) when one was given back, else from `allocator`,
+# and go back to `spares` when their last owner drops them.
 cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out,
                    const Py_ssize_t* slots, const bint* twice, bint* preallocate,
-                   ort.OrtAllocator* allocator, bint owned)
+                   ort.OrtAllocator* allocator, SpareOutputs spares, bint owned)
 # A value's shape as a tuple (read on the CPU or from the device description).
 cdef tuple _shape_of(OrtValue value, bint on_cpu)
 # Whether a gradient has the element type and shape its module output needs.

@@ -16,7 +16,7 @@ from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU
 from ortagent._tensors cimport tensor_data, tensor_for_feed
 from ortagent._values cimport (
-    OrtValue, wrap_value, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
+    OrtValue, SpareOutputs, wrap_value, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
 )
 from ortagent._options cimport RunOptions
 from ortagent._session cimport (
@@ -39,14 +39,16 @@ cdef bint _all_preallocated(RunArrays* a, list positions) noexcept:
 
 cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_ssize_t n_out,
                    const Py_ssize_t* slots, const bint* twice, bint* preallocate,
-                   ort.OrtAllocator* allocator, bint owned):
+                   ort.OrtAllocator* allocator, SpareOutputs spares, bint owned):
     """OrtApi::Run of prepared arrays (inputs, their owners in a.in_holders, output names) with
     the GIL released; returns the outputs as OrtValues.
 
     Outputs whose element type and shape the model fixes (the session's FixedOutput at
-    slots[i]) and a run confirmed get a tensor from onnxruntime's default CPU allocator before
-    the run, and onnxruntime writes into it: cheaper than onnxruntime allocating the output
-    inside Run. a.out_positions[i] comes back 1 for those, 0 for the others. Names listed
+    slots[i]) and a run confirmed get a tensor before the run, and onnxruntime writes into it:
+    cheaper than onnxruntime allocating the output inside Run. The tensor is the one a caller
+    gave back to `spares` for that slot (dropping an earlier run's output), else a new one from
+    `allocator` (the pooled CPU allocator); either way it goes back to `spares` when its last
+    owner drops it. a.out_positions[i] comes back 1 for those, 0 for the others. Names listed
     twice (twice[i]) are left to onnxruntime. If a run with preallocated outputs fails, it runs
     again without; when that succeeds, the fixed shapes do not hold and `preallocate` goes off.
     A run that does not own the session's caches (`owned` false) preallocates nothing."""
@@ -65,9 +67,11 @@ cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_s
             for i in range(n_out):
                 fixed = &session.fixed_outputs[slots[i]]
                 if fixed.elem_type >= 0 and fixed.confirmed and (twice == NULL or not twice[i]):
-                    check(ort.CreateTensorAsOrtValue(allocator, fixed.dims, <size_t>fixed.ndim,
-                                                     <ort.ONNXTensorElementDataType>fixed.elem_type,
-                                                     &a.out_values[i]))
+                    a.out_values[i] = spares.take(slots[i])
+                    if a.out_values[i] == NULL:
+                        check(ort.CreateTensorAsOrtValue(allocator, fixed.dims, <size_t>fixed.ndim,
+                                                         <ort.ONNXTensorElementDataType>fixed.elem_type,
+                                                         &a.out_values[i]))
                     a.out_positions[i] = 1
                     n_pre += 1
         options = interruptible_begin(NULL, &registered)
@@ -88,6 +92,8 @@ cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_s
         for i in range(n_out):
             item = wrap_value(a.out_values[i], None, session) if a.out_values[i] != NULL else None
             a.out_values[i] = NULL
+            if a.out_positions[i] == 1:
+                spares.adopt(<OrtValue>item, slots[i])
             Py_INCREF(item)
             PyList_SET_ITEM(outputs, i, item)
         end_run_call(options, registered, status)

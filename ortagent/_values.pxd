@@ -1,10 +1,14 @@
 # cython: language_level=3
+cimport cython
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
 from ortagent cimport _capi as ort
 from ortagent._memory cimport OrtDevice
 
 from ortagent._dtypes cimport MAX_INLINE_DIMS
+
+
+cdef class SpareOutputs
 
 
 cdef class OrtValue:
@@ -35,6 +39,11 @@ cdef class OrtValue:
     # buffers). close() during a run only marks the value closed; the run's end releases it.
     cdef Py_ssize_t in_use
     cdef bint close_requested
+    # Where the handle goes when this object is deallocated, instead of ReleaseValue: a
+    # preallocated run output returns to `spares` (slot `spare_slot`) for a later run of the
+    # same output to write into. None for every other value.
+    cdef SpareOutputs spares
+    cdef Py_ssize_t spare_slot
 
     cdef int describe(self) except -1
     cdef int describe_as(self, int known_memory_kind) except -1
@@ -48,6 +57,27 @@ cdef class OrtValue:
     cdef void end_use(self) noexcept
     cdef void _release_if_unused(self) noexcept
     cdef void _release(self) noexcept
+
+
+# Output tensors of fixed type and shape, one per output slot of a session, that their last
+# Python owner gave back (OrtValue.__dealloc__) for the next run of the same output to write
+# into: the run skips making a tensor (CreateTensorAsOrtValue) and the caller's drop skips
+# releasing one. Only __dealloc__ gives a handle back, never close(): a value nobody references
+# any more has no view, export, run or aliasing output over its memory (each of those keeps
+# the value alive), while a closed one may still be bound or aliased. The handles held here
+# are not counted as live (like a session's caches); close() releases them and refuses more.
+@cython.final
+cdef class SpareOutputs:
+    cdef ort.OrtValue** handles
+    cdef Py_ssize_t n_slots
+    cdef bint closed
+    # The handle kept for `slot` (now the caller's), or NULL.
+    cdef ort.OrtValue* take(self, Py_ssize_t slot) noexcept
+    # Keep `handle` for `slot`; False (the caller releases it) when the slot is taken or closed.
+    cdef bint give_back(self, Py_ssize_t slot, ort.OrtValue* handle) noexcept
+    # Mark `value` (a preallocated output of `slot`) to come back here when deallocated.
+    cdef void adopt(self, OrtValue value, Py_ssize_t slot) noexcept
+    cdef void close(self) noexcept
 
 
 # A new tensor of `dims` and `onnx_type` from `allocator`; `owner` (what keeps the allocator

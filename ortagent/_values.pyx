@@ -10,7 +10,7 @@ cimport cython
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memcpy, strlen
 
 from operator import index as _index
@@ -61,6 +61,10 @@ cdef class OrtValue:
             "OrtValue.ortvalue_from_shape_and_type() or OrtValue.from_dlpack()")
 
     def __dealloc__(self):
+        if self.spares is not None and self.handle != NULL and not self.close_requested:
+            if self.spares.give_back(self.spare_slot, self.handle):
+                self.handle = NULL
+                count_add(&_live[<int>HANDLE_VALUE], -1)
         self._release()
 
     cdef void _release(self) noexcept:
@@ -73,6 +77,7 @@ cdef class OrtValue:
         self.dims = self.dims_inline
         self.memory_owner = None
         self.session = None
+        self.spares = None
 
     cdef int require_handle(self) except -1:
         if self.handle == NULL or self.close_requested:
@@ -492,6 +497,67 @@ cdef inline Py_ssize_t _element_count(OrtValue value):
     for i in range(value.ndim):
         count *= value.dims[i]
     return count
+
+
+# ---- spare outputs (see _values.pxd) ----------------------------------------------------------------
+
+@cython.final
+cdef class SpareOutputs:
+    """A session's preallocated outputs given back by their last owner, one per output slot,
+    for the next run of the same output (the TrainingAgent's halves use one each)."""
+
+    def __cinit__(self, Py_ssize_t n_slots):
+        if n_slots < 0:
+            raise OrtInvalidArgument(f"n_slots must be >= 0, got {n_slots}")
+        self.handles = <ort.OrtValue**>calloc(n_slots + 1, sizeof(ort.OrtValue*))
+        if self.handles == NULL:
+            raise MemoryError()
+        self.n_slots = n_slots
+
+    def __dealloc__(self):
+        self.close()
+        free(self.handles)
+        self.handles = NULL
+
+    cdef ort.OrtValue* take(self, Py_ssize_t slot) noexcept:
+        cdef ort.OrtValue* handle = NULL
+        with cython.critical_section(self):
+            if 0 <= slot < self.n_slots:
+                handle = self.handles[slot]
+                self.handles[slot] = NULL
+        return handle
+
+    cdef bint give_back(self, Py_ssize_t slot, ort.OrtValue* handle) noexcept:
+        cdef bint kept = False
+        with cython.critical_section(self):
+            if not self.closed and 0 <= slot < self.n_slots and self.handles[slot] == NULL:
+                self.handles[slot] = handle
+                kept = True
+        return kept
+
+    cdef void adopt(self, OrtValue value, Py_ssize_t slot) noexcept:
+        value.spares = self
+        value.spare_slot = slot
+
+    cdef void close(self) noexcept:
+        cdef Py_ssize_t i
+        cdef ort.OrtValue* handle
+        with cython.critical_section(self):
+            self.closed = True
+        for i in range(self.n_slots):
+            with cython.critical_section(self):
+                handle = self.handles[i]
+                self.handles[i] = NULL
+            if handle != NULL:
+                ort.ReleaseValue(handle)
+
+    def _held(self):
+        """How many slots hold a spare (for tests)."""
+        cdef Py_ssize_t i, n = 0
+        with cython.critical_section(self):
+            for i in range(self.n_slots):
+                n += self.handles[i] != NULL
+        return n
 
 
 cdef OrtValue wrap_value(ort.OrtValue* handle, object memory_owner, object session):
