@@ -359,9 +359,11 @@ def run(settings) -> Group:
                       f"{statistics.median(group.samples('tiny/c-halves')) / 1e3:.2f} µs, "
                       f"1.19.2 agent: {statistics.median(samples['tiny/ref']) / 1e3:.2f} µs"
                       if "tiny/ref" in samples else "")
+    # issue 15's target: 0.9x the real agent's step (by instructions, benchmarks/callgrind_counts.py
+    # --cases agent-tiny,ref-agent-tiny, it is 0.89x at 0b3c0c7; the time is noisier)
     group.ratio_target("tiny_vs_ref_agent",
-                       "ortagent tiny step (state API) <= the 1.19.2 agent's step",
-                       "tiny/oa-state", "tiny/ref", 1.0, detail=floor_note)
+                       "ortagent tiny step (state API) <= 0.9x the 1.19.2 agent's step",
+                       "tiny/oa-state", "tiny/ref", 0.9, detail=floor_note)
     med = statistics.median
     single = med(samples["mlp/oa-single"]) / 1e3
     group.ratio_target("mlp_vs_single_run",

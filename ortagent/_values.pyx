@@ -515,7 +515,12 @@ cdef class SpareOutputs:
         self.n_slots = n_slots
 
     def __dealloc__(self):
-        self.close()
+        cdef Py_ssize_t i
+        if self.handles == NULL:
+            return
+        for i in range(self.n_slots):      # nothing else can reach this object any more
+            if self.handles[i] != NULL:
+                ort.ReleaseValue(self.handles[i])
         free(self.handles)
         self.handles = NULL
 
