@@ -163,6 +163,51 @@ def test_an_output_fed_to_another_session_and_aliased_is_not_written_again():
     np.testing.assert_allclose(alias.numpy(), expected[1], rtol=1e-6, atol=1e-6)
 
 
+def test_an_output_bound_to_an_iobinding_is_not_written_again():
+    """A binding holds the value it was given (and onnxruntime's binding a copy of the tensor):
+    dropping the caller's reference gives nothing back, so later steps leave it alone."""
+    stepper = Stepper()
+    warm(stepper)
+    identity = ortagent.InferenceSession(tg.make_model(
+        [helper.make_node("Identity", ["a"], ["b"])], [tg.tensor("a", np.float32, [2, 3])],
+        [tg.tensor("b", np.float32, [2, 3])], name="identity", ms_domain=False).SerializeToString())
+    binding = identity.io_binding()
+    values, expected = stepper.step()
+    binding.bind_ortvalue_input("a", values[1])
+    binding.bind_output("b")
+    del values
+    for _ in range(3):
+        later, later_expected = stepper.step()
+        assert_holds(later, later_expected)
+        del later
+    identity.run_with_iobinding(binding)
+    np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], expected[1], rtol=1e-6, atol=1e-6)
+
+
+def test_an_output_fed_to_the_next_step_is_read_before_it_is_given_back():
+    """A recurrent loop: each step's forward output is the next step's x. The feed is in use
+    (and referenced by the caller) while the step runs, so no output of that step lands on it."""
+    stepper = Stepper()
+    warm(stepper)
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal(3).astype(np.float32)
+    bias = rng.standard_normal(3).astype(np.float32)
+    g = np.ones((2, 3), np.float32)
+    x_value = ortagent.OrtValue.ortvalue_from_numpy(rng.standard_normal((2, 3)).astype(np.float32))
+    for _ in range(6):
+        x = x_value.numpy().copy()
+        state = ortagent.PartialGraphExecutionState()
+        fetches: list = []
+        stepper.agent.run_forward([x_value, ortagent.OrtValue.ortvalue_from_numpy(w),
+                                   ortagent.OrtValue.ortvalue_from_numpy(bias)], fetches, state)
+        grads: list = []
+        stepper.agent.run_backward([ortagent.OrtValue.ortvalue_from_numpy(g)], grads, state)
+        np.testing.assert_allclose(fetches[0].numpy(), x * w + bias, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(grads[1].numpy(), (g * x).sum(0), rtol=1e-6, atol=1e-6)
+        x_value = fetches[0]                   # the previous x goes back to the agent now
+        del fetches, grads, state
+
+
 def test_a_closed_output_is_freed_not_given_back():
     stepper = Stepper()
     warm(stepper)
