@@ -19,7 +19,7 @@ Options.warning_errors = True
 from setuptools import Extension, setup
 
 MODULES = ["_runtime", "_dtypes", "_memory", "_tensors", "_values", "_containers", "_sparse", "_options",
-           "_providers", "_allocators", "_cpu_pool", "_metadata", "_epdevices", "_compile", "_session", "_iobinding", "_device", "_dlpack", "_agent_run", "_agent"]
+           "_providers", "_allocators", "_cpu_pool", "_metadata", "_epdevices", "_compile", "_run_core", "_session", "_iobinding", "_device", "_dlpack", "_agent_run", "_agent"]
 
 # The C warnings that mean a declaration is wrong are errors: a `.pxd` signature that disagrees
 # with the ABI header (include/ortagent/ort_abi.h) is an incompatible pointer type where the call

@@ -27,9 +27,8 @@ from ortagent._cpu_pool cimport pooled_cpu_allocator
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, memory_kind_of
 from ortagent._values cimport OrtValue, SpareOutputs
-from ortagent._session cimport (
-    InferenceSession, RunArrays, RunStack, run_arrays_init, run_arrays_release,
-)
+from ortagent._session cimport InferenceSession
+from ortagent._run_core cimport RunArrays, RunStack, run_arrays_init, run_arrays_release
 from ortagent._agent_run cimport (
     _all_preallocated, _run_hot, _shape_of, _gradient_fits, _broadcasts_to, _run, _run_bound,
 )

@@ -1,7 +1,8 @@
 # cython: language_level=3
 from ortagent cimport _capi as ort
 from ortagent._values cimport OrtValue, SpareOutputs
-from ortagent._session cimport InferenceSession, RunArrays
+from ortagent._session cimport InferenceSession
+from ortagent._run_core cimport RunArrays
 
 # Whether the run preallocated every output at `positions`.
 cdef bint _all_preallocated(RunArrays* a, list positions) noexcept

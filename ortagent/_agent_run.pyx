@@ -19,9 +19,10 @@ from ortagent._values cimport (
     OrtValue, SpareOutputs, wrap_value, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c, bound_output_values,
 )
 from ortagent._options cimport RunOptions
-from ortagent._session cimport (
-    InferenceSession, FixedOutput, RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release,
-    run_nogil, run_binding_nogil, end_run_call, check_run_status,
+from ortagent._session cimport InferenceSession, FixedOutput, check_run_status
+from ortagent._run_core cimport (
+    RunArrays, RunStack, RUN_STACK_SLOTS, run_arrays_init, run_arrays_release, run_nogil, run_binding_nogil,
+    end_run_call,
 )
 from ortagent.errors import OrtInvalidArgument
 

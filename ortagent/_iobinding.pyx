@@ -17,9 +17,8 @@ from ortagent._tensors cimport tensor_data
 from ortagent._values cimport OrtValue, value_to_numpy, keep_aliased_feeds_alive, bound_output_values
 from ortagent._containers cimport check_feedable
 from ortagent._options cimport RunOptions, _encode, _require_value
-from ortagent._session cimport (
-    InferenceSession, SessionBinding, run_binding_nogil, end_run_call,
-)
+from ortagent._session cimport InferenceSession, SessionBinding
+from ortagent._run_core cimport run_binding_nogil, end_run_call
 from ortagent._values import output_target
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, ObjectClosedError
 

@@ -1,6 +1,6 @@
 # cython: language_level=3
 """InferenceSession, with the names and behaviour of onnxruntime's Python class and the cost of
-calling the C API directly, and the run core it shares with IOBinding and the agent engine.
+calling the C API directly (the run's C arrays and cache lanes are in _run_core).
 
 Input and output names are encoded once when the session is created; a run builds its C arrays
 on the stack (heap beyond 16 entries), creates tensors over the NumPy feeds, releases the GIL
@@ -24,14 +24,18 @@ from libc.string cimport strlen, strcpy, memset
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, interruptible_begin, interruptible_end,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, interruptible_begin,
     HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
 )
 from ortagent._dtypes cimport MAX_INLINE_DIMS, tensor_type_name, element_size, has_builtin_numpy_type
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, session_memory_infos
 from ortagent._tensors cimport (
-    FeedView, tensor_for_feed, feed_view, release_feed_view, clear_feed_view, tensor_data,
+    FeedView, tensor_for_feed, feed_view, release_feed_view, tensor_data,
     new_output_array, new_array_from,
+)
+from ortagent._run_core cimport (
+    RunArrays, RunStack, RunLane, MAX_RUN_LANES, run_arrays_init, run_arrays_release,
+    run_nogil, run_binding_nogil, end_run_call, lane_new, lane_drop_binding, lane_free,
 )
 from ortagent._values cimport (
     OrtValue, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
@@ -91,7 +95,7 @@ cdef inline bint _asked_twice(const Py_ssize_t* positions, Py_ssize_t n, Py_ssiz
     return False
 
 
-# ---- the run core (shared by InferenceSession, IOBinding and the agent engine) ----------------------
+# ---- feeds and run status (the run's C arrays and Run itself: _run_core) ----------------------------
 
 cdef extern from "Python.h":
     Py_ssize_t PyDict_GET_SIZE(object mapping)      # (not in Cython's cpython.dict)
@@ -119,73 +123,6 @@ cdef bint _absent_optional(object feed) except -1:
     return not present
 
 
-cdef int run_arrays_init(RunArrays* arrays, RunStack* stack, Py_ssize_t n_in, Py_ssize_t n_out) except -1:
-    arrays.heap = NULL
-    if n_in <= RUN_STACK_SLOTS and n_out <= RUN_STACK_SLOTS:
-        arrays.in_names = stack.in_names
-        arrays.in_values = stack.in_values
-        arrays.in_created = stack.in_created
-        arrays.in_refs = stack.in_refs
-        arrays.in_data = stack.in_data
-        arrays.in_holders = stack.in_holders
-        arrays.out_names = stack.out_names
-        arrays.out_values = stack.out_values
-        arrays.out_positions = stack.out_positions
-        arrays.out_arrays = stack.out_arrays
-        return 0
-    # every array holds pointer-sized items: carve them from one block
-    cdef size_t n_i = <size_t>max(n_in, 1), n_o = <size_t>max(n_out, 1)
-    cdef char** block = <char**>malloc((6 * n_i + 4 * n_o) * sizeof(void*))
-    if block == NULL:
-        raise MemoryError()
-    arrays.heap = block
-    arrays.in_names = <const char**>block
-    arrays.in_values = <ort.OrtValue**>(block + n_i)
-    arrays.in_created = <Py_ssize_t*>(block + 2 * n_i)
-    arrays.in_refs = <PyObject**>(block + 3 * n_i)
-    arrays.in_data = <void**>(block + 4 * n_i)
-    arrays.in_holders = <PyObject**>(block + 5 * n_i)
-    arrays.out_names = <const char**>(block + 6 * n_i)
-    arrays.out_values = <ort.OrtValue**>(block + 6 * n_i + n_o)
-    arrays.out_positions = <Py_ssize_t*>(block + 6 * n_i + 2 * n_o)
-    arrays.out_arrays = <PyObject**>(block + 6 * n_i + 3 * n_o)
-    return 0
-
-
-cdef void run_arrays_release(RunArrays* arrays) noexcept:
-    free(arrays.heap)
-    arrays.heap = NULL
-
-
-cdef ort.OrtStatus* run_nogil(ort.OrtSession* session, ort.OrtRunOptions* options, RunArrays* arrays,
-                              Py_ssize_t n_in, Py_ssize_t n_out) noexcept:
-    cdef ort.OrtStatus* status
-    with nogil:
-        status = ort.Run(session, options, arrays.in_names, <const ort.OrtValue* const*>arrays.in_values,
-                         <size_t>n_in, arrays.out_names, <size_t>n_out, arrays.out_values)
-    return status
-
-
-cdef ort.OrtStatus* run_binding_nogil(ort.OrtSession* session, ort.OrtRunOptions* options,
-                                      ort.OrtIoBinding* binding, bint synchronize) noexcept:
-    cdef ort.OrtStatus* status
-    with nogil:
-        status = ort.RunWithBinding(session, options, binding)
-        if status == NULL and synchronize:
-            status = ort.SynchronizeBoundOutputs(binding)
-    return status
-
-
-cdef int end_run_call(ort.OrtRunOptions* used, bint registered, ort.OrtStatus* status) except -1:
-    try:
-        interruptible_end(used, registered)
-    except BaseException:
-        if status != NULL:
-            ort.ReleaseStatus(status)
-        raise
-    return 0
-
-
 cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, object names,
                           object feeds) except -1:
     if status == NULL:
@@ -206,58 +143,6 @@ cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, objec
                                          f"OrtValue of {tensor_type_name(value.elem_type)}") from exc
         raise
     return 0
-
-
-# ---- run lanes (see RunLane) -----------------------------------------------------------------------
-
-cdef RunLane* _lane_new(Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept:
-    """A lane with nothing cached yet; NULL when memory is short (the run goes uncached)."""
-    cdef RunLane* lane = <RunLane*>calloc(1, sizeof(RunLane))
-    if lane == NULL:
-        return NULL
-    lane.n_bound_inputs = -1
-    lane.feed_keys = <PyObject**>calloc(n_feedable + 1, sizeof(PyObject*))
-    lane.feed_key_positions = <Py_ssize_t*>calloc(n_feedable + 1, sizeof(Py_ssize_t))
-    lane.feed_views = <FeedView*>calloc(n_feedable + 1, sizeof(FeedView))
-    lane.bound_serials = <unsigned long long*>calloc(n_feedable + 1, sizeof(unsigned long long))
-    lane.scratch = <ort.OrtValue**>calloc(n_out + 1, sizeof(ort.OrtValue*))
-    lane.scratch_data = <void**>calloc(n_out + 1, sizeof(void*))
-    lane.scratch_busy = <char*>calloc(n_out + 1, sizeof(char))
-    lane.bound_outputs = <Py_ssize_t*>calloc(n_out + 1, sizeof(Py_ssize_t))
-    if (lane.feed_keys == NULL or lane.feed_key_positions == NULL or lane.feed_views == NULL
-            or lane.bound_serials == NULL or lane.scratch == NULL or lane.scratch_data == NULL
-            or lane.scratch_busy == NULL or lane.bound_outputs == NULL):
-        _lane_free(lane, 0, 0)
-        return NULL
-    return lane
-
-
-cdef void _lane_drop_binding(RunLane* lane) noexcept:
-    if lane.binding != NULL:
-        ort.ReleaseIoBinding(lane.binding)
-        lane.binding = NULL
-    lane.n_bound_inputs = -1
-
-
-cdef void _lane_free(RunLane* lane, Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept:
-    """Release what the lane holds (its first n_feedable feed caches, n_out scratch tensors)."""
-    cdef Py_ssize_t i
-    _lane_drop_binding(lane)
-    for i in range(n_feedable):
-        clear_feed_view(&lane.feed_views[i])
-        Py_XDECREF(lane.feed_keys[i])
-    for i in range(n_out):
-        if lane.scratch[i] != NULL:
-            ort.ReleaseValue(lane.scratch[i])
-    free(lane.feed_keys)
-    free(lane.feed_key_positions)
-    free(lane.feed_views)
-    free(lane.bound_serials)
-    free(lane.scratch)
-    free(lane.scratch_data)
-    free(lane.scratch_busy)
-    free(lane.bound_outputs)
-    free(lane)
 
 
 # ---- InferenceSession ----------------------------------------------------------------------------
@@ -449,7 +334,7 @@ cdef class InferenceSession:
         free(self.fixed_outputs)
         self.fixed_outputs = NULL
         for i in range(self.n_lanes):
-            _lane_free(self.lanes[i], self.n_feedable, self.n_outputs)
+            lane_free(self.lanes[i], self.n_feedable, self.n_outputs)
             self.lanes[i] = NULL
         self.n_lanes = 0
         free(self.feed_kinds)
@@ -463,7 +348,7 @@ cdef class InferenceSession:
     cdef void _release_session(self, ort.OrtSession* closing) noexcept:
         cdef int k
         for k in range(self.n_lanes):
-            _lane_drop_binding(self.lanes[k])       # bindings belong to the session released
+            lane_drop_binding(self.lanes[k])       # bindings belong to the session released
         if closing != NULL:
             ort.ReleaseSession(closing)
             count_add(&_live[<int>HANDLE_SESSION], -1)
@@ -494,7 +379,7 @@ cdef class InferenceSession:
                             if free_lane < 0:
                                 free_lane = k
                     if free_lane < 0 and self.n_lanes < MAX_RUN_LANES and self.fixed_outputs != NULL:
-                        self.lanes[self.n_lanes] = _lane_new(self.n_feedable, self.n_outputs)
+                        self.lanes[self.n_lanes] = lane_new(self.n_feedable, self.n_outputs)
                         if self.lanes[self.n_lanes] != NULL:
                             free_lane = self.n_lanes
                             self.n_lanes += 1
@@ -675,7 +560,7 @@ cdef class InferenceSession:
             return False
         if lane.n_binds >= 4 and lane.n_binds * 4 > lane.n_bound_runs:
             lane.binding_refused = True
-            _lane_drop_binding(lane)
+            lane_drop_binding(lane)
             return False
         cdef ort.OrtStatus* status = NULL
         lane.n_bound_inputs = -1
@@ -699,7 +584,7 @@ cdef class InferenceSession:
         if status != NULL:
             ort.ReleaseStatus(status)
             lane.binding_refused = True
-            _lane_drop_binding(lane)
+            lane_drop_binding(lane)
             return False
         lane.n_binds += 1
         lane.n_bound_runs += 1

@@ -13,7 +13,7 @@ from conftest import REPO_ROOT
 
 MODULES = ["ortagent._runtime", "ortagent._dtypes", "ortagent._memory", "ortagent._tensors", "ortagent._values",
            "ortagent._containers", "ortagent._sparse", "ortagent._options", "ortagent._providers",
-           "ortagent._allocators", "ortagent._cpu_pool", "ortagent._metadata", "ortagent._epdevices", "ortagent._compile", "ortagent._session", "ortagent._iobinding",
+           "ortagent._allocators", "ortagent._cpu_pool", "ortagent._metadata", "ortagent._epdevices", "ortagent._compile", "ortagent._run_core", "ortagent._session", "ortagent._iobinding",
            "ortagent._dlpack", "ortagent._device", "ortagent._agent_run", "ortagent._agent"]
 
 
