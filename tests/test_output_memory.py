@@ -16,7 +16,10 @@ run no agents on other threads meanwhile.
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -25,7 +28,7 @@ from onnx import helper
 import ortagent
 import training_graphs as tg
 from ortagent._cpu_pool import _pool_counts as counts
-from ortagent._cpu_pool import _pooled_tensor
+from ortagent._cpu_pool import _hold_pool_lock, _pooled_tensor
 
 
 def delta(before: dict[str, int]) -> dict[str, int]:
@@ -332,3 +335,35 @@ def test_pooled_outputs_export_through_dlpack():
     for value, want in zip(values, expected):
         assert value.device_name() == "cpu"
         np.testing.assert_allclose(np.from_dlpack(value), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_child_forked_while_the_pool_is_locked_can_still_allocate():
+    """A fork while another thread is inside the pool's Alloc or Free (here: the lock held on
+    purpose) must not leave the child with a lock nobody will release."""
+    counts()                                   # the pool exists before the fork
+    _hold_pool_lock(True)
+    try:
+        pid = os.fork()
+        if pid == 0:                           # the child: allocate and free through the pool
+            try:
+                value = _pooled_tensor(64)
+                value.numpy()[:] = 7
+                ok = bool((value.numpy() == 7).all())
+                del value
+                os._exit(0 if ok else 1)
+            except BaseException:
+                os._exit(2)
+    finally:
+        _hold_pool_lock(False)
+    deadline = time.monotonic() + 60
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the pool's lock")
+        time.sleep(0.01)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -134,15 +134,40 @@ static void ortagent_pool_counts(ortagent_cpu_pool* pool, size_t* live, size_t* 
     pthread_mutex_unlock(&pool->lock);
 }
 
-/* Fill in `pool` (zeroed storage) around `info`, which must outlive it. Returns 0 or an errno. */
+/* The pool of this translation unit, for the fork handler. */
+static ortagent_cpu_pool* ortagent_pool_of_process;
+
+/* In a forked child only the forking thread exists: a lock another thread held at the fork
+ * would never be released, so the child starts with a fresh one (the free lists are only ever
+ * changed under the lock, a few statements at a time). */
+static void ortagent_pool_after_fork_child(void) {
+    if (ortagent_pool_of_process != NULL)
+        pthread_mutex_init(&ortagent_pool_of_process->lock, NULL);
+}
+
+/* Fill in `pool` (zeroed storage) around `info`, which must outlive it; once per process.
+ * Returns 0 or an errno. */
 static int ortagent_pool_init(ortagent_cpu_pool* pool, const OrtMemoryInfo* info) {
+    int error;
     memset(pool, 0, sizeof(*pool));
     pool->base.version = 1;                      /* onnxruntime reads no member added later */
     pool->base.Alloc = ortagent_pool_alloc;
     pool->base.Free = ortagent_pool_free;
     pool->base.Info = ortagent_pool_info;
     pool->info = info;
-    return pthread_mutex_init(&pool->lock, NULL);
+    error = pthread_mutex_init(&pool->lock, NULL);
+    if (error != 0)
+        return error;
+    ortagent_pool_of_process = pool;
+    return pthread_atfork(NULL, NULL, ortagent_pool_after_fork_child);
+}
+
+/* Hold (1) or release (0) the pool's lock: lets a test fork while another thread holds it. */
+static void ortagent_pool_hold_lock(ortagent_cpu_pool* pool, int hold) {
+    if (hold)
+        pthread_mutex_lock(&pool->lock);
+    else
+        pthread_mutex_unlock(&pool->lock);
 }
 
 #endif
