@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -54,6 +55,13 @@ def mul_add_model(rows: int, cols: int) -> "tg.onnx.ModelProto":
         [tg.tensor("x_grad", f32, [rows, cols]), tg.tensor("w_grad", f32, [cols]),
          tg.tensor("bias_grad", f32, [cols])],
         [tg.axes("axis0", [0])], name="mul_add_pool")
+
+
+def identity_session() -> ortagent.InferenceSession:
+    """b = Identity(a), a f32[2, 3]: onnxruntime returns the feed's tensor itself as b."""
+    return ortagent.InferenceSession(tg.make_model(
+        [helper.make_node("Identity", ["a"], ["b"])], [tg.tensor("a", np.float32, [2, 3])],
+        [tg.tensor("b", np.float32, [2, 3])], name="identity", ms_domain=False).SerializeToString())
 
 
 class Stepper:
@@ -153,9 +161,7 @@ def test_an_output_fed_to_another_session_and_aliased_is_not_written_again():
     the agent's output (its memory owner) alive, so the next step cannot take that tensor."""
     stepper = Stepper()
     warm(stepper)
-    identity = ortagent.InferenceSession(tg.make_model(
-        [helper.make_node("Identity", ["a"], ["b"])], [tg.tensor("a", np.float32, [2, 3])],
-        [tg.tensor("b", np.float32, [2, 3])], name="identity", ms_domain=False).SerializeToString())
+    identity = identity_session()
     values, expected = stepper.step()
     (alias,) = identity.run_with_ort_values(["b"], {"a": values[1]})
     del values
@@ -171,9 +177,7 @@ def test_an_output_bound_to_an_iobinding_is_not_written_again():
     dropping the caller's reference gives nothing back, so later steps leave it alone."""
     stepper = Stepper()
     warm(stepper)
-    identity = ortagent.InferenceSession(tg.make_model(
-        [helper.make_node("Identity", ["a"], ["b"])], [tg.tensor("a", np.float32, [2, 3])],
-        [tg.tensor("b", np.float32, [2, 3])], name="identity", ms_domain=False).SerializeToString())
+    identity = identity_session()
     binding = identity.io_binding()
     values, expected = stepper.step()
     binding.bind_ortvalue_input("a", values[1])
@@ -344,7 +348,11 @@ def test_a_child_forked_while_the_pool_is_locked_can_still_allocate():
     counts()                                   # the pool exists before the fork
     _hold_pool_lock(True)
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns that forking a process with threads may deadlock the child:
+            # the very case this test makes sure the pool survives
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:                           # the child: allocate and free through the pool
             try:
                 value = _pooled_tensor(64)
