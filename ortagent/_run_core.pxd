@@ -22,11 +22,11 @@ cdef struct RunLane:
     FeedView* feed_views           # per input: tensor over the array fed last
     # Per output of at most COPY_OUT_MAX_BYTES (_session.pyx): a tensor made once that
     # onnxruntime writes into and run() copies out of into a new NumPy array (creating and
-    # releasing a tensor over each new array cost more than copying a few bytes);
-    # `scratch_busy` while this lane's run uses it.
+    # releasing a tensor over each new array cost more than copying a few bytes). The lane's
+    # run is the only one using them, and it preallocates an output at most once (an output
+    # asked for twice gets none), so no busy flag is needed.
     ort.OrtValue** scratch
     void** scratch_data
-    char* scratch_busy
     # An IoBinding of the lane's own, for runs that feed the very tensors of the lane's feed
     # views and whose outputs all go to scratch tensors (a loop feeding the same arrays):
     # RunWithBinding skips the per-call name strings and value copies of Run (~830 of ~10,600

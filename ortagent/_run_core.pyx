@@ -98,11 +98,10 @@ cdef RunLane* lane_new(Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept:
     lane.bound_serials = <unsigned long long*>calloc(n_feedable + 1, sizeof(unsigned long long))
     lane.scratch = <ort.OrtValue**>calloc(n_out + 1, sizeof(ort.OrtValue*))
     lane.scratch_data = <void**>calloc(n_out + 1, sizeof(void*))
-    lane.scratch_busy = <char*>calloc(n_out + 1, sizeof(char))
     lane.bound_outputs = <Py_ssize_t*>calloc(n_out + 1, sizeof(Py_ssize_t))
     if (lane.feed_keys == NULL or lane.feed_key_positions == NULL or lane.feed_views == NULL
             or lane.bound_serials == NULL or lane.scratch == NULL or lane.scratch_data == NULL
-            or lane.scratch_busy == NULL or lane.bound_outputs == NULL):
+            or lane.bound_outputs == NULL):
         lane_free(lane, 0, 0)
         return NULL
     return lane
@@ -131,6 +130,5 @@ cdef void lane_free(RunLane* lane, Py_ssize_t n_feedable, Py_ssize_t n_out) noex
     free(lane.bound_serials)
     free(lane.scratch)
     free(lane.scratch_data)
-    free(lane.scratch_busy)
     free(lane.bound_outputs)
     free(lane)

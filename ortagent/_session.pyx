@@ -493,14 +493,13 @@ cdef class InferenceSession:
                 continue
             if not distinct and _asked_twice(positions, n_out, i):
                 continue
-            if fixed.nbytes <= COPY_OUT_MAX_BYTES and not lane.scratch_busy[position]:
+            if fixed.nbytes <= COPY_OUT_MAX_BYTES:
                 if lane.scratch[position] == NULL:
                     check(ort.GetAllocatorWithDefaultOptions(&allocator))
                     check(ort.CreateTensorAsOrtValue(allocator, fixed.dims, <size_t>fixed.ndim,
                                                      <ort.ONNXTensorElementDataType>fixed.elem_type,
                                                      &lane.scratch[position]))
                     check(ort.GetTensorMutableData(lane.scratch[position], &lane.scratch_data[position]))
-                lane.scratch_busy[position] = True
                 values[i] = lane.scratch[position]
                 n += 1
                 continue
@@ -524,7 +523,6 @@ cdef class InferenceSession:
                 continue
             fixed = &self.fixed_outputs[position]
             a.out_values[i] = NULL
-            lane.scratch_busy[position] = False
             if copy:
                 array = new_array_from(fixed.elem_type, fixed.ndim, fixed.dims, lane.scratch_data[position],
                                        fixed.nbytes)
