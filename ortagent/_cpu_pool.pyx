@@ -10,7 +10,7 @@ from ortagent cimport _capi as ort
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime
 from ortagent._values cimport wrap_value
 
-from ortagent.errors import OrtFail
+from ortagent.errors import OrtFail, OrtInvalidArgument
 
 ort.ortagent_rt = shared_runtime()
 
@@ -62,7 +62,7 @@ def _pooled_tensor(Py_ssize_t nbytes):
     cdef int64_t dims[1]
     cdef ort.OrtValue* handle = NULL
     if nbytes < 0:
-        raise ValueError("nbytes must be >= 0")
+        raise OrtInvalidArgument(f"nbytes must be >= 0, got {nbytes}")
     dims[0] = nbytes
     check(ort.CreateTensorAsOrtValue(pooled_cpu_allocator(), dims, 1, ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
                                      &handle))
