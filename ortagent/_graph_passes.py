@@ -16,8 +16,12 @@
   added in another order); a graph output reached through views only is written by the node
   that computes it (onnxruntime would copy the view into the output).
 
-Both need static shapes: they rewrite a node only where ONNX shape inference knows every
-dimension involved, and leave everything else alone. Graph inputs and outputs keep their
+Both work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
+bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
+value or a symbol, and two dimensions with one symbol are equal. A rewrite whose new shape has
+symbolic dimensions computes it at run time (``Shape`` and ``Gather``); a decision that needs a
+dimension's value (is it 1?) is only taken when the value is static, and a symbolic dimension
+is never assumed to be 1. Nodes whose shapes are not known are left alone. Graph inputs and outputs keep their
 names, and a value read by a nested subgraph is never removed or renamed. The view rewrites
 move no element; the MatMul rewrites compute the same sums, possibly adding in another order
 (float32 gradients of a TransformerEncoderLayer agree to 3e-7 relative; the tests hold them
@@ -32,11 +36,23 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, consumed_names
 
-__all__ = ["flatten_batched_matmuls", "simplify_copies", "static_shapes"]
+__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes"]
+
+Dims = list  # of int (a static size) or str (a symbol)
+
+
+def _static(shape: Dims | None) -> bool:
+    return shape is not None and all(isinstance(dim, int) for dim in shape)
 
 
 def static_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str, list[int]]:
-    """Fully known shapes of the values of ``model``'s main graph (from ONNX shape inference).
+    """The shapes of :func:`known_shapes` whose every dimension is static."""
+    return {name: shape for name, shape in known_shapes(model, stand_ins).items() if _static(shape)}
+
+
+def known_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str, Dims]:
+    """Known shapes of the values of ``model``'s main graph (from ONNX shape inference): each
+    dimension a static size or a symbol; values with a dimension of unknown size are left out.
     ``stand_ins`` maps a node (by name) to replacement nodes used only for the inference (a node
     that the ONNX checker cannot infer, e.g. the YieldOp)."""
     probe = ModelProto()
@@ -51,15 +67,16 @@ def static_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str,
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     except Exception:
         return {}
-    shapes: dict[str, list[int]] = {}
+    shapes: dict[str, Dims] = {}
     graph = inferred.graph
     for value in list(graph.input) + list(graph.value_info) + list(graph.output):
         tensor = value.type.tensor_type
         if not tensor.HasField("shape"):
             continue
-        dims = [dim.dim_value if dim.HasField("dim_value") else None for dim in tensor.shape.dim]
+        dims: Dims = [int(dim.dim_value) if dim.HasField("dim_value") else (dim.dim_param or None)
+                      for dim in tensor.shape.dim]
         if all(dim is not None for dim in dims):
-            shapes[value.name] = [int(dim or 0) for dim in dims]
+            shapes[value.name] = dims
     for init in graph.initializer:
         shapes[init.name] = list(init.dims)
     return shapes
@@ -70,31 +87,58 @@ def _constant(names: NameAllocator, stem: str, values: list[int]):
     return name, numpy_helper.from_array(np.array(values, dtype=np.int64), name)
 
 
+def _shape_operand(names: NameAllocator, graph, nodes: list, dims: Dims, source: str, axes: list[int]) -> str:
+    """A shape tensor with the dimensions ``dims``: a constant when all are static, else gathered
+    at run time from the shape of ``source``, whose axes ``axes`` have those dimensions."""
+    if _static(dims):
+        name, init = _constant(names, "ortagent_view_shape", dims)
+        graph.initializer.append(init)
+        return name
+    indices, init = _constant(names, "ortagent_view_axes", axes)
+    graph.initializer.append(init)
+    shape = names.fresh(f"{source}_shape")
+    gathered = names.fresh("ortagent_view_shape")
+    nodes.append(helper.make_node("Shape", [source], [shape]))
+    nodes.append(helper.make_node("Gather", [shape, indices], [gathered], axis=0))
+    return gathered
+
+
 def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
     """Rewrite, in place, batched MatMuls against 2-D right operands as 2-D MatMuls; returns how
     many. Needs opset 5+ (Reshape with a shape input)."""
     if opset < 5:
         return 0
     graph = model.graph
-    shapes = static_shapes(model)
+    shapes = known_shapes(model)
     names = NameAllocator(all_value_names(graph))
     rewritten = 0
-    nodes = []
+    nodes: list = []
     for node in graph.node:
         if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
             nodes.append(node)
             continue
         a_shape, b_shape = shapes.get(node.input[0]), shapes.get(node.input[1])
-        if a_shape is None or b_shape is None or len(a_shape) < 3 or len(b_shape) != 2 \
+        if a_shape is None or not _static(b_shape) or len(a_shape) < 3 or len(b_shape) != 2 \
                 or a_shape[-1] != b_shape[0] or 0 in a_shape:
             nodes.append(node)
             continue
-        rows = int(np.prod(a_shape[:-1]))
+        # a symbolic leading dimension is a batch or sequence length the export left free: the
+        # export's ranges keep those at 2 or more, so the -1 below never meets an empty tensor
+        rows = int(np.prod(a_shape[:-1])) if _static(a_shape[:-1]) else -1
         flat_shape, flat_init = _constant(names, "ortagent_mm_rows", [rows, a_shape[-1]])
-        out_shape, out_init = _constant(names, "ortagent_mm_shape", a_shape[:-1] + [b_shape[1]])
+        graph.initializer.append(flat_init)
         flat_a = names.fresh(f"{node.input[0]}_2d")
         flat_y = names.fresh(f"{node.output[0]}_2d")
-        graph.initializer.extend([flat_init, out_init])
+        out_dims = a_shape[:-1] + [b_shape[1]]
+        if _static(out_dims):
+            out_shape, out_init = _constant(names, "ortagent_mm_shape", out_dims)
+            graph.initializer.append(out_init)
+        else:
+            leading = _shape_operand(names, graph, nodes, a_shape[:-1], node.input[0], list(range(len(a_shape) - 1)))
+            columns, columns_init = _constant(names, "ortagent_mm_columns", [b_shape[1]])
+            graph.initializer.append(columns_init)
+            out_shape = names.fresh("ortagent_mm_shape")
+            nodes.append(helper.make_node("Concat", [leading, columns], [out_shape], axis=0))
         nodes.append(helper.make_node("Reshape", [node.input[0], flat_shape], [flat_a]))
         nodes.append(helper.make_node("MatMul", [flat_a, node.input[1]], [flat_y], name=node.name))
         nodes.append(helper.make_node("Reshape", [flat_y, out_shape], [node.output[0]]))
@@ -105,9 +149,9 @@ def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
     return rewritten
 
 
-def _moves_only_unit_axes(shape: list[int], perm: list[int]) -> bool:
-    """True when transposing by ``perm`` keeps the order of the axes longer than 1 (the data in
-    memory is then unchanged: the transpose is a reshape)."""
+def _moves_only_unit_axes(shape: Dims, perm: list[int]) -> bool:
+    """True when transposing by ``perm`` keeps the order of the axes not known to be 1 (the data
+    in memory is then unchanged: the transpose is a reshape, whatever the symbols' values)."""
     kept = [axis for axis in perm if shape[axis] != 1]
     return kept == sorted(kept)
 
@@ -129,7 +173,7 @@ def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: froz
 
 def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) -> int:
     graph = model.graph
-    shapes = static_shapes(model, stand_ins)
+    shapes = known_shapes(model, stand_ins)
     names = NameAllocator(all_value_names(graph))
     producers = {out: node for node in graph.node for out in node.output if out}
     initializers = {init.name: init for init in graph.initializer}
@@ -161,15 +205,14 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) 
                 replacement = helper.make_node("Identity", [inner.input[0]], list(node.output))
             elif _moves_only_unit_axes(in_shape, perm):
                 out_shape = [in_shape[axis] for axis in perm]
-                shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
-                graph.initializer.append(init)
+                shape_name = _shape_operand(names, graph, nodes, out_shape, node.input[0], perm)
                 replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
         elif node.domain in ("", "ai.onnx") and node.op_type == "Expand" and node.input[0] in shapes \
                 and node.output[0] in shapes:
             in_shape, out_shape = shapes[node.input[0]], shapes[node.output[0]]
             if in_shape == out_shape:
                 replacement = helper.make_node("Identity", [node.input[0]], list(node.output))
-            elif int(np.prod(in_shape)) == int(np.prod(out_shape)):
+            elif _static(in_shape) and _static(out_shape) and int(np.prod(in_shape)) == int(np.prod(out_shape)):
                 shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
                 graph.initializer.append(init)
                 replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
@@ -247,6 +290,8 @@ def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, gra
         return False
     if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + out_shape[:-2]) or out_shape[-2:] != wanted:
         return False
+    if not (_static(a_shape[-2:]) and _static(b_shape[-2:])):
+        return False
     position = nodes.index(node)
     for index, shape in enumerate((a_shape, b_shape)):
         if len(shape) == 2:
@@ -288,7 +333,7 @@ def _transposed_product(node, shapes, producers, uses, names, graph) -> list | N
     if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + m_shape[:-2]):
         return None
     rows, cols = m_shape[-2], m_shape[-1]
-    if rows == 1 or cols == 1:
+    if not (_static(r_shape) and _static(t_shape) and _static([rows, cols])) or rows == 1 or cols == 1:
         return None
     big = [axis for axis, dim in enumerate(r_shape) if dim != 1]
     if [r_shape[axis] for axis in big] != [rows, cols]:
@@ -301,8 +346,7 @@ def _transposed_product(node, shapes, producers, uses, names, graph) -> list | N
     for name, shape in ((b_name, b_shape), (a_name, a_shape)):
         if len(shape) > 2:          # leading axes of 1: the 2-D matrix, as a view
             matrix = names.fresh(f"{name}_2d")
-            flat_name, flat_init = _constant(names, "ortagent_view_shape", shape[-2:])
-            graph.initializer.append(flat_init)
+            flat_name = _shape_operand(names, graph, made, shape[-2:], name, [len(shape) - 2, len(shape) - 1])
             made.append(helper.make_node("Reshape", [name, flat_name], [matrix]))
             shapes[matrix] = shape[-2:]
             name = matrix
@@ -335,7 +379,7 @@ def _full_rank_scalars(node, shapes, names, graph, initializers, nodes) -> int:
     changed = 0
     for position, name in enumerate(node.input):
         shape = shapes.get(name)
-        if shape is None or len(shape) >= rank or int(np.prod(shape)) != 1:
+        if shape is None or len(shape) >= rank or not _static(shape) or int(np.prod(shape)) != 1:
             continue
         if name in initializers:
             new_name = names.fresh(f"{name}_rank{rank}")

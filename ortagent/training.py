@@ -30,13 +30,14 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
+from . import _ad_rules
 from ._graph_passes import flatten_batched_matmuls, simplify_copies
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
 )
 from .errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 from .graph_split import YIELD_OP_DOMAIN, YIELD_OP_TYPE
-from .training_ops import lower_training_ops
+from .training_ops import lower_training_ops, needs_lowering
 
 __all__ = ["build_training_graph", "lower_training_ops", "FLOAT_ELEMENT_TYPES"]
 
@@ -228,6 +229,7 @@ def build_training_graph(
 
     if optimize:
         flatten_batched_matmuls(model, _default_opset(model))
+    _ad_rules.prepare(model)
     try:
         adjoint = onnx_ad.reverse(
             model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
@@ -237,6 +239,9 @@ def build_training_graph(
     except ValueError as exc:
         raise OrtInvalidArgument(f"cannot differentiate the forward model: {exc}") from exc
 
+    _ad_rules.finish(adjoint)
+    if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)
+        adjoint = lower_training_ops(adjoint)
     result_graph = adjoint.graph
     names = NameAllocator(all_value_names(result_graph) | set(gradient_outputs) | set(yield_outputs))
     seed_names = {prefix + name for name in seeded}

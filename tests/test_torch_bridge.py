@@ -155,9 +155,10 @@ def test_tensors_cross_without_copies(monkeypatch):
     takes the gradient over), a second backward adds in place."""
     torch = _torch()
     import ortagent.torch as bridge
+    from ortagent.torch import _bridge
 
     fed, produced = [], []
-    to_ort, to_torch = bridge._to_ort, bridge._to_torch
+    to_ort, to_torch = _bridge.to_ort, _bridge.to_torch
 
     def spy_in(tensor, *args):
         value = to_ort(tensor, *args)
@@ -170,8 +171,8 @@ def test_tensors_cross_without_copies(monkeypatch):
         produced.append((value.data_ptr(), tensor.data_ptr()))
         return tensor
 
-    monkeypatch.setattr(bridge, "_to_ort", spy_in)
-    monkeypatch.setattr(bridge, "_to_torch", spy_out)
+    monkeypatch.setattr(_bridge, "to_ort", spy_in)
+    monkeypatch.setattr(_bridge, "to_torch", spy_out)
     model = bridge.ORTModule(torch.nn.Linear(4, 3))
     x = torch.randn(2, 4)
     out = model(x)
@@ -387,34 +388,97 @@ def test_refusals_are_clear():
     from ortagent.errors import OrtNotImplemented
     from ortagent.torch import ORTModule
 
-    class FunctionalBatchNorm(torch.nn.Module):
+    class DataDependentDraw(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(4))
-            self.b = torch.nn.Parameter(torch.zeros(4))
+            self.fc = torch.nn.Linear(4, 4)
 
         def forward(self, x):
-            return torch.nn.functional.batch_norm(x, None, None, self.w, self.b, training=True)
+            return self.fc(x) * torch.bernoulli(torch.sigmoid(x))
+
+    class UpdatesItsWeight(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.fc.weight.mul_(0.5)
+            return self.fc(x)
 
     x = torch.randn(3, 4)
-    with pytest.raises(OrtNotImplemented, match="functional.batch_norm"):
-        ORTModule(FunctionalBatchNorm())(x)
-    refused = ORTModule(torch.nn.Sequential(torch.nn.BatchNorm2d(3), torch.nn.Dropout2d(0.5)))
-    with pytest.raises(OrtNotImplemented, match="Dropout2d"):
-        refused(torch.randn(2, 3, 4, 4))
+    with pytest.raises(OrtNotImplemented, match="depends on tensor values"):
+        ORTModule(DataDependentDraw())(x)
+    with pytest.raises(OrtNotImplemented, match="in-place updates of parameters"):
+        ORTModule(UpdatesItsWeight())(x)
+    with pytest.raises(OrtNotImplemented, match="neither a tensor"):
+        ORTModule(_TakesAnything())(x, object())
     assert isinstance(OrtNotImplemented("x"), NotImplementedError)
-    # the refusal left the module as it was (no patched forward, torch.nn.functional restored)
+    # the refusals left torch as it was: no patched forward, torch.nn.functional and torch._VF restored
+    refused = ORTModule(DataDependentDraw())
+    with pytest.raises(OrtNotImplemented):
+        refused(x)
     assert all("forward" not in sub.__dict__ for sub in refused.modules())
-    assert torch.nn.functional.dropout.__module__ == "torch.nn.functional"
     assert torch.nn.functional.batch_norm.__module__ == "torch.nn.functional"
+    assert torch.nn.functional.instance_norm.__module__ == "torch.nn.functional"
+    assert "dropout" not in vars(torch._VF) and "feature_dropout" not in vars(torch._VF)
     refused.eval()
-    assert refused(torch.randn(2, 3, 4, 4)).shape == (2, 3, 4, 4)      # eval: nothing random
+    with torch.no_grad():
+        assert refused.module.fc(x).shape == (3, 4)
     model = ORTModule(torch.nn.Linear(4, 4))
     out = model(x)
     loss = out.sum()
     loss.backward(retain_graph=True)
     with pytest.raises(Exception, match="already ran"):
         loss.backward()
+
+
+class _TakesAnything:
+    """A module whose second argument may be anything (built lazily: torch is imported in tests)."""
+
+    def __new__(cls):
+        import torch
+
+        class Module(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 4)
+
+            def forward(self, x, extra):
+                return self.fc(x)
+
+        return Module()
+
+
+def test_functional_batch_norm_channel_and_alpha_dropouts_match_eager():
+    """What the bridge once refused now trains exactly: F.batch_norm(training=True) outside a
+    BatchNorm module, channel dropouts, alpha dropouts, InstanceNorm with running statistics
+    (outputs, gradients, running buffers, and the same random draws as eager under one seed)."""
+    torch = _torch()
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 6, 3, padding=1, bias=False)   # a bias before a norm: no gradient
+            self.w = torch.nn.Parameter(torch.rand(6) + 0.5)
+            self.b = torch.nn.Parameter(torch.randn(6))
+            self.drop2d = torch.nn.Dropout2d(0.3)
+            self.alpha = torch.nn.AlphaDropout(0.2)
+            self.feature_alpha = torch.nn.FeatureAlphaDropout(0.25)
+            self.inorm = torch.nn.InstanceNorm2d(6, track_running_stats=True)
+            self.drop1d = torch.nn.Dropout1d(0.4)
+
+        def forward(self, x):
+            # (the norms first: after a channel dropout, a dropped channel is constant, and
+            # normalizing it amplifies rounding by 1/sqrt(eps) in either implementation)
+            y = self.inorm(self.conv(x))
+            y = torch.nn.functional.batch_norm(y, None, None, self.w, self.b, training=True)
+            y = self.feature_alpha(self.drop2d(y))
+            z = self.drop1d(y.flatten(2))
+            return self.alpha(z).sum(-1)
+
+    _compare(Mixed, lambda step: (torch.randn(4, 3, 5, 5),),
+             lambda out: (out * torch.linspace(-1, 1, out.numel()).reshape(out.shape)).sum(), steps=3)
 
 
 def test_in_place_updates_of_buffers_and_inputs():
@@ -493,19 +557,64 @@ def test_cuda_mlp_and_batchnorm_match_eager():
     _compare(lambda: _mlp().to(device), lambda step: (x,), _ce)
 
 
-def test_many_input_shapes_warn_once(monkeypatch):
+def test_one_export_serves_every_batch_and_sequence_length():
+    """A transformer trained on batches of varying size and sequence length exports once; a new
+    shape costs no export (shapes, gradients and dropout masks as eager's)."""
     torch = _torch()
-    import ortagent.torch as bridge
 
-    monkeypatch.setattr(bridge, "_MANY_EXPORTS", 3)
-    model = bridge.ORTModule(torch.nn.Linear(3, 2))
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(40, 16)
+            self.layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+            self.head = torch.nn.Linear(16, 5)
+
+        def forward(self, ids, mask):
+            return self.head(self.layer(self.embed(ids), src_key_padding_mask=mask))
+
+    shapes = [(4, 7), (3, 9), (5, 7), (2, 13), (4, 7), (6, 3)]
+
+    def inputs(step):
+        batch, length = shapes[step]
+        mask = torch.zeros(batch, length, dtype=torch.bool)
+        mask[0, length - 2:] = True
+        return torch.randint(0, 40, (batch, length)), mask
+
+    eager, bridged, errors = _compare(Tagger, inputs, lambda out: (out * out).mean(), steps=len(shapes))
+    assert bridged.exported_graphs == 1
+    assert errors["grad"] < 1e-5
+
+
+def test_exports_are_bounded_and_warn(monkeypatch):
+    """A non-tensor argument that changes every call exports each time: a warning at the
+    eighth export (third here), and at most max_graphs exports kept (least recently used out)."""
+    torch = _torch()
+    import ortagent.torch._module as module_impl
+    from ortagent.torch import ORTModule
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+
+        def forward(self, x, scale):
+            return self.fc(x) * scale
+
+    monkeypatch.setattr(module_impl, "_MANY_EXPORTS", 3)
+    model = ORTModule(Scaled(), max_graphs=2)
+    x = torch.randn(4, 3)
     with torch.no_grad():
-        model(torch.randn(1, 3))
-        model(torch.randn(2, 3))
+        model(x, 1.0)
+        model(x, 2.0)
         with pytest.warns(RuntimeWarning, match="exported 3 graphs"):
-            model(torch.randn(3, 3))
-        model(torch.randn(1, 3))                # cached: no export, no warning
-    assert model.exported_graphs == 3
+            model(x, 3.0)
+        model(x, 3.0)                               # kept: no export
+        assert model.exported_graphs == 3
+        model(x, 1.0)                               # evicted (least recently used): exported again
+        assert model.exported_graphs == 4
+        torch.testing.assert_close(model(x, 2.5), model.module(x, 2.5))
+    with pytest.raises(ValueError, match="max_graphs"):
+        ORTModule(Scaled(), max_graphs=0)
 
 
 def test_graph_rewrites_keep_transformer_gradients():
@@ -522,13 +631,13 @@ def test_graph_rewrites_keep_transformer_gradients():
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0)
     x = torch.randn(6, 3, 32)
     info = export_forward_model(layer, (x,))
-    names = info["input_names"]
+    names = list(info.input_names)
     params = dict(layer.named_parameters())
     feeds = [x.numpy()] + [params[name].detach().numpy() for name in names[1:]]
     seed = np.random.default_rng(0).standard_normal((6, 3, 32)).astype(np.float32)
     results, copies = [], []
     for optimize in (False, True):
-        graph = build_training_graph(info["model"], names[1:], user_inputs=names[:1], optimize=optimize)
+        graph = build_training_graph(info.model, names[1:], user_inputs=names[:1], optimize=optimize)
         copies.append(sum(node.op_type in ("Transpose", "Expand") for node in graph.graph.node))
         agent = TrainingAgent(graph.SerializeToString())
         state, outputs, grads = PartialGraphExecutionState(), [], []

@@ -64,7 +64,7 @@ def main() -> int:
             wheel_names = archive.namelist()
         for required in ("ortagent/_session.pyi", "ortagent/py.typed", "ortagent/agent.py",
                          "ortagent/training_ops/__init__.py", "ortagent/training_ops/aten.py",
-                         "ortagent/torch.py", "ortagent/_graph_passes.py"):
+                         "ortagent/torch/__init__.py", "ortagent/torch/_module.py", "ortagent/_ad_rules.py", "ortagent/_graph_passes.py"):
             if required not in wheel_names:
                 raise SystemExit(f"the wheel lacks {required}")
         if not any(name.startswith("ortagent/_session.") and name.endswith(".so") for name in wheel_names):

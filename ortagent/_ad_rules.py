@@ -1,0 +1,171 @@
+"""The derivative rules ortagent gives onnx-ad for operators onnx-ad does not know.
+
+:func:`ortagent.training.build_training_graph` differentiates with onnx-ad, whose rules are a
+table keyed by operator type. ortagent adds entries for operators of its own domain
+``ai.ortagent.ad`` only (never replacing one of onnx-ad's), through :func:`prepare`, and
+:func:`finish` turns those operators into standard ones once the backward is built:
+
+* ``StopGradient(x)``: ``x`` unchanged, no gradient to ``x`` (torch's ``detach``; the torch
+  bridge writes it where torch's autograd would not differentiate). Becomes ``Identity``.
+* ``Convolution``: a standard ``Conv`` that :func:`prepare` renamed (default opset 16 and up),
+  whose reverse is one ``com.microsoft:ConvGrad`` node, lowered to standard operators by
+  :func:`ortagent.training_ops.lower_training_ops` after differentiation. Unlike onnx-ad's own
+  Conv rule it needs no static shape (batch, channel and spatial dimensions may be symbolic)
+  and differentiates grouped and depthwise convolutions with respect to their weight. Becomes
+  ``Conv`` again.
+
+ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
+result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
+
+Pure Python over ``onnx`` and ``onnx-ad``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import onnx
+from onnx import ModelProto, ValueInfoProto
+
+from ._onnx_graph import walk_graphs
+from .errors import OrtNotImplemented
+
+__all__ = ["DOMAIN", "STOP_GRADIENT", "prepare", "finish", "uses_private_ops"]
+
+DOMAIN = "ai.ortagent.ad"
+STOP_GRADIENT = "StopGradient"
+CONVOLUTION = "Convolution"
+_PRIVATE = {STOP_GRADIENT, CONVOLUTION}
+_CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
+
+_registered = False
+_lock = threading.Lock()
+
+
+def _stop_gradient_reverse(ctx, node, grads):      # onnx-ad's rule signature
+    return [None] * len(node.input)
+
+
+def _stop_gradient_forward(ctx, node, tangents):
+    return [None] * len(node.output)
+
+
+def _convolution_reverse(ctx, node, grads):
+    """dX, dW and dB of a convolution from one ConvGrad node (only the wanted outputs named)."""
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    wanted = [bool(name) and ctx.asked_for(name) for name in inputs[:3]]
+    if not any(wanted):
+        return [None] * len(node.input)
+    last = ctx.b.ints([-1])
+    dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), last], stem="conv_dy")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+    outputs = ctx.b.op("ConvGrad", [dy, inputs[0], inputs[1]], outputs=3, stem="conv_grad",
+                       domain=_MS_DOMAIN, **attrs)
+    grad_node = ctx.b.nodes[-1]
+    contributions: list = []
+    for index, name in enumerate(outputs):
+        if index >= len(node.input):
+            break
+        if not wanted[index]:
+            grad_node.output[index] = ""
+            contributions.append(None)
+        else:
+            contributions.append(ctx.b.op("Unsqueeze", [name, last], stem="conv_adjoint"))
+    for index in range(len(node.input), 3):
+        grad_node.output[index] = ""
+    return contributions
+
+
+_MS_DOMAIN = "com.microsoft"
+
+
+def _register() -> None:
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from onnx_ad import rules
+
+        # (ortagent only builds reverse-mode graphs; StopGradient's forward rule is as trivial)
+        for op_type, reverse, forward in ((STOP_GRADIENT, _stop_gradient_reverse, _stop_gradient_forward),
+                                          (CONVOLUTION, _convolution_reverse, None)):
+            if op_type in rules.REVERSE or op_type in rules.FORWARD:
+                raise RuntimeError(f"onnx-ad defines a rule for {op_type} itself; ortagent's private "
+                                   "operator of that name would shadow it")
+            rules.REVERSE[op_type] = reverse
+            if forward is not None:
+                rules.FORWARD[op_type] = forward
+        _registered = True
+
+
+def uses_private_ops(model: ModelProto) -> bool:
+    return any(node.domain == DOMAIN for graph in walk_graphs(model.graph) for node in graph.node)
+
+
+def _default_opset(model: ModelProto) -> int:
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+
+
+def prepare(model: ModelProto) -> None:
+    """Make ``model`` ready for onnx-ad with ortagent's rules (in place): rename the operators
+    ortagent differentiates itself, register the rules, and declare each private operator's
+    result type."""
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            if node.domain == DOMAIN and node.op_type not in _PRIVATE:
+                raise OrtNotImplemented(
+                    f"node '{node.name}' uses {DOMAIN}:{node.op_type}, which ortagent does not define")
+    convolutions = [node for node in model.graph.node
+                    if node.op_type == "Conv" and node.domain in ("", "ai.onnx")] \
+        if _default_opset(model) >= _CONV_GRAD_OPSET else []
+    if not convolutions and not uses_private_ops(model):
+        return
+    _register()
+    known = _known_types(model)
+    for node in convolutions:
+        node.op_type = CONVOLUTION
+        node.domain = DOMAIN
+        _declare(model, node.output[0], known.get(node.output[0]))
+    if not any(entry.domain == DOMAIN for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    for _ in range(8):      # a chain of markers needs one round per link
+        known = _known_types(model)
+        added = False
+        for node in model.graph.node:
+            if node.domain == DOMAIN and node.op_type == STOP_GRADIENT:
+                added |= _declare(model, node.output[0], known.get(node.input[0]))
+        if not added:
+            return
+
+
+def _known_types(model: ModelProto) -> dict[str, ValueInfoProto]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    return {value.name: value for value in [*inferred.graph.input, *inferred.graph.value_info,
+                                            *inferred.graph.output] if value.type.tensor_type.elem_type}
+
+
+def _declare(model: ModelProto, name: str, source: ValueInfoProto | None) -> bool:
+    """Declare ``name``'s type as that of ``source``, unless declared already or unknown."""
+    if source is None or any(value.name == name for value in [*model.graph.value_info, *model.graph.output]):
+        return False
+    value = ValueInfoProto()
+    value.CopyFrom(source)
+    value.name = name
+    model.graph.value_info.append(value)
+    return True
+
+
+_STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv"}
+
+
+def finish(model: ModelProto) -> None:
+    """Replace ``model``'s private operators by standard ones (in place)."""
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            if node.domain == DOMAIN and node.op_type in _STANDARD:
+                node.op_type = _STANDARD[node.op_type]
+                node.domain = ""
+    kept = [opset for opset in model.opset_import if opset.domain != DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)

@@ -1,0 +1,325 @@
+"""The sessions behind one exported graph, and the autograd function that runs them.
+
+A :class:`GraphRunner` owns what runs one :class:`~ortagent.torch._export.ExportedGraph`: an
+:class:`~ortagent.InferenceSession` of the forward (eval mode, ``torch.no_grad()``) and one
+:class:`~ortagent.TrainingAgent` per set of tensors that need a gradient. The training graph is
+built once with the export's symbolic dimensions and serves every shape the export accepts;
+only when the autodiff needs static shapes for some operator is it built again per input shape
+(a small cache of those). Built training graphs can be kept on disk (:mod:`._cache`).
+
+:class:`ORTFunction` is the ``torch.autograd.Function``: its forward runs the agent's forward
+(state API, one :class:`~ortagent.PartialGraphExecutionState` in the context), its backward
+resumes it from the output gradients. Tensors cross by DLPack without copies.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ortagent.errors import OrtNotImplemented, RunStateError
+
+from ._export import IR_VERSION, ExportedGraph, inference_model
+
+__all__ = ["GraphRunner", "AgentPlan", "ORTFunction", "SessionConfig", "to_ort", "to_torch"]
+
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_SPECIALIZED_GRAPHS = 8         # training graphs kept per runner when the autodiff needs static shapes
+
+
+def to_ort(tensor: torch.Tensor, stream: int | None = None) -> Any:
+    """An OrtValue over the tensor's memory. For a CUDA tensor, ``stream`` is the stream
+    onnxruntime computes on: torch makes its pending work on the tensor visible to it."""
+    from ortagent._dlpack import from_dlpack
+
+    tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    if stream is not None and tensor.device.type == "cuda":
+        return from_dlpack(tensor, stream=stream)
+    return from_dlpack(tensor)
+
+
+def to_torch(value: Any) -> torch.Tensor:
+    return torch.utils.dlpack.from_dlpack(value)
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """What every session of one ORTModule is created with."""
+
+    providers: Sequence[Any] | None
+    session_options: Any
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """A training agent and how one call feeds it: ``feed_order`` indexes the graph inputs the
+    agent reads in its order, ``non_differentiable`` lists module outputs without a gradient,
+    ``gradient_slots`` the graph input each gradient output belongs to."""
+
+    agent: Any
+    feed_order: tuple[int, ...]
+    non_differentiable: tuple[int, ...]
+    gradient_slots: tuple[int, ...]
+
+
+class GraphRunner:
+    """The sessions that run one exported graph on one device."""
+
+    def __init__(self, exported: ExportedGraph, config: SessionConfig, device: torch.device,
+                 cache: Any = None) -> None:
+        self.exported = exported
+        self.config = config
+        self.device = device
+        self.cache = cache
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._agents: dict[tuple, AgentPlan] = {}
+        self._specialized: OrderedDict[tuple, AgentPlan] = OrderedDict()
+        self._symbolic_failed: set[tuple] = set()
+        # CUDA: onnxruntime computes on torch's current stream of the device (captured now), and
+        # torch orders its work on the tensors it hands over before that stream (DLPack's
+        # stream argument). With the caller's own providers the stream is not known: torch's
+        # current stream is synchronized before each run instead.
+        self.stream: int | None = None
+        if device.type == "cuda" and config.providers is None:
+            self.stream = torch.cuda.current_stream(device).cuda_stream
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def _providers(self) -> list:
+        if self.config.providers is not None:
+            return list(self.config.providers)
+        if self.device.type == "cuda":
+            return [("CUDAExecutionProvider", {"device_id": str(self.device.index or 0),
+                                               "has_user_compute_stream": "1",
+                                               "user_compute_stream": str(self.stream)}),
+                    "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def _ort_device(self) -> str:
+        return f"cuda:{self.device.index or 0}" if self.device.type == "cuda" else "cpu"
+
+    def before_run(self) -> None:
+        if self.device.type == "cuda" and self.stream is None:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def to_ort(self, tensor: torch.Tensor) -> Any:
+        return to_ort(tensor, self.stream)
+
+    def inference_session(self) -> Any:
+        with self._lock:
+            if self._session is None:
+                from ortagent._providers import strict_providers
+                from ortagent._session import InferenceSession
+
+                with strict_providers():        # the module's device, or an error: never another
+                    self._session = InferenceSession(inference_model(self.exported.model).SerializeToString(),
+                                                     self.config.session_options, self._providers())
+            return self._session
+
+    def run_inference(self, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
+        session = self.inference_session()
+        names = self.exported.input_names
+        self.before_run()
+        if self.device.type == "cuda":
+            binding = session.io_binding()
+            for name, tensor in zip(names, feeds):
+                binding.bind_ortvalue_input(name, self.to_ort(tensor))
+            for name in self.exported.output_names:
+                binding.bind_output(name, "cuda", self.device.index or 0)
+            session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
+        else:
+            outputs = session.run_with_ort_values(None, {name: to_ort(t) for name, t in zip(names, feeds)})
+        return [to_torch(value) for value in outputs]
+
+    # -- training agents -----------------------------------------------------------------------------
+
+    def agent(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
+              shapes: tuple[tuple[int, ...], ...]) -> AgentPlan:
+        """The agent computing the gradients of ``trainable`` parameters and ``input_gradients``
+        user inputs (graph input names), for a call whose used inputs have ``shapes``."""
+        key = (trainable, input_gradients)
+        with self._lock:
+            plan = self._agents.get(key)
+            if plan is not None:
+                return plan
+            specialized_key = (key, shapes)
+            plan = self._specialized.get(specialized_key)
+            if plan is not None:
+                self._specialized.move_to_end(specialized_key)
+                return plan
+            if key not in self._symbolic_failed:
+                try:
+                    plan = self._build(trainable, input_gradients, None)
+                except OrtNotImplemented:
+                    # some operator's derivative needs static shapes: build at this call's
+                    # shapes (its own refusal, if any, is the one the caller sees)
+                    if not self.exported.guard.symbolic:
+                        raise
+                    self._symbolic_failed.add(key)
+                else:
+                    self._agents[key] = plan
+                    return plan
+            plan = self._build(trainable, input_gradients, shapes)
+            self._specialized[specialized_key] = plan
+            while len(self._specialized) > _SPECIALIZED_GRAPHS:
+                self._specialized.popitem(last=False)
+            return plan
+
+    def _build(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
+               shapes: tuple[tuple[int, ...], ...] | None) -> AgentPlan:
+        from ortagent.agent import TrainingAgent
+
+        graph = None
+        cache_key = (trainable, input_gradients, shapes)
+        if self.cache is not None:
+            graph = self.cache.load_training_graph(cache_key)
+        if graph is None:
+            graph = self._training_graph(trainable, input_gradients, shapes)
+            if self.cache is not None:
+                self.cache.store_training_graph(cache_key, graph)
+        names = list(self.exported.input_names)
+        yield_node = next(node for node in graph.graph.node if node.op_type == "YieldOp")
+        fetches = list(yield_node.input)
+        outputs = [value.name for value in graph.graph.output]
+        device = self._ort_device()
+        agent = TrainingAgent(graph.SerializeToString(),
+                              fw_feed_names=[value.name for value in graph.graph.input],
+                              fw_fetches_names=fetches,
+                              fw_outputs_device_info=[device] * len(fetches),
+                              bw_feed_names=list(yield_node.output),
+                              bw_fetches_names=outputs,
+                              bw_outputs_device_info=[device] * len(outputs),
+                              session_options=self.config.session_options,
+                              providers=self._providers())
+        non_differentiable: list[int] = []
+        for attr in yield_node.attribute:
+            if attr.name == "non_differentiable_outputs":
+                non_differentiable = sorted(attr.ints)
+        return AgentPlan(agent,
+                         tuple(names.index(value.name) for value in graph.graph.input),
+                         tuple(non_differentiable),
+                         tuple(names.index(name) for name in (*input_gradients, *trainable)))
+
+    def _training_graph(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
+                        shapes: tuple[tuple[int, ...], ...] | None) -> Any:
+        from ortagent.training import build_training_graph
+
+        model = self.exported.model
+        if shapes is not None:
+            model = specialize(model, self.exported.input_names, shapes)
+        names = self.exported.input_names
+        return build_training_graph(
+            model, trainable,
+            user_inputs=[name for name in names if name not in trainable],
+            input_gradients=input_gradients,
+            non_differentiable_outputs=self.exported.non_differentiable_outputs,
+            ir_version=IR_VERSION)
+
+    def close(self) -> None:
+        with self._lock:
+            plans = [*self._agents.values(), *self._specialized.values()]
+            self._agents.clear()
+            self._specialized.clear()
+            session, self._session = self._session, None
+        for plan in plans:
+            plan.agent.close()
+        if session is not None:
+            session.close()
+
+
+def specialize(model: Any, input_names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> Any:
+    """A copy of ``model`` whose inputs ``input_names`` have the static ``shapes``; symbols are
+    replaced by their values wherever they appear, other symbolic dimensions are cleared for
+    shape inference to fill in."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    values: dict[str, int] = {}
+    inputs = {value.name: value for value in copy.graph.input}
+    for name, shape in zip(input_names, shapes):
+        value = inputs.get(name)
+        if value is None:
+            continue
+        for dim, size in zip(value.type.tensor_type.shape.dim, shape):
+            if dim.dim_param:
+                values[dim.dim_param] = size
+            dim.dim_value = size
+    for value in [*copy.graph.value_info, *copy.graph.output]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param:
+                size = values.get(dim.dim_param)
+                if size is None:
+                    size = _evaluate(dim.dim_param, values)
+                if size is None:
+                    dim.ClearField("dim_param")
+                else:
+                    dim.dim_value = size
+    return copy
+
+
+def _evaluate(expression: str, values: dict[str, int]) -> int | None:
+    import sympy
+
+    try:
+        result = sympy.sympify(expression).subs(values)
+    except (sympy.SympifyError, TypeError, ValueError):
+        return None
+    return int(result) if result.is_Integer else None
+
+
+class ORTFunction(torch.autograd.Function):
+    """A forward through the agent, with its backward resumed from the output gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, runner: GraphRunner, plan: AgentPlan, *feeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from ortagent._agent import PartialGraphExecutionState
+
+        state = PartialGraphExecutionState()
+        outputs: list = []
+        values = [runner.to_ort(feeds[i]) for i in plan.feed_order]
+        runner.before_run()
+        plan.agent.run_forward(values, outputs, state)
+        results = tuple(to_torch(value) for value in outputs)
+        ctx.state = state
+        ctx.runner = runner
+        ctx.plan = plan
+        ctx.n_feeds = len(feeds)
+        ctx.output_meta = [(r.shape, r.dtype, r.device) for r in results]
+        ctx.mark_non_differentiable(*[results[i] for i in plan.non_differentiable])
+        return results
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
+        state = ctx.state
+        if state is None or state.status != "waiting for its backward":
+            raise RunStateError("ORTModule: the backward of this forward already ran (retain_graph "
+                                "and a second backward through the same forward are not supported)")
+        plan: AgentPlan = ctx.plan
+        non_differentiable = set(plan.non_differentiable)
+        grads = []
+        for index, grad in enumerate(grad_outputs):
+            if index in non_differentiable:
+                continue
+            if grad is None:
+                shape, dtype, device = ctx.output_meta[index]
+                grad = torch.zeros(shape, dtype=dtype, device=device)
+            grads.append(ctx.runner.to_ort(grad))
+        fetches: list = []
+        ctx.runner.before_run()
+        plan.agent.run_backward(grads, fetches, state)
+        ctx.state = None
+        result: list = [None] * (2 + ctx.n_feeds)
+        for feed_index, value in zip(plan.gradient_slots, fetches):
+            result[2 + feed_index] = to_torch(value)
+        return tuple(result)

@@ -1,0 +1,450 @@
+"""Export a module's forward to ONNX for the bridge: :func:`export` and its record,
+:class:`ExportedGraph`.
+
+The module runs as a function of ``(user tensors, parameters, buffers, random draws)``
+(``torch.func.functional_call``), so parameters and buffers are named graph inputs, never
+initializers, and tied weights appear once. The export asks torch.export for symbolic
+dimensions on every dimension of the user tensors and draws (``Dim.AUTO``): torch keeps a
+dimension symbolic unless the forward pins it (a dimension matched against a weight, or of size
+0 or 1), and :class:`ShapeGuard` records which dimensions are symbolic, which symbols are equal
+and their ranges, so that one export serves every call whose shapes it accepts. Should torch
+fail to export with symbolic dimensions, the export is repeated with the call's static shapes.
+
+Before the export, one discovery run of the forward on meta tensors (or on copies, when some
+operation has no meta kernel) finds the forward's random draws and its output structure, and
+meets any refusal early; it runs again for each new input shape to find the draws' shapes
+(:func:`discover`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
+from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
+
+from . import _trees
+from ._rewrites import BatchStatistics, Layout, Site, Trace, tracing
+
+__all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "discover", "export",
+           "same_draws", "inference_model", "STOP_GRADIENT_DOMAIN"]
+
+#: the default-domain opset and IR version of exported graphs (onnxruntime 1.31 rejects IR 14)
+OPSET = 18
+IR_VERSION = 10
+
+_RANDOM_OPS = {"RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli",
+               "Multinomial"}
+
+
+# -- shapes -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShapeGuard:
+    """Which input shapes an exported graph computes correctly.
+
+    ``dims`` has one entry per user tensor: a tuple with, per dimension, its fixed size (int) or
+    the name of its symbol (str); None for a tensor the graph does not read. ``ranges`` maps
+    each symbol to its inclusive (lower, upper) bounds, upper None for unbounded."""
+
+    dims: tuple[tuple[int | str, ...] | None, ...]
+    ranges: tuple[tuple[str, int, int | None], ...]
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(d, str) for dims in self.dims if dims for d in dims)
+
+    def accepts(self, shapes: Sequence[tuple[int, ...]]) -> bool:
+        values: dict[str, int] = {}
+        for dims, shape in zip(self.dims, shapes):
+            if dims is None:
+                continue
+            if len(dims) != len(shape):
+                return False
+            for dim, size in zip(dims, shape):
+                if isinstance(dim, int):
+                    if dim != size:
+                        return False
+                elif values.setdefault(dim, size) != size:
+                    return False
+        for symbol, lower, upper in self.ranges:
+            size = values.get(symbol)
+            if size is not None and (size < lower or (upper is not None and size > upper)):
+                return False
+        return True
+
+
+def _guard(model: Any, input_names: list[str], n_user: int, range_constraints: dict) -> ShapeGuard:
+    onnx_inputs = {value.name: value for value in model.graph.input}
+    dims: list[tuple[int | str, ...] | None] = []
+    for name in input_names[:n_user]:
+        value = onnx_inputs.get(name)
+        if value is None:
+            dims.append(None)
+            continue
+        entry: list[int | str] = []
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value"):
+                entry.append(int(dim.dim_value))
+            elif dim.dim_param:
+                entry.append(dim.dim_param)
+            else:
+                raise OrtNotImplemented(f"ORTModule: the exported graph's input '{name}' has a dimension of "
+                                        "unknown size")
+        dims.append(tuple(entry))
+    ranges = []
+    for symbol, bounds in range_constraints.items():
+        ranges.append((str(symbol), _bound(bounds.lower, 0), _bound(bounds.upper, None)))
+    return ShapeGuard(tuple(dims), tuple(sorted(ranges)))
+
+
+def _bound(value: Any, unbounded: int | None) -> int | None:
+    """A range bound as an int; infinite bounds (sympy's or torch's int_oo) as ``unbounded``."""
+    if getattr(value, "is_finite", True) is False or getattr(value, "is_infinite", False):
+        return unbounded
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return unbounded
+
+
+# -- the record ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """One export: the forward ONNX model and how the bridge feeds and reads it.
+
+    Graph inputs, in order: the user tensors, the parameters and buffers (``state_names``), the
+    draws (``n_draw_inputs``); ``used`` says which of these the graph reads (``input_names``
+    lists those, in that order). Graph outputs: the module's ``n_outputs`` tensors, then the
+    batch statistics (two per ``statistics`` entry: mean and unbiased variance), then the new
+    values of in-place updated inputs (``mutated``: indices into the inputs above).
+    ``counters`` names the BatchNorm batch counters the bridge adds 1 to after each run.
+    ``sites`` are the draws as the export made them (their kinds and counts hold for every
+    shape; their layouts for the export's shapes)."""
+
+    model: Any
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    used: tuple[bool, ...]
+    n_user: int
+    state_names: tuple[str, ...]
+    param_names: frozenset[str]
+    n_draw_inputs: int
+    sites: tuple[Site, ...]
+    n_outputs: int
+    statistics: tuple[BatchStatistics, ...]
+    counters: tuple[str, ...]
+    mutated: tuple[int, ...]
+    guard: ShapeGuard
+
+    @property
+    def non_differentiable_outputs(self) -> list[int]:
+        """Indices of the outputs that carry no gradient: statistics and updated inputs."""
+        return list(range(self.n_outputs, len(self.output_names)))
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What a run of the forward at given input shapes showed: its draws, its output structure
+    and the running statistics it updates."""
+
+    sites: tuple[Site, ...]
+    outputs: _trees.Flat
+    statistics: tuple[BatchStatistics, ...]
+    counters: tuple[str, ...]
+
+
+def same_draws(a: Sequence[Site], b: Sequence[Site]) -> bool:
+    return [(s.kind, s.n_inputs, len(s.layouts)) for s in a] == [(s.kind, s.n_inputs, len(s.layouts)) for s in b]
+
+
+# -- the traced function ------------------------------------------------------------------------------
+
+class _Functional(nn.Module):
+    """The wrapped module as a function of (user tensors, parameters and buffers, draws)."""
+
+    def __init__(self, module: nn.Module, inputs: _trees.Flat, state_names: Sequence[str], phase: str) -> None:
+        super().__init__()
+        self.target = [module]          # a list: not a submodule, so nothing of it is lifted
+        self.inputs = inputs
+        self.state_names = list(state_names)
+        self.phase = phase
+        self.trace: Trace | None = None
+        self.outputs: _trees.Flat | None = None
+
+    def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n_user, n_state = len(self.inputs.tensors), len(self.state_names)
+        state = dict(zip(self.state_names, flat[n_user:n_user + n_state]))
+        trace = Trace(self.phase, {id(tensor): name for name, tensor in state.items()},
+                      frozenset(id(tensor) for tensor in flat[:n_user]), supplied=flat[n_user + n_state:])
+        args, kwargs = self.inputs.rebuild(flat[:n_user])
+        with tracing(trace):
+            result = torch.func.functional_call(self.target[0], state, tuple(args), dict(kwargs))
+        self.trace = trace
+        self.outputs = _trees.flatten(result, "the forward's result")
+        return (*self.outputs.tensors, *trace.statistic_values)
+
+
+def _traced(tensor: torch.Tensor, graded: bool, kind: str = "export") -> torch.Tensor:
+    """The tensor a trace runs with: detached (on the meta device for a discovery's first try,
+    a copy for its second, itself for the export). A floating-point user input or parameter
+    requires grad, whatever the original's setting: results that still have no autograd history
+    are then the ones torch never differentiates (detach, no_grad), which the trace cuts from
+    the gradient, and one export serves every choice of which tensors require grad."""
+    if kind == "meta":
+        copy = tensor.detach().to("meta")
+    elif kind == "copy":
+        copy = tensor.detach().clone()
+    else:
+        copy = tensor.detach()
+    if graded and tensor.is_floating_point():
+        copy = copy.requires_grad_(True)
+    return copy
+
+
+def _graded(inputs: _trees.Flat, state: dict[str, torch.Tensor], param_names: set[str]) -> list[bool]:
+    return [True] * len(inputs.tensors) + [name in param_names for name in state]
+
+
+def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tensor]) -> Discovery:
+    """Run the forward once, outside any export, to learn its draws and output structure and to
+    meet a refusal early. Tries meta tensors first (nothing computed, nothing touched), then
+    copies of the real tensors (in-place updates in the forward touch nothing of the caller's)."""
+    flat = [*inputs.tensors, *state.values()]
+    graded = _graded(inputs, state, {name for name, _ in module.named_parameters()})
+    for kind in ("meta", "copy"):
+        functional = _Functional(module, inputs, list(state), "discover")
+        try:
+            with torch.enable_grad():
+                functional(*[_traced(tensor, grad, kind) for tensor, grad in zip(flat, graded)])
+        except (OrtNotImplemented, OrtInvalidArgument):
+            raise
+        except Exception:
+            if kind == "copy":
+                raise
+            continue
+        assert functional.trace is not None and functional.outputs is not None
+        trace = functional.trace
+        return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters))
+    raise AssertionError("unreachable")
+
+
+# -- the export ----------------------------------------------------------------------------------------
+
+_stop_gradient_registered = False
+
+
+def _translations() -> dict:
+    """torch.onnx's translation of ortagent::stop_gradient: a StopGradient node of ortagent's
+    domain (its ONNX schema is registered once, so the exporter knows its one output)."""
+    global _stop_gradient_registered
+    import onnx
+    import onnxscript
+    from onnx.defs import OpSchema
+
+    if not _stop_gradient_registered:
+        try:
+            onnx.defs.get_schema("StopGradient", 1, STOP_GRADIENT_DOMAIN)
+        except Exception:
+            floats = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"]
+            onnx.defs.register_schema(OpSchema(
+                "StopGradient", STOP_GRADIENT_DOMAIN, 1,
+                doc="The input, unchanged; the value carries no gradient (ortagent's marker for torch's detach).",
+                inputs=[OpSchema.FormalParameter("input", "T")],
+                outputs=[OpSchema.FormalParameter("output", "T")],
+                type_constraints=[("T", floats, "floating-point tensors")]))
+        _stop_gradient_registered = True
+    domain = onnxscript.values.Opset(STOP_GRADIENT_DOMAIN, 1)
+
+    def translate(x: Any) -> Any:
+        return domain.StopGradient(x)
+
+    return {torch.ops.ortagent.stop_gradient.default: translate}
+
+
+def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, opset: int = OPSET,
+           ir_version: int = IR_VERSION) -> tuple[ExportedGraph, Discovery]:
+    """Export ``module(*args, **kwargs)`` (``inputs`` flattened) in its current training mode."""
+    if importlib.util.find_spec("onnxscript") is None:
+        raise OrtNotImplemented("ORTModule exports with torch.onnx.export(dynamo=True), which needs the "
+                                "onnxscript package: pip install onnxscript (or ortagent[torch])")
+    params = dict(module.named_parameters())
+    state = {**params, **dict(module.named_buffers())}
+    discovery = discover(module, inputs, state)
+    sites = discovery.sites
+    device = next((t.device for t in (*inputs.tensors, *state.values())), torch.device("cpu"))
+    draws = [layout.empty(device).zero_().add_(1) for site in sites for layout in _site_layouts(site)]
+    input_names = [f"input_{i}" for i in range(len(inputs.tensors))] + list(state) + \
+        [f"draw_{i}" for i in range(len(draws))]
+    graded = _graded(inputs, state, set(params))
+    flat = [_traced(t, grad) for t, grad in zip([*inputs.tensors, *state.values()], graded)] + draws
+    n_user = len(inputs.tensors)
+    program = None
+    failure: Exception | None = None
+    for symbolic in ((True, False) if dynamic else (False,)):
+        functional = _Functional(module, inputs, list(state), "export")
+        dynamic_shapes = None
+        if symbolic:
+            auto = torch.export.Dim.AUTO
+            dynamic_shapes = (tuple(
+                {axis: auto for axis in range(t.dim())} if (i < n_user or i >= n_user + len(state)) and t.dim() else None
+                for i, t in enumerate(flat)),)
+        try:
+            program, exported_program = _torch_export(functional, flat, input_names, opset, dynamic_shapes)
+            break
+        except (OrtNotImplemented, OrtInvalidArgument):
+            raise
+        except Exception as exc:  # the exporter's own errors: try static shapes, then refuse
+            failure = exc
+    if program is None:
+        assert failure is not None
+        raise OrtNotImplemented(f"ORTModule: torch.onnx.export (dynamo) failed for {type(module).__name__}: "
+                                f"{type(failure).__name__}: {failure}") from failure
+    model = program.model_proto
+    model.ir_version = ir_version
+    _static_literals(model)
+    _check_exported(model, any(sub.training for sub in module.modules()))
+    n_outputs = len(discovery.outputs.tensors)
+    n_stats = 2 * len(discovery.statistics)
+    if len(model.graph.output) != n_outputs + n_stats:
+        raise OrtNotImplemented(f"ORTModule: the exported graph has {len(model.graph.output)} outputs, "
+                                f"expected {n_outputs + n_stats}")
+    mutated = _mutation_outputs(program, model, input_names, flat, set(params))
+    onnx_inputs = {value.name for value in model.graph.input}
+    exported = ExportedGraph(
+        model=model,
+        input_names=tuple(name for name in input_names if name in onnx_inputs),
+        output_names=tuple(value.name for value in model.graph.output),
+        used=tuple(name in onnx_inputs for name in input_names),
+        n_user=n_user,
+        state_names=tuple(state),
+        param_names=frozenset(params),
+        n_draw_inputs=len(draws),
+        sites=tuple(sites),
+        n_outputs=n_outputs,
+        statistics=discovery.statistics,
+        counters=discovery.counters,
+        mutated=tuple(mutated),
+        guard=_guard(model, input_names, n_user, dict(exported_program.range_constraints)),
+    )
+    return exported, discovery
+
+
+def _static_literals(model: Any) -> None:
+    """Dimensions torch.export pinned to a size reach the ONNX graph as symbols named by that
+    size ("784"): make them static (in place)."""
+    from ortagent._onnx_graph import walk_graphs
+
+    for graph in walk_graphs(model.graph):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param.isdigit():
+                    dim.dim_value = int(dim.dim_param)
+
+
+def _site_layouts(site: Site) -> list:
+    """The layouts of a site's graph inputs (alpha dropout feeds a scale and a shift of one
+    layout; a factory's value is made from its arguments)."""
+    if site.kind == "factory":
+        function, args, kwargs = site.params
+        made = function(*args, **{**kwargs, "device": "meta"})
+        return [Layout.of(made)]
+    return [site.layouts[0]] * site.n_inputs
+
+
+def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names: list[str], opset: int,
+                  dynamic_shapes: Any) -> Any:
+    """torch.export (non-strict: the forward runs as Python, so the rewrites apply), then the
+    ONNX translation of that program. Exporting first ourselves keeps torch.export's own
+    decisions: a dimension torch pins (matched against a weight) is static in the graph, and a
+    free one keeps the range torch proved for it."""
+    with warnings.catch_warnings(), torch.enable_grad():
+        warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated", category=FutureWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module="torch.onnx")
+        exported_program = torch.export.export(functional, tuple(flat), dynamic_shapes=dynamic_shapes, strict=False)
+        program = torch.onnx.export(exported_program, (), dynamo=True, input_names=input_names, opset_version=opset,
+                                    optimize=True, verbose=False, report=False,
+                                    custom_translation_table=_translations())
+    if program is None:
+        raise RuntimeError("torch.onnx.export returned no program")
+    return program, exported_program
+
+
+def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: list[torch.Tensor],
+                      param_names: set[str]) -> list[int]:
+    """In-place updates of inputs or buffers (``self.count += 1``): torch.export turns them into
+    extra results that the ONNX graph drops. Make each one a graph output (after the others) and
+    return the flat indices of the updated inputs, in that order; the caller copies the new values
+    back. Parameters updated in place, or other extra results, are refused."""
+    from onnx import helper
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    signature = program.exported_program.graph_signature
+    placeholders = [spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    graph = model.graph
+    produced = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
+    types = {value.name: value.type for value in graph.input}
+    mutated = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_OUTPUT:
+            continue
+        if spec.kind != OutputKind.USER_INPUT_MUTATION or spec.target not in placeholders:
+            raise OrtNotImplemented(f"ORTModule: the exported program has a {spec.kind.name} result, "
+                                    "which the bridge cannot apply")
+        index = placeholders.index(spec.target)
+        name = input_names[index]
+        if name in param_names:
+            raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place in its forward; "
+                                    "in-place updates of parameters are not supported")
+        source = spec.arg.name
+        if source not in produced or name not in types:
+            raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place, and the exported "
+                                    "graph lost the new value")
+        target = f"updated_{index}"
+        graph.node.append(helper.make_node("Identity", [source], [target], name=f"ortagent_{target}"))
+        value = graph.output.add()
+        value.name = target
+        value.type.CopyFrom(types[name])
+        mutated.append(index)
+    return mutated
+
+
+def _check_exported(model: Any, training: bool) -> None:
+    """Refuse exported graphs whose training semantics would be wrong."""
+    from ortagent._onnx_graph import walk_graphs
+
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type in _RANDOM_OPS:
+                raise OrtNotImplemented(f"ORTModule: the exported graph draws random numbers in node "
+                                        f"'{node.name}' ({node.op_type}), from a random operation the bridge "
+                                        "does not replay (one inside a torch function, or one whose "
+                                        "distribution depends on tensor values)")
+            if training and node.op_type == "Dropout" and len(node.input) > 2 and node.input[2]:
+                raise OrtNotImplemented(f"ORTModule: the exported graph has a Dropout node '{node.name}' "
+                                        "with a training_mode input")
+            if node.op_type == "BatchNormalization" and any(
+                    attr.name == "training_mode" and attr.i for attr in node.attribute):
+                raise OrtNotImplemented(f"ORTModule: the exported graph has a training-mode "
+                                        f"BatchNormalization node '{node.name}'")
+
+
+def inference_model(model: Any) -> Any:
+    """The forward model as onnxruntime runs it: StopGradient markers become Identity."""
+    import onnx
+
+    from ortagent import _ad_rules
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    _ad_rules.finish(copy)
+    return copy

@@ -1,0 +1,271 @@
+""":class:`ORTModule`: a ``torch.nn.Module`` whose forward and backward run in onnxruntime."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
+
+from . import _trees
+from ._bridge import GraphRunner, ORTFunction, SessionConfig
+from ._cache import GraphStore, structure_key
+from ._export import Discovery, ExportedGraph, discover, export, same_draws
+from ._rewrites import Site, draw
+
+__all__ = ["ORTModule"]
+
+_INNER = "_original_module"
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_DEFAULT_MAX_GRAPHS = 8
+_MANY_EXPORTS = 8               # warn once when a module has exported this many times
+_SITE_SHAPES_KEPT = 16          # the draws' layouts remembered per export, by input shapes
+# torch.export is not made to run in two threads at once: exports take turns (runs do not)
+_EXPORT_LOCK = threading.RLock()
+
+
+@dataclass
+class _Export:
+    """An export, the runner of its sessions, and its draws' layouts by input shapes."""
+
+    exported: ExportedGraph
+    runner: GraphRunner
+    outputs: _trees.Flat
+    sites: OrderedDict[tuple, tuple[Site, ...]] = field(default_factory=OrderedDict)
+
+
+class ORTModule(nn.Module):
+    """Run ``module``'s forward and backward in onnxruntime; see :mod:`ortagent.torch`.
+
+    ``providers`` and ``session_options`` go to every session created (default: the CPU
+    provider, or the CUDA provider on the inputs' CUDA device). ``max_graphs`` bounds the
+    exports kept in memory (least recently used first out; each serves a family of input
+    shapes). ``cache_dir`` (default: the environment variable ``ORTAGENT_TORCH_CACHE_DIR``,
+    else no disk cache) keeps exported and built graphs on disk, so that a restarted job skips
+    the export. Parameters and buffers are the wrapped module's own, and ``state_dict`` /
+    ``load_state_dict`` use its keys.
+    """
+
+    def __init__(self, module: nn.Module, *, providers: Sequence[Any] | None = None,
+                 session_options: Any = None, max_graphs: int = _DEFAULT_MAX_GRAPHS,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        if not isinstance(module, nn.Module):
+            raise OrtInvalidArgument(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(module, ORTModule):
+            raise OrtInvalidArgument("the module is an ORTModule already")
+        if isinstance(max_graphs, bool) or not isinstance(max_graphs, int):
+            raise OrtInvalidType(f"max_graphs must be an int, got {type(max_graphs).__name__}")
+        if max_graphs < 1:
+            raise OrtInvalidArgument(f"max_graphs must be 1 or more, got {max_graphs}")
+        super().__init__()
+        self._original_module = module
+        self.register_state_dict_post_hook(ORTModule._strip_prefix)
+        self.register_load_state_dict_pre_hook(ORTModule._add_prefix)
+        self._config = SessionConfig(providers, session_options)
+        self._max_graphs = max_graphs
+        if cache_dir is None:
+            cache_dir = os.environ.get("ORTAGENT_TORCH_CACHE_DIR") or None
+        self._store = GraphStore(cache_dir) if cache_dir is not None else None
+        self._exports: OrderedDict[tuple, list[_Export]] = OrderedDict()
+        self._export_count = 0
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped module."""
+        return self._original_module
+
+    # state_dict() and load_state_dict() use the wrapped module's keys (no "_original_module."),
+    # also when this ORTModule sits inside another module
+    @staticmethod
+    def _strip_prefix(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+        inner = prefix + _INNER + "."
+        items = list(state_dict.items())
+        state_dict.clear()
+        for key, value in items:
+            state_dict[prefix + key[len(inner):] if key.startswith(inner) else key] = value
+
+    @staticmethod
+    def _add_prefix(module: nn.Module, state_dict: dict, prefix: str, *args: Any) -> None:
+        inner = prefix + _INNER + "."
+        items = list(state_dict.items())
+        state_dict.clear()
+        for key, value in items:
+            if key.startswith(prefix) and not key.startswith(inner):
+                key = inner + key[len(prefix):]
+            state_dict[key] = value
+
+    @property
+    def exported_graphs(self) -> int:
+        """How many exports this module made (each serves one family of input shapes)."""
+        return self._export_count
+
+    def _signature(self, flat: _trees.Flat) -> tuple:
+        module = self._original_module
+        return (_trees.signature_of(flat), tuple(sub.training for sub in module.modules()))
+
+    # -- finding or making the export for a call -------------------------------------------------
+
+    def _export_for(self, flat: _trees.Flat) -> _Export:
+        key = self._signature(flat)
+        shapes = tuple(tuple(t.shape) for t in flat.tensors)
+        with _EXPORT_LOCK:
+            entries = self._exports.get(key)
+            if entries is not None:
+                self._exports.move_to_end(key)
+                for entry in entries:
+                    if entry.exported.guard.accepts(shapes):
+                        return entry
+            entry = self._new_export(flat, key)
+            self._exports.setdefault(key, []).append(entry)
+            self._evict()
+            return entry
+
+    def _evict(self) -> None:
+        count = sum(len(entries) for entries in self._exports.values())
+        while count > self._max_graphs:
+            key = next(iter(self._exports))
+            entries = self._exports[key]
+            oldest = entries.pop(0)
+            if not entries:
+                del self._exports[key]
+            oldest.runner.close()
+            count -= 1
+
+    def _device(self, flat: _trees.Flat) -> torch.device:
+        module = self._original_module
+        devices = {t.device for t in flat.tensors} | {p.device for p in module.parameters()} | \
+            {b.device for b in module.buffers()}
+        if len(devices) > 1:
+            raise OrtInvalidArgument(f"ORTModule: inputs, parameters and buffers are on several devices: {devices}")
+        return devices.pop() if devices else torch.device("cpu")
+
+    def _new_export(self, flat: _trees.Flat, key: tuple) -> _Export:
+        module = self._original_module
+        device = self._device(flat)
+        # the export must not move torch's generators: the draws made later are then the ones
+        # eager would make from the same seed
+        cuda = [device.index or 0] if device.type == "cuda" else []
+        store_key = structure_key(module, key) if self._store is not None else ""
+        with torch.random.fork_rng(devices=cuda):
+            found = self._store.find(store_key, [tuple(t.shape) for t in flat.tensors]) \
+                if self._store is not None else None
+            if found is not None:
+                entry_folder, layout, model = found
+                state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+                discovery = discover(module, flat, state)
+                exported = GraphStore.exported(layout, model, discovery.sites)
+                cache = entry_folder
+            else:
+                exported, discovery = export(module, flat)
+                cache = self._store.store(store_key, exported) if self._store is not None else None
+        self._export_count += 1
+        if self._export_count == _MANY_EXPORTS:
+            warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "
+                          "new input rank, dtype, device, non-tensor argument, training mode or shape the "
+                          "earlier exports do not accept exports anew", RuntimeWarning, stacklevel=4)
+        runner = GraphRunner(exported, self._config, device, cache)
+        entry = _Export(exported, runner, discovery.outputs)
+        entry.sites[tuple(tuple(t.shape) for t in flat.tensors)] = discovery.sites
+        return entry
+
+    def _sites_for(self, entry: _Export, flat: _trees.Flat) -> tuple[Site, ...]:
+        """The draws' layouts at this call's shapes (a discovery run on meta tensors for shapes
+        not seen yet)."""
+        if not entry.exported.n_draw_inputs:
+            return ()
+        shapes = tuple(tuple(t.shape) for t in flat.tensors)
+        sites = entry.sites.get(shapes)
+        if sites is not None:
+            return sites
+        module = self._original_module
+        state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        device = self._device(flat)
+        with _EXPORT_LOCK, torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            found: Discovery = discover(module, flat, state)
+        if not same_draws(found.sites, entry.exported.sites):
+            raise OrtInvalidArgument(f"ORTModule: at input shapes {list(shapes)} the forward of "
+                                     f"{type(module).__name__} makes other random draws than at the shapes it "
+                                     "was exported with; its random calls depend on the shapes in a way the "
+                                     "export did not record")
+        entry.sites[shapes] = found.sites
+        while len(entry.sites) > _SITE_SHAPES_KEPT:
+            entry.sites.popitem(last=False)
+        return found.sites
+
+    # -- the call ---------------------------------------------------------------------------------
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = self._original_module
+        flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
+        entry = self._export_for(flat)
+        exported = entry.exported
+        runner = entry.runner
+        sites = self._sites_for(entry, flat)
+        state = [value for _, value in module.named_parameters()] + [value for _, value in module.named_buffers()]
+        draws = [tensor for site in sites for tensor in draw(site, runner.device)]
+        everything = [*flat.tensors, *state, *draws]
+        feeds = [tensor for tensor, used in zip(everything, exported.used) if used]
+        names = exported.input_names
+        trainable = tuple(name for name, tensor in zip(names, feeds)
+                          if name in exported.param_names and tensor.requires_grad)
+        user_names = set(names[:sum(exported.used[:exported.n_user])])
+        input_gradients = tuple(name for name, tensor in zip(names, feeds)
+                                if name in user_names and tensor.requires_grad and tensor.dtype in _FLOAT_DTYPES)
+        if torch.is_grad_enabled() and (trainable or input_gradients):
+            plan = runner.agent(trainable, input_gradients, tuple(tuple(t.shape) for t in feeds))
+            outputs = ORTFunction.apply(runner, plan, *feeds)
+        else:
+            outputs = runner.run_inference(feeds)
+        n_out = exported.n_outputs
+        n_stats = 2 * len(exported.statistics)
+        if exported.mutated:
+            for index in exported.mutated:
+                if everything[index].requires_grad:
+                    raise OrtNotImplemented(f"ORTModule: the forward updates '{exported.input_names[index]}' in "
+                                            "place, which requires grad; in-place updates of tensors that "
+                                            "require grad are not supported")
+            with torch.no_grad():
+                for index, value in zip(exported.mutated, outputs[n_out + n_stats:]):
+                    everything[index].copy_(value)
+        if exported.counters:
+            buffers = dict(module.named_buffers())
+            with torch.no_grad():
+                for name in exported.counters:
+                    buffers[name].add_(1)
+        if n_stats:
+            self._update_running_stats(exported, outputs[n_out:n_out + n_stats])
+        return entry.outputs.rebuild(outputs[:n_out])
+
+    def _update_running_stats(self, exported: ExportedGraph, stats: Sequence[torch.Tensor]) -> None:
+        """torch's running-average rule on the buffers of each training-mode BatchNorm (after
+        ``num_batches_tracked`` was counted)."""
+        module = self._original_module
+        buffers = dict(module.named_buffers())
+        with torch.no_grad():
+            for index, entry in enumerate(exported.statistics):
+                mean, var = stats[2 * index], stats[2 * index + 1]
+                owner_path = entry.running_mean.rpartition(".")[0]
+                owner = module.get_submodule(owner_path) if owner_path else module
+                # a norm module's momentum is read now (a schedule may change it between steps)
+                if isinstance(owner, nn.modules.batchnorm._BatchNorm):
+                    momentum = owner.momentum
+                elif isinstance(owner, nn.modules.instancenorm._InstanceNorm):
+                    momentum = owner.momentum if owner.momentum is not None else 0.0
+                else:
+                    momentum = entry.momentum
+                if momentum is None:
+                    counter = buffers.get(entry.num_batches_tracked) if entry.num_batches_tracked else None
+                    factor = 1.0 / float(counter) if counter is not None and float(counter) > 0 else 0.0
+                else:
+                    factor = float(momentum)
+                running_mean, running_var = buffers[entry.running_mean], buffers[entry.running_var]
+                running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
+                running_var.mul_(1 - factor).add_(var.to(running_var.dtype), alpha=factor)

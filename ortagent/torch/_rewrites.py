@@ -1,0 +1,548 @@
+"""Training semantics decided before the export: what a traced forward runs in place of torch's
+own kernels, and only in the thread that traces.
+
+An export (and the discovery run before it) traces the wrapped module's forward inside
+:func:`tracing`. While a trace is active in a thread:
+
+* **random draws become graph inputs** ("sites"). Dropout in all its forms (``torch._VF``'s
+  ``dropout``, ``feature_dropout``, ``alpha_dropout``, ``feature_alpha_dropout`` and their
+  in-place forms, which every ``torch.nn.functional`` dropout and ``nn.Dropout*`` module
+  reaches), dropout inside ``scaled_dot_product_attention``, and the primitive draws a forward
+  makes itself (``Tensor.bernoulli_(p)`` into a fresh tensor, as timm's DropPath and
+  torchvision's StochasticDepth do; ``uniform_``, ``normal_``, ``rand``, ``randn_like``, ...)
+  are recorded in call order with their shapes, strides and dtypes. Before each forward the
+  bridge replays the same draws with torch's generator (:func:`draw`), exactly as eager's CPU
+  kernels make them, and feeds them to the graph: under ``torch.manual_seed`` a CPU run sees
+  eager's values.
+* **BatchNorm with batch statistics** (``F.batch_norm(training=True)``, hence ``nn.BatchNorm*``
+  in training mode) is an explicit mean / variance computation with exact gradients; the batch
+  statistics of a module's running buffers are extra outputs, and the bridge applies torch's
+  running-average rule to the buffers after the run. Instance norms that track running
+  statistics in training (``F.instance_norm`` with buffers) are normalized by torch's own
+  function without the buffers, and their running averages are updated the same way.
+* **What torch does not differentiate is cut from the gradient**: a floating-point result
+  computed without autograd from values that require grad (``.detach()``, ``.data``, a
+  ``torch.no_grad()`` block inside the forward) passes through :func:`stop_gradient`, which the
+  exporter writes as ``ai.ortagent.ad:StopGradient`` and the autodiff treats as a constant.
+
+The functions ``torch._VF`` and ``torch.nn.functional`` look up at call time are replaced for
+as long as any thread traces, by wrappers that call torch's own function unless their thread is
+tracing: other threads' eager modules run exactly as before, during an export too. The rest
+(draws, cuts) goes through a :class:`~torch.overrides.TorchFunctionMode`, which is per thread by
+construction.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
+
+__all__ = ["Layout", "Site", "Trace", "tracing", "draw", "stop_gradient", "BatchStatistics"]
+
+
+# -- what a traced forward records -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    """Shape, strides and dtype of a tensor the bridge creates before a run."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(tensor: torch.Tensor) -> Layout:
+        return Layout(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+
+    def empty(self, device: torch.device) -> torch.Tensor:
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=device)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One random draw of a traced forward: ``kind`` names the recipe (see :func:`draw`),
+    ``layouts`` the tensors it needs, ``params`` its scalar arguments, ``n_inputs`` how many
+    graph inputs it feeds."""
+
+    kind: str
+    layouts: tuple[Layout, ...]
+    params: tuple[Any, ...]
+    n_inputs: int = 1
+
+
+@dataclass(frozen=True)
+class BatchStatistics:
+    """The running buffers a training-mode BatchNorm of the forward updates: the state names of
+    ``running_mean``, ``running_var`` and ``num_batches_tracked`` (or None), and the momentum
+    the call passed (a BatchNorm module's own ``momentum`` is read at each update instead)."""
+
+    running_mean: str
+    running_var: str
+    num_batches_tracked: str | None
+    momentum: float | None
+
+
+@dataclass
+class Trace:
+    """What one traced run of the forward records or consumes.
+
+    ``phase`` is ``"discover"`` (random draws run as themselves, their sites are recorded) or
+    ``"export"`` (each site returns the next of ``supplied``, the graph inputs for the draws).
+    ``state_names`` maps ``id()`` of the parameter and buffer tensors the trace runs with to
+    their names; ``user_inputs`` holds the ``id()`` of the user tensors."""
+
+    phase: str
+    state_names: dict[int, str]
+    user_inputs: frozenset[int] = frozenset()
+    supplied: Sequence[torch.Tensor] = ()
+    sites: list[Site] = field(default_factory=list)
+    statistics: list[BatchStatistics] = field(default_factory=list)
+    statistic_values: list[torch.Tensor] = field(default_factory=list)
+    counters: list[str] = field(default_factory=list)
+    next_supplied: int = 0
+
+    def site(self, site: Site) -> list[torch.Tensor] | None:
+        """Record ``site`` (discovery: None, the caller computes a stand-in), or return the
+        graph inputs that stand for it (export)."""
+        if self.phase == "discover":
+            self.sites.append(site)
+            return None
+        start = self.next_supplied
+        self.next_supplied += site.n_inputs
+        if self.next_supplied > len(self.supplied):
+            raise OrtNotImplemented("ORTModule: the forward draws more random values in the export than it did "
+                                    "when it was first traced (its random calls depend on something that "
+                                    "changed between two runs)")
+        return list(self.supplied[start:self.next_supplied])
+
+
+_local = threading.local()
+
+
+def _current() -> Trace | None:
+    return getattr(_local, "trace", None)
+
+
+# -- the draws, as eager makes them ------------------------------------------------------------------
+
+_ALPHA = 1.7580993408473766     # the SELU alpha of torch's alpha dropout
+
+
+def _noise(layout: Layout, p: float, device: torch.device) -> torch.Tensor:
+    return layout.empty(device).bernoulli_(1 - p)
+
+
+def draw(site: Site, device: torch.device) -> list[torch.Tensor]:
+    """The tensors of one site, drawn by torch's generator as eager draws them on the CPU."""
+    kind, params = site.kind, site.params
+    if kind == "dropout":           # empty_like / feature noise, bernoulli_(1 - p), div_(1 - p)
+        (p,) = params
+        return [_noise(site.layouts[0], p, device).div_(1 - p)]
+    if kind == "alpha_dropout":     # the same draw, mapped to a scale and a shift
+        (p,) = params
+        a = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1) * (1 - p))
+        noise = _noise(site.layouts[0], p, device)
+        shift = noise.add(-1).mul_(_ALPHA * a).add_(_ALPHA * a * p)
+        return [noise.mul_(a), shift]
+    if kind == "method":            # an in-place random method on a fresh tensor
+        name, args, kwargs = params
+        return [getattr(site.layouts[0].empty(device), name)(*args, **kwargs)]
+    if kind == "like":              # torch.rand_like(x), ...: only x's layout matters
+        function, args, kwargs = params
+        return [function(site.layouts[0].empty(device), *args, **kwargs)]
+    if kind == "factory":           # torch.rand(3, 4), ...
+        function, args, kwargs = params
+        return [function(*args, **{**kwargs, "device": device})]
+    raise AssertionError(f"unknown site kind {kind!r}")
+
+
+# -- dropout: torch._VF's kernels --------------------------------------------------------------------
+
+def _dropout_site(trace: Trace, input: torch.Tensor, p: float, train: bool, *, feature: bool, alpha: bool,
+                  inplace: bool, original: Callable) -> torch.Tensor:
+    """One of torch's four dropout kernels, as graph arithmetic on drawn inputs."""
+    if not 0 <= p <= 1:
+        raise OrtInvalidArgument(f"dropout probability has to be between 0 and 1, but got {p}")
+    if p == 0 or not train or input.numel() == 0:
+        return input
+    if p == 1:                      # no draw: the input times a zero scalar
+        zero = torch.zeros((), dtype=input.dtype, device=input.device)
+        return input.mul_(zero) if inplace else input * zero
+    if feature:
+        if input.dim() < 2:
+            raise OrtInvalidArgument("Feature dropout requires at least 2 dimensions in the input")
+        shape = (input.shape[0], input.shape[1]) + (1,) * (input.dim() - 2)
+        layout = Layout(shape, torch.empty(shape, device="meta").stride(), input.dtype)
+    else:
+        layout = Layout(tuple(input.shape), torch.empty_like(input, device="meta").stride(), input.dtype)
+    site = Site("alpha_dropout" if alpha else "dropout", (layout,), (float(p),), 2 if alpha else 1)
+    drawn = trace.site(site)
+    if drawn is None:
+        return input.clone() if not inplace else input
+    result = input.mul_(drawn[0]) if inplace else input * drawn[0]
+    return result.add_(drawn[1]) if alpha else result
+
+
+_VF_DROPOUTS = {
+    # name: (feature, alpha, inplace)
+    "dropout": (False, False, False), "dropout_": (False, False, True),
+    "feature_dropout": (True, False, False), "feature_dropout_": (True, False, True),
+    "alpha_dropout": (False, True, False), "alpha_dropout_": (False, True, True),
+    "feature_alpha_dropout": (True, True, False), "feature_alpha_dropout_": (True, True, True),
+}
+
+
+def _vf_dropout(name: str, original: Callable) -> Callable:
+    feature, alpha, inplace = _VF_DROPOUTS[name]
+
+    def dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+        trace = _current()
+        if trace is None:
+            return original(input, p, train)
+        return _dropout_site(trace, input, float(p), bool(train), feature=feature, alpha=alpha, inplace=inplace,
+                             original=original)
+    return dropout
+
+
+# -- BatchNorm with batch statistics ------------------------------------------------------------------
+
+def _batch_norm(original: Callable) -> Callable:
+    def batch_norm(input: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                   weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, training: bool = False,
+                   momentum: float = 0.1, eps: float = 1e-5) -> torch.Tensor:
+        trace = _current()
+        if trace is None or not training:
+            return original(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        return _batch_norm_training(trace, input, running_mean, running_var, weight, bias, momentum, eps)
+    return batch_norm
+
+
+def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tensor | None,
+                         running_var: torch.Tensor | None, weight: torch.Tensor | None,
+                         bias: torch.Tensor | None, momentum: float | None, eps: float) -> torch.Tensor:
+    """BatchNorm over the batch's own statistics, written as the operations that define it (so
+    the gradient is the exact one), with the statistics recorded for the running buffers."""
+    if x.dim() < 2:
+        raise OrtInvalidArgument(f"BatchNorm expects an input of 2 or more dimensions, got {x.dim()}")
+    channels = x.shape[1]
+    count = x.numel() // channels if channels else 0
+    if count <= 1:
+        raise OrtInvalidArgument(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
+    dims = [0, *range(2, x.dim())]
+    view = [1, channels] + [1] * (x.dim() - 2)
+    mean = x.mean(dim=dims, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(dim=dims, keepdim=True)
+    y = centered * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.reshape(view)
+    if bias is not None:
+        y = y + bias.reshape(view)
+    if (running_mean is None) != (running_var is None):
+        raise OrtNotImplemented("ORTModule: batch_norm with only one of running_mean / running_var")
+    if running_mean is not None and running_var is not None:
+        names = (trace.state_names.get(id(running_mean)), trace.state_names.get(id(running_var)))
+        if names[0] is None or names[1] is None:
+            raise OrtNotImplemented("ORTModule: batch_norm in training mode updates running statistics that are "
+                                    "not buffers of the module; only a module's own buffers are updated")
+        counter = names[0].rsplit(".", 1)[0] + ".num_batches_tracked" if "." in names[0] else "num_batches_tracked"
+        trace.statistics.append(BatchStatistics(names[0], names[1],
+                                                counter if counter in trace.state_names.values() else None,
+                                                None if momentum is None else float(momentum)))
+        trace.statistic_values.append(mean.reshape(channels))
+        trace.statistic_values.append(var.reshape(channels) * (count / max(count - 1, 1)))
+    return y
+
+
+def _instance_norm(original: Callable) -> Callable:
+    def instance_norm(input: torch.Tensor, running_mean: torch.Tensor | None = None,
+                      running_var: torch.Tensor | None = None, weight: torch.Tensor | None = None,
+                      bias: torch.Tensor | None = None, use_input_stats: bool = True, momentum: float = 0.1,
+                      eps: float = 1e-5) -> torch.Tensor:
+        trace = _current()
+        if trace is None or not use_input_stats or running_mean is None:
+            return original(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+        # the normalization itself without the buffers (torch updates them in place inside its
+        # kernel); the running averages from the per-instance statistics, as torch computes them
+        result = original(input, None, None, weight, bias, True, momentum, eps)
+        if running_var is None:
+            raise OrtNotImplemented("ORTModule: instance_norm with running_mean but no running_var")
+        names = (trace.state_names.get(id(running_mean)), trace.state_names.get(id(running_var)))
+        if names[0] is None or names[1] is None:
+            raise OrtNotImplemented("ORTModule: instance_norm in training mode updates running statistics that "
+                                    "are not buffers of the module; only a module's own buffers are updated")
+        dims = list(range(2, input.dim()))
+        count = math.prod(input.shape[2:])
+        per_instance = input.detach().mean(dim=dims)
+        centered = input.detach() - per_instance.reshape(*per_instance.shape, *([1] * len(dims)))
+        variance = (centered * centered).mean(dim=dims) * (count / max(count - 1, 1))
+        trace.statistics.append(BatchStatistics(names[0], names[1], None, float(momentum)))
+        trace.statistic_values.append(per_instance.mean(dim=0))
+        trace.statistic_values.append(variance.mean(dim=0))
+        return result
+    return instance_norm
+
+
+# -- dropout inside attention -------------------------------------------------------------------------
+
+def _attention(original: Callable) -> Callable:
+    """``scaled_dot_product_attention`` with ``dropout_p > 0``: attention written out, its
+    softmax weights through torch's dropout kernel (a site), as torch's CPU math path computes
+    it; without dropout, torch's own."""
+    def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
+                  dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                  enable_gqa: bool = False) -> torch.Tensor:
+        trace = _current()
+        if trace is None or dropout_p <= 0:
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, enable_gqa=enable_gqa)
+        if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        factor = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+        scores = (query @ key.transpose(-2, -1)) * factor
+        if is_causal:
+            causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+            scores = scores.masked_fill(~causal, float("-inf"))
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                scores = scores.masked_fill(~attn_mask, float("-inf"))
+            else:
+                scores = scores + attn_mask
+        weights = scores.softmax(dim=-1).contiguous()
+        dropped = _dropout_site(trace, weights, float(dropout_p), True, feature=False, alpha=False, inplace=False,
+                                original=_ORIGINAL_VF["dropout"])
+        return dropped @ value
+    return attention
+
+
+# -- the replaced functions, while any thread traces -----------------------------------------------
+
+_ORIGINAL_VF: dict[str, Callable] = {}
+_install_lock = threading.Lock()
+_installed = 0
+_saved: list[tuple[Any, str, Any]] = []
+
+
+def _install() -> None:
+    global _installed
+    with _install_lock:
+        _installed += 1
+        if _installed > 1:
+            return
+        vf = torch._VF
+        for name in _VF_DROPOUTS:
+            original = getattr(vf, name)
+            _ORIGINAL_VF[name] = original
+            _saved.append((vf, name, vf.__dict__.get(name, _MISSING)))
+            setattr(vf, name, _vf_dropout(name, original))
+        for name, rewrite in (("batch_norm", _batch_norm), ("instance_norm", _instance_norm),
+                              ("scaled_dot_product_attention", _attention)):
+            original = getattr(F, name)
+            _saved.append((F, name, original))
+            setattr(F, name, rewrite(original))
+
+
+def _uninstall() -> None:
+    global _installed
+    with _install_lock:
+        _installed -= 1
+        if _installed:
+            return
+        while _saved:
+            owner, name, value = _saved.pop()
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
+# -- cuts and primitive draws: a function mode of the tracing thread ---------------------------------
+
+@torch.library.custom_op("ortagent::stop_gradient", mutates_args=())
+def stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """``x`` unchanged, with no gradient to it in the exported graph (a StopGradient node)."""
+    return x.clone()
+
+
+@stop_gradient.register_fake
+def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+# in-place random methods whose result depends only on the tensor's layout and scalar arguments
+_RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.random_,
+                   torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
+                   torch.Tensor.cauchy_}
+_RANDOM_LIKE = {torch.rand_like, torch.randn_like, torch.randint_like}
+_RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal}
+# draws whose distribution depends on tensor values: they cannot be made before the run
+_RANDOM_FROM_DATA = {torch.bernoulli, torch.Tensor.bernoulli, torch.multinomial, torch.Tensor.multinomial,
+                     torch.poisson, torch.binomial, torch.rrelu, F.rrelu, torch.rrelu_, torch._standard_gamma,
+                     torch._sample_dirichlet}
+_DATA_DESCRIPTOR = torch.Tensor.data
+_COUNTER_READS = {torch.Tensor.__float__, torch.Tensor.item}
+
+
+def _is_data_getter(func: Any) -> bool:
+    return getattr(func, "__self__", None) is _DATA_DESCRIPTOR and getattr(func, "__name__", "") == "__get__"
+
+
+def _tensors_in(values: Any) -> Iterator[torch.Tensor]:
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from _tensors_in(value)
+
+
+def _function_name(func: Any) -> str:
+    return getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+
+
+class _TraceMode(TorchFunctionMode):
+    """Intercepts the tracing thread's torch calls made by the forward's own code."""
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+            return func(*args, **kwargs)
+        if _is_data_getter(func):
+            tensor = args[0]
+            return stop_gradient(tensor) if tensor.requires_grad and tensor.is_floating_point() else func(*args)
+        if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
+            return self._draw(func, args, kwargs)
+        if func in _RANDOM_FROM_DATA:
+            raise OrtNotImplemented(f"ORTModule: {_function_name(func)} draws random numbers whose distribution "
+                                    "depends on tensor values computed in the forward; the bridge can only make "
+                                    "draws that depend on shapes and constants before the run")
+        if func in _COUNTER_READS or func is torch.Tensor.add_:
+            counter = self.trace.state_names.get(id(args[0]), "")
+            if counter.endswith("num_batches_tracked"):
+                # BatchNorm's batch counter: the bridge adds to it after the run (as the graph
+                # could not: a result nobody reads is dropped from it), and its value for
+                # momentum=None is read then: any value does in the trace
+                if func is torch.Tensor.add_:
+                    if len(args) != 2 or kwargs or args[1] != 1:
+                        raise OrtNotImplemented(f"ORTModule: '{counter}' is updated other than by 1")
+                    self.trace.counters.append(counter)
+                    return args[0]
+                return 1.0
+        if func is torch.Tensor.__bool__ and _called_from(_DETECT_CAUSAL):
+            # nn.Transformer*'s is_causal detection compares the mask's values with a causal
+            # mask; its answer only picks a kernel, so the mask as given is applied instead
+            return False
+        if args and id(args[0]) in self.trace.user_inputs and _updates_in_place(func):
+            # the trace marks every floating-point input as requiring grad (so that one export
+            # serves all requires_grad settings); an input a call updates in place requires none
+            with torch.no_grad():
+                return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        return self._cut(args, kwargs, result)
+
+    @staticmethod
+    def _cut(args: tuple, kwargs: dict, result: Any) -> Any:
+        """Floating-point results without autograd history computed from operands that have one
+        (no_grad, detach, integer round trips) pass through stop_gradient, so the exported
+        graph's gradient agrees with torch's."""
+        if isinstance(result, tuple):
+            items = [_TraceMode._cut(args, kwargs, item) for item in result]
+            if all(new is old for new, old in zip(items, result)):
+                return result
+            if hasattr(result, "_fields"):                      # a namedtuple
+                return type(result)(*items)
+            return tuple(items) if type(result) is tuple else type(result)(items)   # torch.return_types
+        if not isinstance(result, torch.Tensor) or result.requires_grad or not result.is_floating_point():
+            return result
+        if any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
+            return stop_gradient(result)
+        return result
+
+    def _draw(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A primitive random draw: a site whose values the bridge makes before the run."""
+        if kwargs.get("generator") is not None:
+            raise OrtNotImplemented(f"ORTModule: {_function_name(func)} with an explicit generator in the "
+                                    "forward; the bridge draws from torch's default generator")
+        if func in _RANDOM_METHODS:
+            target = args[0]
+            if any(True for _ in _tensors_in((*args[1:], *kwargs.values()))):
+                raise OrtNotImplemented(f"ORTModule: {_function_name(func)} with tensor parameters draws values "
+                                        "that depend on data computed in the forward")
+            site = Site("method", (Layout.of(target),), (func.__name__, tuple(args[1:]), dict(kwargs)))
+            drawn = self.trace.site(site)
+            return target if drawn is None else target.copy_(drawn[0])
+        if func in _RANDOM_LIKE:
+            if any(True for _ in _tensors_in((*args[1:], *kwargs.values()))):
+                raise OrtNotImplemented(f"ORTModule: {_function_name(func)} with tensor parameters draws values "
+                                        "that depend on data computed in the forward")
+            site = Site("like", (Layout.of(args[0]),), (func, tuple(args[1:]), dict(kwargs)))
+        else:
+            if any(True for _ in _tensors_in((*args, *kwargs.values()))):
+                raise OrtNotImplemented(f"ORTModule: {_function_name(func)} with tensor arguments draws values "
+                                        "that depend on data computed in the forward")
+            concrete = tuple(int(a) if isinstance(a, torch.SymInt) else a for a in args)
+            site = Site("factory", (), (func, concrete, {k: v for k, v in kwargs.items() if k != "device"}))
+        drawn = self.trace.site(site)
+        if drawn is None:
+            return func(*args, **kwargs)
+        if kwargs.get("requires_grad"):
+            return drawn[0].detach().requires_grad_(True)
+        return drawn[0]
+
+
+_IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                     "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
+
+
+def _updates_in_place(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+
+
+def _called_from(code: Any) -> bool:
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return False
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
+_DETECT_CAUSAL = torch.nn.modules.transformer._detect_is_causal_mask.__code__
+
+
+@contextmanager
+def tracing(trace: Trace) -> Iterator[Trace]:
+    """Run the forward's trace in this thread with the rewrites above."""
+    if _current() is not None:
+        raise OrtNotImplemented("ORTModule: a module's forward calls another ORTModule while it is exported "
+                                "(nested ORTModules are not supported)")
+    _install()
+    _local.trace = trace
+    try:
+        with _TraceMode(trace):
+            yield trace
+    finally:
+        _local.trace = None
+        _uninstall()
