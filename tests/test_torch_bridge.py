@@ -647,3 +647,117 @@ def test_graph_rewrites_keep_transformer_gradients():
     for plain, rewritten in zip(*results):
         assert np.abs(rewritten - plain).max() <= 1e-6 * np.abs(plain).max()
     assert copies[1] < copies[0] / 2, copies
+
+
+def test_exports_leave_other_threads_eager_modules_alone():
+    """While one thread exports ORTModules (dropout, BatchNorm, attention dropout), another
+    thread's eager training loop with the same kinds of layers runs torch's own kernels: no
+    error, BatchNorm's outputs and running statistics exactly those of the same loop run alone,
+    dropout outputs that are torch's (each element 0 or twice the input)."""
+    torch = _torch()
+    import threading
+
+    from ortagent.torch import ORTModule
+
+    def eager_net():
+        torch.manual_seed(7)
+        return torch.nn.ModuleDict({"bn": torch.nn.BatchNorm1d(16), "drop": torch.nn.Dropout(0.5),
+                                    "attn": torch.nn.MultiheadAttention(16, 2, dropout=0.3, batch_first=True)})
+
+    inputs = [torch.randn(8, 16) for _ in range(4)]
+
+    def eager_loop(net, steps, failures, records):
+        try:
+            for step in range(steps):
+                x = inputs[step % len(inputs)]
+                y = net["bn"](x)
+                dropped = net["drop"](y)
+                attended, _ = net["attn"](y[None], y[None], y[None], need_weights=False)
+                attended.sum().backward()
+                records.append((y.detach().clone(), dropped.detach().clone(),
+                                net["bn"].running_mean.clone(), net["bn"].running_var.clone()))
+        except BaseException as exc:        # the test reports it
+            failures.append(exc)
+
+    alone: list = []
+    eager_loop(eager_net(), 40, [], alone)
+
+    failures: list = []
+    concurrent: list = []
+    worker = threading.Thread(target=eager_loop, args=(eager_net(), 40, failures, concurrent))
+
+    class Exported(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = torch.nn.BatchNorm1d(16)
+            self.drop = torch.nn.Dropout(0.5)
+            self.attn = torch.nn.MultiheadAttention(16, 2, dropout=0.3, batch_first=True)
+
+        def forward(self, x):
+            y = self.drop(self.bn(x))
+            return self.attn(y[None], y[None], y[None])[0]
+
+    worker.start()
+    for size in (8, 1, 3):                  # a static, then a dynamic export, then ... each a trace
+        model = ORTModule(Exported())
+        model(torch.randn(size if size > 1 else 2, 16)).sum().backward()
+        model.module.train(False)
+        model(torch.randn(4, 16))
+    worker.join()
+    assert not failures, failures
+    assert len(concurrent) == len(alone)
+    for (y, dropped, mean, var), (y0, _, mean0, var0) in zip(concurrent, alone):
+        assert torch.equal(y, y0) and torch.equal(mean, mean0) and torch.equal(var, var0)
+        kept = dropped != 0
+        assert torch.allclose(dropped[kept], 2 * y[kept])
+    assert "dropout" not in vars(torch._VF)
+    assert torch.nn.functional.batch_norm.__module__ == "torch.nn.functional"
+
+
+def test_disk_cache_skips_the_export_of_a_restarted_job(tmp_path, monkeypatch):
+    """With cache_dir, a second ORTModule over a module of the same structure (a restarted
+    job) loads the exported and built graphs instead of exporting: same losses and gradients;
+    a module of another structure, or a damaged cache file, exports anew."""
+    torch = _torch()
+    import ortagent.torch._module as module_impl
+    from ortagent.torch import ORTModule
+
+    def make(hidden=16):
+        torch.manual_seed(3)
+        return torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.BatchNorm1d(hidden), torch.nn.GELU(),
+                                   torch.nn.Dropout(0.2), torch.nn.Linear(hidden, 2))
+
+    x = torch.randn(5, 6)
+
+    def step(model):
+        torch.manual_seed(11)
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    first = ORTModule(make(), cache_dir=tmp_path)
+    expected = step(first)
+    assert first.exported_graphs == 1
+    folders = list(tmp_path.iterdir())
+    assert len(folders) == 1 and list(folders[0].glob("export-0/training-*.onnx"))
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("exported although the graph is on disk")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module_impl, "export", no_export)
+        restarted = ORTModule(make(), cache_dir=tmp_path)
+        loss, grads = step(restarted)
+    torch.testing.assert_close(loss, expected[0], rtol=0, atol=0)
+    for got, want in zip(grads, expected[1]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    eager = make()
+    torch.testing.assert_close(step(eager)[0], expected[0], rtol=1e-5, atol=1e-6)
+
+    other = ORTModule(make(hidden=8), cache_dir=tmp_path)            # another structure: its own folder
+    step(other)
+    assert len(list(tmp_path.iterdir())) == 2
+    for path in tmp_path.rglob("forward.onnx"):
+        path.write_bytes(b"damaged")
+    damaged = ORTModule(make(), cache_dir=tmp_path)
+    torch.testing.assert_close(step(damaged)[0], expected[0], rtol=0, atol=0)

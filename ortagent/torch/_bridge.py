@@ -174,6 +174,20 @@ class GraphRunner:
                 self._specialized.popitem(last=False)
             return plan
 
+    def check(self, plan: AgentPlan, feeds: Sequence[torch.Tensor]) -> None:
+        """Run ``plan``'s agent forward and backward once on ``feeds``, outside autograd, with
+        zero output gradients: errors of the graph show now rather than in torch's backward."""
+        from ortagent._agent import PartialGraphExecutionState
+
+        state = PartialGraphExecutionState()
+        outputs: list = []
+        self.before_run()
+        plan.agent.run_forward([self.to_ort(feeds[i].detach()) for i in plan.feed_order], outputs, state)
+        non_differentiable = set(plan.non_differentiable)
+        zeros = [torch.zeros_like(to_torch(value)) for index, value in enumerate(outputs)
+                 if index not in non_differentiable]
+        plan.agent.run_backward([self.to_ort(grad) for grad in zeros], [], state)
+
     def _build(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
                shapes: tuple[tuple[int, ...], ...] | None) -> AgentPlan:
         from ortagent.agent import TrainingAgent

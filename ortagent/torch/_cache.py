@@ -109,6 +109,7 @@ def _layout_json(exported: ExportedGraph) -> dict:
         "statistics": [asdict(entry) for entry in exported.statistics],
         "counters": list(exported.counters),
         "mutated": list(exported.mutated),
+        "detached_outputs": list(exported.detached_outputs),
         "guard": {"dims": [None if dims is None else list(dims) for dims in exported.guard.dims],
                   "ranges": [list(entry) for entry in exported.guard.ranges]},
     }
@@ -130,6 +131,7 @@ def _exported_from(layout: dict, model: Any, sites: Sequence[Site]) -> ExportedG
         statistics=tuple(BatchStatistics(**entry) for entry in layout["statistics"]),
         counters=tuple(str(name) for name in layout["counters"]),
         mutated=tuple(int(index) for index in layout["mutated"]),
+        detached_outputs=tuple(int(index) for index in layout["detached_outputs"]),
         guard=ShapeGuard(tuple(None if dims is None else tuple(dims) for dims in guard["dims"]),
                          tuple((str(s), int(lo), None if hi is None else int(hi)) for s, lo, hi in guard["ranges"])),
     )

@@ -18,6 +18,7 @@ meets any refusal early; it runs again for each new input shape to find the draw
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import warnings
 from collections.abc import Sequence
@@ -31,9 +32,10 @@ from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
-from ._rewrites import BatchStatistics, Layout, Site, Trace, tracing
+from ._translations import translation_table
+from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
 
-__all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "discover", "export",
+__all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "TraceFailure", "discover", "export",
            "same_draws", "inference_model", "STOP_GRADIENT_DOMAIN"]
 
 #: the default-domain opset and IR version of exported graphs (onnxruntime 1.31 rejects IR 14)
@@ -145,10 +147,13 @@ class ExportedGraph:
     mutated: tuple[int, ...]
     guard: ShapeGuard
 
+    detached_outputs: tuple[int, ...] = ()
+
     @property
     def non_differentiable_outputs(self) -> list[int]:
-        """Indices of the outputs that carry no gradient: statistics and updated inputs."""
-        return list(range(self.n_outputs, len(self.output_names)))
+        """Indices of the outputs that carry no gradient: cache tensors (``detached_outputs``),
+        statistics and updated inputs."""
+        return [*self.detached_outputs, *range(self.n_outputs, len(self.output_names))]
 
 
 @dataclass(frozen=True)
@@ -171,8 +176,10 @@ def same_draws(a: Sequence[Site], b: Sequence[Site]) -> bool:
 class _Functional(nn.Module):
     """The wrapped module as a function of (user tensors, parameters and buffers, draws)."""
 
-    def __init__(self, module: nn.Module, inputs: _trees.Flat, state_names: Sequence[str], phase: str) -> None:
+    def __init__(self, module: nn.Module, inputs: _trees.Flat, state_names: Sequence[str], phase: str,
+                 generator: Any = None) -> None:
         super().__init__()
+        self.generator = generator
         self.target = [module]          # a list: not a submodule, so nothing of it is lifted
         self.inputs = inputs
         self.state_names = list(state_names)
@@ -184,12 +191,14 @@ class _Functional(nn.Module):
         n_user, n_state = len(self.inputs.tensors), len(self.state_names)
         state = dict(zip(self.state_names, flat[n_user:n_user + n_state]))
         trace = Trace(self.phase, {id(tensor): name for name, tensor in state.items()},
-                      frozenset(id(tensor) for tensor in flat[:n_user]), supplied=flat[n_user + n_state:])
+                      frozenset(id(tensor) for tensor in flat[:n_user]), supplied=flat[n_user + n_state:],
+                      generator=self.generator,
+                      start_seed=None if self.generator is None else self.generator.initial_seed())
         args, kwargs = self.inputs.rebuild(flat[:n_user])
         with tracing(trace):
             result = torch.func.functional_call(self.target[0], state, tuple(args), dict(kwargs))
         self.trace = trace
-        self.outputs = _trees.flatten(result, "the forward's result")
+        self.outputs = _trees.flatten(result, "the forward's result", caches=True)
         return (*self.outputs.tensors, *trace.statistic_values)
 
 
@@ -210,26 +219,58 @@ def _traced(tensor: torch.Tensor, graded: bool, kind: str = "export") -> torch.T
     return copy
 
 
-def _graded(inputs: _trees.Flat, state: dict[str, torch.Tensor], param_names: set[str]) -> list[bool]:
-    return [True] * len(inputs.tensors) + [name in param_names for name in state]
+def _graded(inputs: _trees.Flat, state: dict[str, torch.Tensor], param_names: set[str], all_graded: bool) -> list[bool]:
+    """Which traced tensors require grad: every user input and parameter (``all_graded``), or
+    those that do in this call (for a forward that refuses inputs requiring grad where it
+    does not differentiate, e.g. BatchNorm's running buffers passed as arguments)."""
+    if all_graded:
+        return [True] * len(inputs.tensors) + [name in param_names for name in state]
+    return [t.requires_grad for t in inputs.tensors] + [t.requires_grad and name in param_names
+                                                        for name, t in state.items()]
 
 
-def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tensor]) -> Discovery:
+class TraceFailure(OrtNotImplemented):
+    """The forward raised (not an ortagent refusal) while the bridge traced it."""
+
+
+@contextlib.contextmanager
+def _generator_kept(generator: Any) -> Any:
+    """A trace runs the forward's own seeding (``torch.manual_seed`` in the forward) for real:
+    put the generator back as it was when the forward changed its seed. A forward that leaves
+    it changed is refused: the bridge draws before the run, and eager's generator would differ
+    afterwards."""
+    seed, state = generator.initial_seed(), generator.get_state()
+    try:
+        yield
+    finally:
+        changed = generator.initial_seed() != seed
+        if changed:
+            generator.set_state(state)
+    if changed:
+        raise OrtNotImplemented("ORTModule: the forward seeds torch's random generator (torch.manual_seed) and "
+                                "leaves it changed; the bridge draws before the run and cannot leave the "
+                                "generator as eager would")
+
+
+def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tensor],
+             device: torch.device, all_graded: bool = True) -> Discovery:
     """Run the forward once, outside any export, to learn its draws and output structure and to
     meet a refusal early. Tries meta tensors first (nothing computed, nothing touched), then
     copies of the real tensors (in-place updates in the forward touch nothing of the caller's)."""
     flat = [*inputs.tensors, *state.values()]
-    graded = _graded(inputs, state, {name for name, _ in module.named_parameters()})
+    graded = _graded(inputs, state, {name for name, _ in module.named_parameters()}, all_graded)
+    generator = default_generator(device)
     for kind in ("meta", "copy"):
-        functional = _Functional(module, inputs, list(state), "discover")
+        functional = _Functional(module, inputs, list(state), "discover", generator)
         try:
-            with torch.enable_grad():
+            with _generator_kept(generator), torch.enable_grad():
                 functional(*[_traced(tensor, grad, kind) for tensor, grad in zip(flat, graded)])
         except (OrtNotImplemented, OrtInvalidArgument):
             raise
-        except Exception:
+        except Exception as exc:
             if kind == "copy":
-                raise
+                raise TraceFailure(f"ORTModule: the forward of {type(module).__name__} fails when the bridge "
+                                   f"traces it: {type(exc).__name__}: {exc}") from exc
             continue
         assert functional.trace is not None and functional.outputs is not None
         trace = functional.trace
@@ -239,52 +280,23 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
 
 # -- the export ----------------------------------------------------------------------------------------
 
-_stop_gradient_registered = False
-
-
-def _translations() -> dict:
-    """torch.onnx's translation of ortagent::stop_gradient: a StopGradient node of ortagent's
-    domain (its ONNX schema is registered once, so the exporter knows its one output)."""
-    global _stop_gradient_registered
-    import onnx
-    import onnxscript
-    from onnx.defs import OpSchema
-
-    if not _stop_gradient_registered:
-        try:
-            onnx.defs.get_schema("StopGradient", 1, STOP_GRADIENT_DOMAIN)
-        except Exception:
-            floats = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"]
-            onnx.defs.register_schema(OpSchema(
-                "StopGradient", STOP_GRADIENT_DOMAIN, 1,
-                doc="The input, unchanged; the value carries no gradient (ortagent's marker for torch's detach).",
-                inputs=[OpSchema.FormalParameter("input", "T")],
-                outputs=[OpSchema.FormalParameter("output", "T")],
-                type_constraints=[("T", floats, "floating-point tensors")]))
-        _stop_gradient_registered = True
-    domain = onnxscript.values.Opset(STOP_GRADIENT_DOMAIN, 1)
-
-    def translate(x: Any) -> Any:
-        return domain.StopGradient(x)
-
-    return {torch.ops.ortagent.stop_gradient.default: translate}
-
-
-def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, opset: int = OPSET,
-           ir_version: int = IR_VERSION) -> tuple[ExportedGraph, Discovery]:
-    """Export ``module(*args, **kwargs)`` (``inputs`` flattened) in its current training mode."""
+def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, all_graded: bool = True,
+           opset: int = OPSET, ir_version: int = IR_VERSION) -> tuple[ExportedGraph, Discovery]:
+    """Export ``module(*args, **kwargs)`` (``inputs`` flattened) in its current training mode,
+    with symbolic dimensions (``dynamic``) and tracing every input as requiring grad
+    (``all_graded``; see :func:`_graded`)."""
     if importlib.util.find_spec("onnxscript") is None:
         raise OrtNotImplemented("ORTModule exports with torch.onnx.export(dynamo=True), which needs the "
                                 "onnxscript package: pip install onnxscript (or ortagent[torch])")
     params = dict(module.named_parameters())
     state = {**params, **dict(module.named_buffers())}
-    discovery = discover(module, inputs, state)
-    sites = discovery.sites
     device = next((t.device for t in (*inputs.tensors, *state.values())), torch.device("cpu"))
+    discovery = discover(module, inputs, state, device, all_graded)
+    sites = discovery.sites
     draws = [layout.empty(device).zero_().add_(1) for site in sites for layout in _site_layouts(site)]
     input_names = [f"input_{i}" for i in range(len(inputs.tensors))] + list(state) + \
         [f"draw_{i}" for i in range(len(draws))]
-    graded = _graded(inputs, state, set(params))
+    graded = _graded(inputs, state, set(params), all_graded)
     flat = [_traced(t, grad) for t, grad in zip([*inputs.tensors, *state.values()], graded)] + draws
     n_user = len(inputs.tensors)
     program = None
@@ -298,7 +310,8 @@ def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, opse
                 {axis: auto for axis in range(t.dim())} if (i < n_user or i >= n_user + len(state)) and t.dim() else None
                 for i, t in enumerate(flat)),)
         try:
-            program, exported_program = _torch_export(functional, flat, input_names, opset, dynamic_shapes)
+            with _generator_kept(default_generator(device)):
+                program, exported_program = _torch_export(functional, flat, input_names, opset, dynamic_shapes)
             break
         except (OrtNotImplemented, OrtInvalidArgument):
             raise
@@ -334,6 +347,7 @@ def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, opse
         counters=discovery.counters,
         mutated=tuple(mutated),
         guard=_guard(model, input_names, n_user, dict(exported_program.range_constraints)),
+        detached_outputs=discovery.outputs.detached,
     )
     return exported, discovery
 
@@ -373,7 +387,7 @@ def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names
         exported_program = torch.export.export(functional, tuple(flat), dynamic_shapes=dynamic_shapes, strict=False)
         program = torch.onnx.export(exported_program, (), dynamo=True, input_names=input_names, opset_version=opset,
                                     optimize=True, verbose=False, report=False,
-                                    custom_translation_table=_translations())
+                                    custom_translation_table=translation_table())
     if program is None:
         raise RuntimeError("torch.onnx.export returned no program")
     return program, exported_program

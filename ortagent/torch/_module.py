@@ -13,13 +13,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
+from ortagent.errors import OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 
 from . import _trees
 from ._bridge import GraphRunner, ORTFunction, SessionConfig
 from ._cache import GraphStore, structure_key
-from ._export import Discovery, ExportedGraph, discover, export, same_draws
-from ._rewrites import Site, draw
+from ._export import Discovery, ExportedGraph, TraceFailure, discover, export, same_draws
+from ._rewrites import Site, draw_all
 
 __all__ = ["ORTModule"]
 
@@ -40,6 +40,23 @@ class _Export:
     runner: GraphRunner
     outputs: _trees.Flat
     sites: OrderedDict[tuple, tuple[Site, ...]] = field(default_factory=OrderedDict)
+    checked: bool = False           # a first call ran (see ORTModule._call's check)
+
+
+def _check_outputs(traced: Sequence[torch.Tensor], produced: Sequence[torch.Tensor], name: str) -> None:
+    """The first call's outputs have the shapes and dtypes the traced forward had at the same
+    shapes: a translation that changed one would give other values too."""
+    for index, (want, got) in enumerate(zip(traced, produced)):
+        if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
+            raise OrtNotImplemented(f"ORTModule: the graph exported for {name} returns output {index} as "
+                                    f"{got.dtype} {tuple(got.shape)} where the forward returns {want.dtype} "
+                                    f"{tuple(want.shape)}: torch's ONNX exporter translated it otherwise")
+
+
+def _input_name(exported: ExportedGraph, index: int) -> str:
+    if index < exported.n_user:
+        return f"the argument tensor {index}"
+    return f"'{exported.state_names[index - exported.n_user]}'"
 
 
 class ORTModule(nn.Module):
@@ -76,6 +93,7 @@ class ORTModule(nn.Module):
         self._store = GraphStore(cache_dir) if cache_dir is not None else None
         self._exports: OrderedDict[tuple, list[_Export]] = OrderedDict()
         self._export_count = 0
+        self._exact_grads = False
 
     @property
     def module(self) -> nn.Module:
@@ -109,21 +127,54 @@ class ORTModule(nn.Module):
 
     def _signature(self, flat: _trees.Flat) -> tuple:
         module = self._original_module
-        return (_trees.signature_of(flat), tuple(sub.training for sub in module.modules()))
+        key = (_trees.signature_of(flat), tuple(sub.training for sub in module.modules()))
+        if self._exact_grads:
+            key += (tuple(t.requires_grad for t in flat.tensors), tuple(p.requires_grad for p in module.parameters()))
+        return key
 
     # -- finding or making the export for a call -------------------------------------------------
 
     def _export_for(self, flat: _trees.Flat) -> _Export:
-        key = self._signature(flat)
         shapes = tuple(tuple(t.shape) for t in flat.tensors)
         with _EXPORT_LOCK:
+            key = self._signature(flat)
             entries = self._exports.get(key)
             if entries is not None:
                 self._exports.move_to_end(key)
                 for entry in entries:
                     if entry.exported.guard.accepts(shapes):
                         return entry
-            entry = self._new_export(flat, key)
+            try:
+                entry = self._new_export(flat, key)
+            except TraceFailure:
+                if self._exact_grads:
+                    raise
+                # the forward refuses some input marked as requiring grad: from now on, trace
+                # with each call's own requires_grad settings (and tell exports apart by them)
+                self._exact_grads = True
+                self._drop_exports()
+                key = self._signature(flat)
+                entry = self._new_export(flat, key)
+            self._exports.setdefault(key, []).append(entry)
+            self._evict()
+            return entry
+
+    def _drop_exports(self) -> None:
+        for entries in self._exports.values():
+            for entry in entries:
+                entry.runner.close()
+        self._exports.clear()
+
+    def _replace_with_static(self, flat: _trees.Flat, broken: _Export) -> _Export:
+        """An export with symbolic dimensions that onnxruntime cannot run (a translation that
+        only holds for static shapes): export this signature again with the call's shapes."""
+        with _EXPORT_LOCK:
+            key = self._signature(flat)
+            entries = self._exports.get(key, [])
+            if broken in entries:
+                entries.remove(broken)
+            broken.runner.close()
+            entry = self._new_export(flat, key, dynamic=False)
             self._exports.setdefault(key, []).append(entry)
             self._evict()
             return entry
@@ -147,25 +198,22 @@ class ORTModule(nn.Module):
             raise OrtInvalidArgument(f"ORTModule: inputs, parameters and buffers are on several devices: {devices}")
         return devices.pop() if devices else torch.device("cpu")
 
-    def _new_export(self, flat: _trees.Flat, key: tuple) -> _Export:
+    def _new_export(self, flat: _trees.Flat, key: tuple, dynamic: bool = True) -> _Export:
         module = self._original_module
         device = self._device(flat)
-        # the export must not move torch's generators: the draws made later are then the ones
-        # eager would make from the same seed
-        cuda = [device.index or 0] if device.type == "cuda" else []
-        store_key = structure_key(module, key) if self._store is not None else ""
-        with torch.random.fork_rng(devices=cuda):
-            found = self._store.find(store_key, [tuple(t.shape) for t in flat.tensors]) \
-                if self._store is not None else None
-            if found is not None:
-                entry_folder, layout, model = found
-                state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-                discovery = discover(module, flat, state)
-                exported = GraphStore.exported(layout, model, discovery.sites)
-                cache = entry_folder
-            else:
-                exported, discovery = export(module, flat)
-                cache = self._store.store(store_key, exported) if self._store is not None else None
+        # (the export draws nothing from torch's generators: the draws made before each run
+        # are then the ones eager would make from the same seed)
+        store_key = structure_key(module, key, f"dynamic={dynamic}") if self._store is not None else ""
+        found = self._store.find(store_key, [tuple(t.shape) for t in flat.tensors]) if self._store is not None else None
+        if found is not None:
+            entry_folder, layout, model = found
+            state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+            discovery = discover(module, flat, state, device, not self._exact_grads)
+            exported = GraphStore.exported(layout, model, discovery.sites)
+            cache = entry_folder
+        else:
+            exported, discovery = export(module, flat, dynamic=dynamic, all_graded=not self._exact_grads)
+            cache = self._store.store(store_key, exported) if self._store is not None else None
         self._export_count += 1
         if self._export_count == _MANY_EXPORTS:
             warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "
@@ -188,8 +236,8 @@ class ORTModule(nn.Module):
         module = self._original_module
         state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
         device = self._device(flat)
-        with _EXPORT_LOCK, torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            found: Discovery = discover(module, flat, state)
+        with _EXPORT_LOCK:
+            found: Discovery = discover(module, flat, state, device, not self._exact_grads)
         if not same_draws(found.sites, entry.exported.sites):
             raise OrtInvalidArgument(f"ORTModule: at input shapes {list(shapes)} the forward of "
                                      f"{type(module).__name__} makes other random draws than at the shapes it "
@@ -203,15 +251,50 @@ class ORTModule(nn.Module):
     # -- the call ---------------------------------------------------------------------------------
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        module = self._original_module
         flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
         entry = self._export_for(flat)
+        if entry.checked:
+            return self._call(entry, flat)
+        # the first call of an export: its training graph runs forward and backward once on its
+        # own first; should onnxruntime fail to load or run what the export made, an export with
+        # symbolic dimensions is made again with static ones, and a static one is refused
+        try:
+            result = self._call(entry, flat, check=True)
+        except OrtNotImplemented:
+            raise
+        except OrtError as exc:
+            if not entry.exported.guard.symbolic:
+                raise self._cannot_run(exc) from exc
+            entry = self._replace_with_static(flat, entry)
+            try:
+                result = self._call(entry, flat, check=True)
+            except OrtNotImplemented:
+                raise
+            except OrtError as static_exc:
+                raise self._cannot_run(static_exc) from static_exc
+        entry.checked = True
+        return result
+
+    def _cannot_run(self, exc: Exception) -> OrtNotImplemented:
+        return OrtNotImplemented(f"ORTModule: onnxruntime cannot run the graph exported for "
+                                 f"{type(self._original_module).__name__} ({type(exc).__name__}: {exc})")
+
+    def _call(self, entry: _Export, flat: _trees.Flat, check: bool = False) -> Any:
+        """Run one call through ``entry``. ``check``: the export's first call, whose training
+        graph runs once forward and backward on its own first (an error there, unlike one in
+        torch's backward later, can still be answered by another export or a refusal)."""
+        module = self._original_module
         exported = entry.exported
         runner = entry.runner
         sites = self._sites_for(entry, flat)
         state = [value for _, value in module.named_parameters()] + [value for _, value in module.named_buffers()]
-        draws = [tensor for site in sites for tensor in draw(site, runner.device)]
-        everything = [*flat.tensors, *state, *draws]
+        everything = [*flat.tensors, *state]
+        for index in exported.mutated:
+            if everything[index].requires_grad:
+                raise OrtNotImplemented(f"ORTModule: the forward updates {_input_name(exported, index)} in place, "
+                                        "and it requires grad; in-place updates of tensors that require grad are "
+                                        "not supported")
+        everything += draw_all(sites, runner.device)
         feeds = [tensor for tensor, used in zip(everything, exported.used) if used]
         names = exported.input_names
         trainable = tuple(name for name, tensor in zip(names, feeds)
@@ -221,17 +304,16 @@ class ORTModule(nn.Module):
                                 if name in user_names and tensor.requires_grad and tensor.dtype in _FLOAT_DTYPES)
         if torch.is_grad_enabled() and (trainable or input_gradients):
             plan = runner.agent(trainable, input_gradients, tuple(tuple(t.shape) for t in feeds))
+            if check:
+                runner.check(plan, feeds)
             outputs = ORTFunction.apply(runner, plan, *feeds)
         else:
             outputs = runner.run_inference(feeds)
         n_out = exported.n_outputs
         n_stats = 2 * len(exported.statistics)
+        if check:
+            _check_outputs(entry.outputs.tensors, outputs[:n_out], type(module).__name__)
         if exported.mutated:
-            for index in exported.mutated:
-                if everything[index].requires_grad:
-                    raise OrtNotImplemented(f"ORTModule: the forward updates '{exported.input_names[index]}' in "
-                                            "place, which requires grad; in-place updates of tensors that "
-                                            "require grad are not supported")
             with torch.no_grad():
                 for index, value in zip(exported.mutated, outputs[n_out + n_stats:]):
                     everything[index].copy_(value)

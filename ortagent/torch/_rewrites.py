@@ -48,7 +48,8 @@ from torch.overrides import TorchFunctionMode
 
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
-__all__ = ["Layout", "Site", "Trace", "tracing", "draw", "stop_gradient", "BatchStatistics"]
+__all__ = ["Layout", "Site", "Trace", "tracing", "draw", "draw_all", "stop_gradient", "BatchStatistics",
+           "default_generator"]
 
 
 # -- what a traced forward records -----------------------------------------------------------------
@@ -73,12 +74,15 @@ class Layout:
 class Site:
     """One random draw of a traced forward: ``kind`` names the recipe (see :func:`draw`),
     ``layouts`` the tensors it needs, ``params`` its scalar arguments, ``n_inputs`` how many
-    graph inputs it feeds."""
+    graph inputs it feeds. ``pinned`` is the generator's state when the forward had set it
+    itself before the draw (``torch.manual_seed`` inside the forward, ``freeze_rng_state``),
+    else None: the draw then takes the generator's next numbers."""
 
     kind: str
     layouts: tuple[Layout, ...]
     params: tuple[Any, ...]
     n_inputs: int = 1
+    pinned: Any = None
 
 
 @dataclass(frozen=True)
@@ -100,12 +104,18 @@ class Trace:
     ``phase`` is ``"discover"`` (random draws run as themselves, their sites are recorded) or
     ``"export"`` (each site returns the next of ``supplied``, the graph inputs for the draws).
     ``state_names`` maps ``id()`` of the parameter and buffer tensors the trace runs with to
-    their names; ``user_inputs`` holds the ``id()`` of the user tensors."""
+    their names; ``user_inputs`` holds the ``id()`` of the user tensors. A discovery watches
+    ``generator`` (the default generator of the module's device): a site met while its seed is
+    not ``start_seed`` is one the forward seeded itself. (The seed, not the whole state: other
+    threads may draw from the generator meanwhile; a forward that seeds it with the seed it
+    already has is not told apart.)"""
 
     phase: str
     state_names: dict[int, str]
     user_inputs: frozenset[int] = frozenset()
     supplied: Sequence[torch.Tensor] = ()
+    generator: Any = None
+    start_seed: int | None = None
     sites: list[Site] = field(default_factory=list)
     statistics: list[BatchStatistics] = field(default_factory=list)
     statistic_values: list[torch.Tensor] = field(default_factory=list)
@@ -116,6 +126,8 @@ class Trace:
         """Record ``site`` (discovery: None, the caller computes a stand-in), or return the
         graph inputs that stand for it (export)."""
         if self.phase == "discover":
+            if self.generator is not None and self.generator.initial_seed() != self.start_seed:
+                site = Site(site.kind, site.layouts, site.params, site.n_inputs, self.generator.get_state())
             self.sites.append(site)
             return None
         start = self.next_supplied
@@ -130,6 +142,13 @@ class Trace:
 _local = threading.local()
 
 
+def default_generator(device: torch.device) -> Any:
+    """torch's default generator of ``device`` (the one eager's random kernels draw from)."""
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return torch.default_generator
+
+
 def _current() -> Trace | None:
     return getattr(_local, "trace", None)
 
@@ -139,32 +158,64 @@ def _current() -> Trace | None:
 _ALPHA = 1.7580993408473766     # the SELU alpha of torch's alpha dropout
 
 
-def _noise(layout: Layout, p: float, device: torch.device) -> torch.Tensor:
-    return layout.empty(device).bernoulli_(1 - p)
+def _noise(layout: Layout, p: float, device: torch.device, generator: Any) -> torch.Tensor:
+    return layout.empty(device).bernoulli_(1 - p, generator=generator)
 
 
-def draw(site: Site, device: torch.device) -> list[torch.Tensor]:
-    """The tensors of one site, drawn by torch's generator as eager draws them on the CPU."""
+# torch.rand_like(x) and its kin draw as these in-place methods on an empty_like(x)
+_LIKE_AS_METHOD = {"rand_like": ("uniform_", (0.0, 1.0)), "randn_like": ("normal_", (0.0, 1.0))}
+
+
+def draw(site: Site, device: torch.device, generator: Any = None) -> list[torch.Tensor]:
+    """The tensors of one site, drawn from ``generator`` (default: the device's default
+    generator) as eager draws them on the CPU."""
     kind, params = site.kind, site.params
     if kind == "dropout":           # empty_like / feature noise, bernoulli_(1 - p), div_(1 - p)
         (p,) = params
-        return [_noise(site.layouts[0], p, device).div_(1 - p)]
+        return [_noise(site.layouts[0], p, device, generator).div_(1 - p)]
     if kind == "alpha_dropout":     # the same draw, mapped to a scale and a shift
         (p,) = params
         a = 1.0 / math.sqrt((_ALPHA * _ALPHA * p + 1) * (1 - p))
-        noise = _noise(site.layouts[0], p, device)
+        noise = _noise(site.layouts[0], p, device, generator)
         shift = noise.add(-1).mul_(_ALPHA * a).add_(_ALPHA * a * p)
         return [noise.mul_(a), shift]
     if kind == "method":            # an in-place random method on a fresh tensor
         name, args, kwargs = params
-        return [getattr(site.layouts[0].empty(device), name)(*args, **kwargs)]
+        return [getattr(site.layouts[0].empty(device), name)(*args, **kwargs, generator=generator)]
     if kind == "like":              # torch.rand_like(x), ...: only x's layout matters
         function, args, kwargs = params
-        return [function(site.layouts[0].empty(device), *args, **kwargs)]
+        target = site.layouts[0].empty(device)
+        if function.__name__ == "randint_like":
+            low, high = (0, args[0]) if len(args) == 1 else args[:2]
+            return [target.random_(int(low), int(high), generator=generator)]
+        name, arguments = _LIKE_AS_METHOD[function.__name__]
+        return [getattr(target, name)(*arguments, generator=generator)]
     if kind == "factory":           # torch.rand(3, 4), ...
         function, args, kwargs = params
-        return [function(*args, **{**kwargs, "device": device})]
+        return [function(*args, **{**kwargs, "device": device, "generator": generator})]
     raise AssertionError(f"unknown site kind {kind!r}")
+
+
+def draw_all(sites: Sequence[Site], device: torch.device) -> list[torch.Tensor]:
+    """Every site's tensors in order: sites the forward pinned to a generator state it set
+    itself draw from a generator in that state (consecutive sites pinned to one state continue
+    its stream), the others from the device's default generator, which the pinned draws leave
+    untouched, as the forward that restores the state after seeding leaves it in eager."""
+    drawn: list[torch.Tensor] = []
+    pinned_state = None
+    pinned_generator = None
+    for site in sites:
+        generator = None
+        if site.pinned is not None:
+            if pinned_state is None or not torch.equal(pinned_state, site.pinned):
+                pinned_generator = torch.Generator(device=device)
+                pinned_generator.set_state(site.pinned)
+                pinned_state = site.pinned
+            generator = pinned_generator
+        else:
+            pinned_state = None
+        drawn.extend(draw(site, device, generator))
+    return drawn
 
 
 # -- dropout: torch._VF's kernels --------------------------------------------------------------------
@@ -395,6 +446,9 @@ _RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, tor
 _RANDOM_FROM_DATA = {torch.bernoulli, torch.Tensor.bernoulli, torch.multinomial, torch.Tensor.multinomial,
                      torch.poisson, torch.binomial, torch.rrelu, F.rrelu, torch.rrelu_, torch._standard_gamma,
                      torch._sample_dirichlet}
+_INTERNAL_NORMS = {torch.native_batch_norm, torch.ops.aten._native_batch_norm_legit,
+                   torch.ops.aten._native_batch_norm_legit.default, torch.ops.aten._native_batch_norm_legit.no_stats,
+                   torch.ops.aten._batch_norm_with_update, torch.ops.aten._batch_norm_with_update.default}
 _DATA_DESCRIPTOR = torch.Tensor.data
 _COUNTER_READS = {torch.Tensor.__float__, torch.Tensor.item}
 
@@ -425,12 +479,19 @@ class _TraceMode(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.OpOverload | torch._ops.OpOverloadPacket):
+            if func in _INTERNAL_NORMS:
+                raise OrtNotImplemented(f"ORTModule: {func} called directly is not supported; use F.batch_norm or "
+                                        "the BatchNorm modules")
             return func(*args, **kwargs)
         if _is_data_getter(func):
             tensor = args[0]
             return stop_gradient(tensor) if tensor.requires_grad and tensor.is_floating_point() else func(*args)
         if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
             return self._draw(func, args, kwargs)
+        if func in _INTERNAL_NORMS:
+            raise OrtNotImplemented(f"ORTModule: {_function_name(func)} called directly is not supported (torch's "
+                                    "ONNX exporter returns its saved statistics otherwise than the CPU kernel); use "
+                                    "F.batch_norm or the BatchNorm modules")
         if func in _RANDOM_FROM_DATA:
             raise OrtNotImplemented(f"ORTModule: {_function_name(func)} draws random numbers whose distribution "
                                     "depends on tensor values computed in the forward; the bridge can only make "
@@ -502,8 +563,10 @@ class _TraceMode(TorchFunctionMode):
             concrete = tuple(int(a) if isinstance(a, torch.SymInt) else a for a in args)
             site = Site("factory", (), (func, concrete, {k: v for k, v in kwargs.items() if k != "device"}))
         drawn = self.trace.site(site)
-        if drawn is None:
-            return func(*args, **kwargs)
+        if drawn is None:           # a discovery: a stand-in that draws nothing
+            if func in _RANDOM_LIKE:
+                return torch.empty_like(args[0], dtype=kwargs.get("dtype"))
+            return func(*args, **{**kwargs, "device": "meta"})
         if kwargs.get("requires_grad"):
             return drawn[0].detach().requires_grad_(True)
         return drawn[0]

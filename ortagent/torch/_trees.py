@@ -5,6 +5,12 @@ tuples, lists, dicts, ``OrderedDict``, namedtuples, ``torch.return_types`` struc
 containers libraries register with it (transformers' ``ModelOutput`` subclasses and caches).
 A non-tensor leaf is a constant of the call: it is part of the call's signature (inputs) or of
 the exported graph's layout (outputs).
+
+Results may also hold key/value caches that torch's pytree does not know: transformers'
+``DynamicCache`` and ``EncoderDecoderCache`` (what its models return with ``use_cache=True``,
+their default) come back as caches of the same type over the graph's key and value tensors,
+detached: the bridge gives them no gradient (a training loop does not backpropagate through a
+cache it was returned).
 """
 
 from __future__ import annotations
@@ -23,31 +29,116 @@ _CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtyp
                    torch.layout, torch.memory_format, enum.Enum, type(Ellipsis), slice)
 
 
+class _Cache:
+    """A cache object of a result, as a pytree node of its tensors (ortagent's own class: the
+    registration changes nothing for anyone else's pytrees). ``context`` is what rebuilds it."""
+
+    def __init__(self, kind: str, tensors: list[torch.Tensor], context: Any) -> None:
+        self.kind = kind
+        self.tensors = tensors
+        self.context = context
+
+
+pytree.register_pytree_node(
+    _Cache, lambda cache: (cache.tensors, (cache.kind, cache.context)),
+    lambda tensors, context: _Cache(context[0], list(tensors), context[1]))
+
+
+def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:                          # transformers 4.x: key_cache / value_cache lists
+        pairs = list(zip(cache.key_cache, cache.value_cache))
+    else:
+        pairs = []
+        for layer in layers:
+            if type(layer).__name__ != "DynamicLayer":
+                raise OrtNotImplemented(f"ORTModule: a DynamicCache with {type(layer).__name__} layers is not "
+                                        "returned by the bridge (plain DynamicLayer caches are)")
+            pairs.append((layer.keys, layer.values))
+    return [tensor for pair in pairs for tensor in pair], len(pairs)
+
+
+def _dynamic_cache(tensors: list[torch.Tensor], context: Any) -> Any:
+    from transformers.cache_utils import DynamicCache
+
+    pairs = [(tensors[i], tensors[i + 1]) for i in range(0, len(tensors), 2)]
+    return DynamicCache(pairs) if pairs else DynamicCache()
+
+
+def _encoder_decoder_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
+    own, own_layers = _dynamic_cache_tensors(cache.self_attention_cache)
+    cross, cross_layers = _dynamic_cache_tensors(cache.cross_attention_cache)
+    return own + cross, (own_layers, cross_layers)
+
+
+def _encoder_decoder_cache(tensors: list[torch.Tensor], context: Any) -> Any:
+    from transformers.cache_utils import EncoderDecoderCache
+
+    split = 2 * context[0]
+    return EncoderDecoderCache(_dynamic_cache(tensors[:split], None), _dynamic_cache(tensors[split:], None))
+
+
+# cache types by qualified name: (flatten to tensors and a context, rebuild)
+_CACHE_TYPES = {
+    "transformers.cache_utils.DynamicCache": (_dynamic_cache_tensors, _dynamic_cache),
+    "transformers.cache_utils.EncoderDecoderCache": (_encoder_decoder_cache_tensors, _encoder_decoder_cache),
+}
+
+
+def _as_cache(leaf: Any) -> Any:
+    kind = f"{type(leaf).__module__}.{type(leaf).__qualname__}"
+    entry = _CACHE_TYPES.get(kind)
+    if entry is None:
+        return leaf
+    tensors, context = entry[0](leaf)
+    return _Cache(kind, [t.detach() for t in tensors], context)
+
+
+def _from_cache(node: Any) -> Any:
+    if not isinstance(node, _Cache):
+        return node
+    return _CACHE_TYPES[node.kind][1](node.tensors, node.context)
+
+
 @dataclass(frozen=True)
 class Flat:
     """A flattened structure: its tensors in order, and what rebuilds it.
 
     ``spec`` is the pytree structure; ``constants`` holds every non-tensor leaf as
-    ``(leaf position, value)``; ``tensor_positions`` the leaf position of each tensor."""
+    ``(leaf position, value)``; ``tensor_positions`` the leaf position of each tensor;
+    ``detached`` the indices (into ``tensors``) of cache tensors, which carry no gradient."""
 
     tensors: tuple[torch.Tensor, ...]
     spec: pytree.TreeSpec
     constants: tuple[tuple[int, Any], ...]
     tensor_positions: tuple[int, ...]
+    detached: tuple[int, ...] = ()
 
     def rebuild(self, tensors: Any) -> Any:
         """The structure with ``tensors`` in the places of the flattened ones."""
         return rebuild(self.spec, self.constants, self.tensor_positions, tensors)
 
 
-def flatten(value: Any, what: str) -> Flat:
-    """Flatten ``value``; a leaf that is neither a tensor nor a plain constant is refused."""
+def flatten(value: Any, what: str, caches: bool = False) -> Flat:
+    """Flatten ``value``; a leaf that is neither a tensor nor a plain constant is refused.
+    ``caches``: a result, whose cache objects are flattened too."""
+    detached_leaves: set[int] = set()
+    if caches:
+        value = pytree.tree_map(_as_cache, value)
+        position = 0
+        for node in pytree.tree_leaves(value, is_leaf=lambda x: isinstance(x, _Cache)):
+            if isinstance(node, _Cache):
+                detached_leaves.update(range(position, position + len(node.tensors)))
+                position += len(node.tensors)
+            else:
+                position += 1
     leaves, spec = pytree.tree_flatten(value)
     tensors: list[torch.Tensor] = []
     positions: list[int] = []
     constants: list[tuple[int, Any]] = []
     for position, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
+            _check_tensor(leaf, what)
             tensors.append(leaf)
             positions.append(position)
         elif isinstance(leaf, _CONSTANT_TYPES):
@@ -57,7 +148,18 @@ def flatten(value: Any, what: str) -> Flat:
                 f"ORTModule: {what} holds a {type(leaf).__module__}.{type(leaf).__qualname__}, which is "
                 "neither a tensor, a plain constant nor a container torch's pytree knows "
                 "(register it with torch.utils._pytree.register_pytree_node)")
-    return Flat(tuple(tensors), spec, tuple(constants), tuple(positions))
+    detached = tuple(index for index, position in enumerate(positions) if position in detached_leaves)
+    return Flat(tuple(tensors), spec, tuple(constants), tuple(positions), detached)
+
+
+def _check_tensor(tensor: torch.Tensor, what: str) -> None:
+    """Tensors onnxruntime can hold: strided (dense), not complex, not quantized or nested."""
+    if tensor.layout != torch.strided or getattr(tensor, "is_nested", False):
+        raise OrtNotImplemented(f"ORTModule: {what} holds a tensor of layout {tensor.layout}; only dense "
+                                "(strided) tensors cross into onnxruntime")
+    if tensor.is_complex() or tensor.is_quantized:
+        raise OrtNotImplemented(f"ORTModule: {what} holds a {tensor.dtype} tensor; onnxruntime has no complex or "
+                                "quantized torch tensors")
 
 
 def rebuild(spec: pytree.TreeSpec, constants: tuple[tuple[int, Any], ...], tensor_positions: tuple[int, ...],
@@ -67,7 +169,8 @@ def rebuild(spec: pytree.TreeSpec, constants: tuple[tuple[int, Any], ...], tenso
         leaves[position] = value
     for position, tensor in zip(tensor_positions, tensors):
         leaves[position] = tensor
-    return pytree.tree_unflatten(leaves, spec)
+    result = pytree.tree_unflatten(leaves, spec)
+    return pytree.tree_map(_from_cache, result, is_leaf=lambda node: isinstance(node, _Cache))
 
 
 def signature_of(flat: Flat) -> tuple:

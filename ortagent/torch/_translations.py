@@ -1,0 +1,143 @@
+"""ONNX translations of aten operators that replace torch.onnx's own where its translation has
+another gradient, or loses precision, compared with torch (``custom_translation_table``).
+
+Each function receives the operator's arguments as torch's ONNX exporter passes them (symbolic
+tensors, Python numbers) and builds its result with onnxscript's operators; the exporter inlines
+what it builds. The differences they remove were found by the sweep over torch's OpInfo
+database (tests/torch_sweep.py):
+
+* ``aten.log_sigmoid``: torch.onnx writes ``Log(Sigmoid(x))``, which loses the value where the
+  sigmoid rounds to 0 or 1 (``-inf`` below about -88; a relative error of 1e-4 near -10);
+  here ``-Softplus(-x)``, whose gradient is ``sigmoid(-x)`` as torch's.
+* ``aten._safe_softmax`` (torch's attention softmax, 0 over a row that is all ``-inf``): the
+  softmax of such a row is NaN before the exporter's ``Where`` picks 0, and the backward of the
+  softmax turns the row's gradient into NaN; here the row is replaced by zeros before the
+  softmax, so its gradient is 0 as torch's.
+* ``aten.linalg_vector_norm`` (``torch.norm``, ``F.normalize``, ...): at a zero vector the
+  derivative of the root is infinite and its product with the zero derivative of the sum NaN,
+  where torch's gradient is 0; here the root is taken of 1 where the sum is 0 (and the result
+  set to 0 there), and likewise ``|x|^p`` of 1 where an entry is 0, so the gradient is 0 as
+  torch's.
+* ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
+  (:mod:`._rewrites`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
+
+__all__ = ["translation_table"]
+
+_registered = False
+
+
+def _register_stop_gradient_schema() -> None:
+    """The ONNX schema of StopGradient, registered once so the exporter knows its one output."""
+    global _registered
+    import onnx
+    from onnx.defs import OpSchema
+
+    if _registered:
+        return
+    try:
+        onnx.defs.get_schema("StopGradient", 1, STOP_GRADIENT_DOMAIN)
+    except Exception:
+        floats = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"]
+        onnx.defs.register_schema(OpSchema(
+            "StopGradient", STOP_GRADIENT_DOMAIN, 1,
+            doc="The input, unchanged; the value carries no gradient (ortagent's marker for torch's detach).",
+            inputs=[OpSchema.FormalParameter("input", "T")],
+            outputs=[OpSchema.FormalParameter("output", "T")],
+            type_constraints=[("T", floats, "floating-point tensors")]))
+    _registered = True
+
+
+def _dims(dim: Any) -> list[int] | None:
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        return [dim]
+    dims = list(dim)
+    return dims or None
+
+
+def translation_table() -> dict[Any, Callable]:
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    _register_stop_gradient_schema()
+    marker = onnxscript.values.Opset(STOP_GRADIENT_DOMAIN, 1)
+
+    def stop_gradient(x: Any) -> Any:
+        return marker.StopGradient(x)
+
+    def log_sigmoid(x: Any) -> Any:
+        return op.Neg(op.Softplus(op.Neg(x)))
+
+    def safe_softmax(x: Any, dim: int, dtype: Any = None) -> Any:
+        if dtype is not None:
+            x = op.Cast(x, to=_onnx_type(dtype))
+        axes = op.Constant(value_ints=[dim])
+        negative_infinity = op.CastLike(op.Constant(value_float=float("-inf")), x)
+        masked = op.Equal(x, negative_infinity)
+        all_masked = op.Cast(op.ReduceMin(op.Cast(masked, to=1), axes, keepdims=1), to=9)   # float, then bool
+        zero = op.CastLike(op.Constant(value_float=0.0), x)
+        safe = op.Where(all_masked, zero, x)
+        return op.Where(all_masked, zero, op.Softmax(safe, axis=dim))
+
+    def vector_norm(x: Any, ord: float = 2.0, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
+        if dtype is not None:
+            x = op.Cast(x, to=_onnx_type(dtype))
+        dims = _dims(dim)
+        axes = op.Constant(value_ints=dims) if dims is not None else None
+        zero = op.CastLike(op.Constant(value_float=0.0), x)
+        one = op.CastLike(op.Constant(value_float=1.0), x)
+        keep = 1 if keepdim else 0
+        if dims is None and not keepdim:
+            x = op.Reshape(x, op.Constant(value_ints=[-1]))
+            axes = op.Constant(value_ints=[0])
+        magnitude = op.Abs(x)
+        if ord == float("inf"):
+            return op.ReduceMax(magnitude, axes, keepdims=keep)
+        if ord == float("-inf"):
+            return op.ReduceMin(magnitude, axes, keepdims=keep)
+        if ord == 0:
+            nonzero = op.Cast(op.Not(op.Equal(x, zero)), to=1)
+            return op.CastLike(op.ReduceSum(nonzero, axes, keepdims=keep), x)
+        if ord == 1:
+            return op.ReduceSum(magnitude, axes, keepdims=keep)
+        if ord == 2:
+            total = op.ReduceSum(op.Mul(x, x), axes, keepdims=keep)
+        else:
+            # |x|^p, with the power taken of 1 where x is 0 (its derivative there is infinite
+            # for p < 1; torch's gradient at a zero entry is 0)
+            zeros = op.Equal(x, zero)
+            powered = op.Pow(op.Where(zeros, one, magnitude), op.CastLike(op.Constant(value_float=float(ord)), x))
+            total = op.ReduceSum(op.Where(zeros, zero, powered), axes, keepdims=keep)
+        empty = op.Equal(total, zero)
+        safe = op.Where(empty, one, total)
+        root = op.Sqrt(safe) if ord == 2 else op.Pow(safe, op.CastLike(op.Constant(value_float=1.0 / ord), x))
+        return op.Where(empty, zero, root)
+
+    aten = torch.ops.aten
+    return {
+        torch.ops.ortagent.stop_gradient.default: stop_gradient,
+        aten.log_sigmoid.default: log_sigmoid,
+        aten._safe_softmax.default: safe_softmax,
+        aten.linalg_vector_norm.default: vector_norm,
+    }
+
+
+_ONNX_TYPES = {torch.float32: 1, torch.float64: 11, torch.float16: 10, torch.bfloat16: 16}
+
+
+def _onnx_type(dtype: Any) -> int:
+    if isinstance(dtype, int):
+        return dtype
+    return _ONNX_TYPES[dtype]
+

@@ -1,0 +1,196 @@
+"""Real model families through ``ortagent.torch.ORTModule``, built from configs with random
+weights (nothing downloaded): transformers' GPT-2 (its LM loss), BERT (a padded attention
+mask), Llama (grouped-query attention) and T5; torchvision's ResNet-18 (BatchNorm in training)
+and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's ViT (stochastic depth).
+
+Each trains a few optimizer steps beside the same model in eager torch. Every step starts both
+from the same state (the eager copy takes the bridged model's parameters and buffers), so a
+difference cannot grow from the one before: the loss, every gradient (each within 1e-4 of its
+largest magnitude) and the BatchNorm running statistics are compared, with the same dropout and
+stochastic-depth draws under one seed. The input shapes change between steps (batch size,
+sequence length), and one export serves them all.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+pytestmark = pytest.mark.torch
+
+RTOL = 1e-4
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (make test TORCH=1)")
+    torch.set_num_threads(1)
+    return torch
+
+
+def _compare_tensor(what, actual, expected, rtol=RTOL):
+    torch = _torch()
+    assert actual is not None, f"{what}: no gradient"
+    error = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
+    scale = expected.double().abs().max().item() if expected.numel() else 0.0
+    assert error <= rtol * max(scale, 1e-3), f"{what}: max abs error {error:.3g} at scale {scale:.3g}"
+    del torch
+
+
+def _train(make_model, make_batch, loss_of, steps, *, lr=1e-3):
+    """Train an ORTModule and an eager copy side by side; returns the ORTModule."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    torch.manual_seed(0)
+    inner = make_model().train()
+    bridged = ORTModule(inner)
+    eager = copy.deepcopy(inner)
+    optimizer = torch.optim.AdamW(bridged.parameters(), lr=lr)
+    for step in range(steps):
+        eager.load_state_dict(inner.state_dict())           # the same state before each step
+        eager.zero_grad()
+        batch = make_batch(step)
+        torch.manual_seed(100 + step)
+        loss = loss_of(_call(bridged, batch))
+        loss.backward()
+        torch.manual_seed(100 + step)
+        expected = loss_of(_call(eager, batch))
+        expected.backward()
+        _compare_tensor(f"step {step} loss", loss.detach(), expected.detach())
+        for (name, p_eager), p_bridged in zip(eager.named_parameters(), inner.parameters()):
+            if p_eager.grad is None:
+                assert p_bridged.grad is None or not p_bridged.grad.any(), name
+                continue
+            _compare_tensor(f"step {step} gradient of {name}", p_bridged.grad, p_eager.grad)
+        for (name, b_eager), b_bridged in zip(eager.named_buffers(), inner.buffers()):
+            if b_eager.is_floating_point():
+                _compare_tensor(f"step {step} buffer {name}", b_bridged, b_eager, rtol=1e-5)
+            else:
+                assert torch.equal(b_bridged, b_eager), name
+        optimizer.step()
+        optimizer.zero_grad()
+    return bridged
+
+
+def _call(model, batch):
+    return model(**batch) if isinstance(batch, dict) else model(*batch)
+
+
+def _tokens(step, batch, length, vocab, **extra):
+    torch = _torch()
+    generator = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, vocab, (batch, length), generator=generator)
+    return ids, generator
+
+
+def test_gpt2_lm_loss_with_its_default_cache():
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64)
+        return transformers.GPT2LMHeadModel(config)     # dropout 0.1 and use_cache=True: the defaults
+
+    shapes = [(2, 16), (3, 12), (2, 16)]
+
+    def batch(step):
+        ids, _ = _tokens(step, *shapes[step], 128)
+        return {"input_ids": ids, "labels": ids}
+
+    model = _train(make, batch, lambda out: out.loss, len(shapes))
+    assert model.exported_graphs == 1
+    ids = batch(0)["input_ids"]
+    out = model(input_ids=ids, labels=ids)
+    assert type(out).__name__ == "CausalLMOutputWithCrossAttentions"       # the ModelOutput, not a dict
+    assert type(out.past_key_values).__name__ == "DynamicCache"
+    assert not out.past_key_values.layers[0].keys.requires_grad           # the cache comes back detached
+
+
+def test_bert_with_a_padded_attention_mask():
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        config = transformers.BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                         intermediate_size=128, vocab_size=200, max_position_embeddings=64)
+        return transformers.BertForSequenceClassification(config)
+
+    shapes = [(3, 12), (4, 9), (3, 14)]
+
+    def batch(step):
+        ids, generator = _tokens(step, *shapes[step], 200)
+        mask = torch.ones_like(ids)
+        mask[0, -4:] = 0                                    # padding
+        return {"input_ids": ids, "attention_mask": mask,
+                "labels": torch.randint(0, 2, (ids.shape[0],), generator=generator)}
+
+    model = _train(make, batch, lambda out: out.loss, len(shapes))
+    assert model.exported_graphs == 1
+
+
+def test_llama_with_grouped_query_attention():
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=128, vocab_size=200,
+                                          max_position_embeddings=64)
+        return transformers.LlamaForCausalLM(config)
+
+    shapes = [(2, 10), (2, 7), (3, 10)]
+
+    def batch(step):
+        ids, _ = _tokens(step, *shapes[step], 200)
+        return {"input_ids": ids, "labels": ids}
+
+    _train(make, batch, lambda out: out.loss, len(shapes))
+
+
+def test_t5_encoder_decoder():
+    transformers = pytest.importorskip("transformers")
+    torch = _torch()
+
+    def make():
+        config = transformers.T5Config(num_layers=2, num_decoder_layers=2, d_model=64, d_kv=16, d_ff=128,
+                                       num_heads=4, vocab_size=200, decoder_start_token_id=0, pad_token_id=0)
+        return transformers.T5ForConditionalGeneration(config)
+
+    def batch(step):
+        ids, generator = _tokens(step, 2, 10 - step, 200)
+        return {"input_ids": ids, "labels": torch.randint(1, 200, (2, 7), generator=generator)}
+
+    model = _train(make, batch, lambda out: out.loss, 3)
+    out = model(**batch(0))
+    assert type(out.past_key_values).__name__ == "EncoderDecoderCache"
+
+
+def _images(step, batch, size=64):
+    torch = _torch()
+    return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(step)),)
+
+
+def test_resnet18_batchnorm_in_training():
+    torchvision = pytest.importorskip("torchvision")
+    sizes = [2, 3, 2]
+    model = _train(lambda: torchvision.models.resnet18(num_classes=10), lambda step: _images(step, sizes[step]),
+                   lambda out: out.square().mean(), len(sizes))
+    assert model.exported_graphs == 1
+
+
+def test_mobilenet_v3_depthwise_convolutions():
+    torchvision = pytest.importorskip("torchvision")
+    _train(lambda: torchvision.models.mobilenet_v3_small(num_classes=10), lambda step: _images(step, 2),
+           lambda out: out.square().mean(), 2)
+
+
+def test_vit_with_stochastic_depth():
+    timm = pytest.importorskip("timm")
+
+    def make():
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32,
+                                 patch_size=8, depth=2, drop_path_rate=0.2, drop_rate=0.1)
+
+    sizes = [2, 3, 2]
+    _train(make, lambda step: _images(step, sizes[step], size=32), lambda out: out.square().mean(), len(sizes))
