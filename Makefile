@@ -5,21 +5,28 @@
 #   make bench   run the benchmarks side by side with onnxruntime and the C floor
 #   make test-ft / bench-ft  the suite / the threads benchmark on a free-threaded CPython with
 #                the GIL off (skipped when none is found; FT_PYTHON names one)
+#   make test-torch-ops  the whole differential sweep of ORTModule over torch's op_db and
+#                module_db (tests/torch_sweep.py; make test runs a fixed sample of it)
 # Variables: PYTHON (interpreter for the venvs), ORT_PACKAGE (the onnxruntime wheel to test
-# against), TORCH=1 (also install torch's CPU build so the torch tests run), PYTEST_ARGS.
+# against), TORCH=1 (also install torch and the packages of the torch tests), PYTEST_ARGS.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ORT_PACKAGE ?= onnxruntime-gpu==1.31.1
 TORCH ?= 0
-TORCH_PACKAGE ?= torch==2.13.0
-ONNXSCRIPT_PACKAGE ?= onnxscript>=0.3
+# torch with the packages the torch tests use, pinned: torchvision (its wheels build against one
+# torch release), the dynamo exporter's onnxscript, torch's test databases' expecttest, and the
+# model families of tests/test_torch_models.py (built from configs: nothing is downloaded)
+TORCH_PACKAGES ?= torch==2.14.1 torchvision==0.29.1 onnxscript==0.7.2 expecttest==0.3.0 transformers==5.18.0 \
+	timm==1.0.31
+TORCH_READY = $(VENV)/.torch-$(shell echo '$(TORCH_PACKAGES)' | cksum | cut -d' ' -f1)
 REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
 
-.PHONY: all test build venv refagent demo demo-torch bench bench-quick ft-build test-ft bench-ft fuzz asan dist-check clean
+.PHONY: all test build venv refagent demo demo-torch bench bench-quick ft-build test-ft bench-ft fuzz asan dist-check clean \
+	test-torch-ops
 
 all: test
 
@@ -31,12 +38,9 @@ $(VENV)/.ready: pyproject.toml Makefile
 	touch $@
 
 venv: $(VENV)/.ready
-	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import torch" 2>/dev/null; then \
-		echo "installing $(TORCH_PACKAGE) (CPU build) for the torch tests"; \
-		$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_PACKAGE)"; fi
-	@if [ "$(TORCH)" = "1" ] && ! $(PY) -c "import onnxscript" 2>/dev/null; then \
-		echo "installing $(ONNXSCRIPT_PACKAGE) (torch.onnx's dynamo exporter needs it)"; \
-		$(PY) -m pip install -q --disable-pip-version-check "$(ONNXSCRIPT_PACKAGE)"; fi
+	@if [ "$(TORCH)" = "1" ] && [ ! -f $(TORCH_READY) ]; then \
+		echo "installing $(TORCH_PACKAGES) for the torch tests"; \
+		$(PY) -m pip install -q --disable-pip-version-check $(TORCH_PACKAGES) && touch $(TORCH_READY); fi
 
 build: venv
 	$(PY) setup.py -q build_ext --inplace
@@ -53,6 +57,16 @@ refagent: $(REF_VENV)/.ready
 
 test: build refagent
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# The whole differential sweep of ortagent.torch.ORTModule over torch's OpInfo database (op_db)
+# and module database (module_db): SWEEP_ARGS passes options (e.g. SWEEP_ARGS="--samples 1").
+# Results (every case and the table) in build/torch_sweep/outcomes.json; fails when a case
+# differs from eager without an ortagent error.
+SWEEP_ARGS ?=
+
+test-torch-ops: TORCH := 1
+test-torch-ops: build
+	$(PY) tests/torch_sweep.py $(SWEEP_ARGS)
 
 # Long fuzzing: tests/test_fuzz.py with the ortagent-fuzz hypothesis profile, drawing batches of
 # examples until FUZZ_SECONDS have passed (each of its two fuzz tests gets that budget).

@@ -488,6 +488,11 @@ class _TraceMode(TorchFunctionMode):
             return stop_gradient(tensor) if tensor.requires_grad and tensor.is_floating_point() else func(*args)
         if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
             return self._draw(func, args, kwargs)
+        if func is F.embedding:
+            return _embedding(*args, **kwargs)
+        if func is torch.gru:
+            raise OrtNotImplemented("ORTModule: nn.GRU (torch.gru) is not supported: torch's ONNX exporter "
+                                    "translates it to a graph whose outputs differ from torch's (nn.GRUCell is)")
         if func in _INTERNAL_NORMS:
             raise OrtNotImplemented(f"ORTModule: {_function_name(func)} called directly is not supported (torch's "
                                     "ONNX exporter returns its saved statistics otherwise than the CPU kernel); use "
@@ -579,6 +584,36 @@ _IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itrue
 def _updates_in_place(func: Any) -> bool:
     name = getattr(func, "__name__", "")
     return name in _IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("_"))
+
+
+def _embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None,
+               max_norm: float | None = None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+               sparse: bool = False) -> torch.Tensor:
+    """``F.embedding`` with torch's gradient: a plain gather differentiates into every row it
+    read, where torch gives the ``padding_idx`` row no gradient and, with
+    ``scale_grad_by_freq``, divides each row's gradient by its count in the batch. Both are
+    written with stop_gradient around the same values."""
+    if max_norm is not None:
+        raise OrtNotImplemented("ORTModule: F.embedding / nn.Embedding with max_norm renormalizes rows of the "
+                                "weight in place during the forward, which the bridge does not do")
+    if sparse and weight.requires_grad:
+        raise OrtNotImplemented("ORTModule: F.embedding / nn.Embedding with sparse=True (sparse gradients); the "
+                                "bridge gives dense ones")
+    result = F.embedding(input, weight)
+    if not weight.requires_grad:
+        return result
+    if padding_idx is not None:
+        if padding_idx < 0:
+            padding_idx += weight.shape[0]
+        result = torch.where((input == padding_idx).unsqueeze(-1), stop_gradient(result), result)
+    if scale_grad_by_freq:
+        flat = input.reshape(-1)
+        counts = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device).scatter_add(
+            0, flat, torch.ones(flat.shape, dtype=weight.dtype, device=weight.device))
+        scale = F.embedding(input, counts.unsqueeze(-1)).reciprocal()
+        frozen = stop_gradient(result)
+        result = frozen + (result - frozen) * scale
+    return result
 
 
 def _called_from(code: Any) -> bool:

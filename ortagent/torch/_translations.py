@@ -18,6 +18,9 @@ database (tests/torch_sweep.py):
   where torch's gradient is 0; here the root is taken of 1 where the sum is 0 (and the result
   set to 0 there), and likewise ``|x|^p`` of 1 where an entry is 0, so the gradient is 0 as
   torch's.
+* ``aten.scatter_reduce`` with ``reduce="mean"``: torch.onnx writes a plain ScatterElements
+  (the last write wins, no mean); here the sum over the scattered values (and ``self`` when
+  ``include_self``) divided by their count, positions no index reaches keeping ``self``.
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
   (:mod:`._rewrites`).
 """
@@ -124,8 +127,27 @@ def translation_table() -> dict[Any, Callable]:
         root = op.Sqrt(safe) if ord == 2 else op.Pow(safe, op.CastLike(op.Constant(value_float=1.0 / ord), x))
         return op.Where(empty, zero, root)
 
+    def scatter_reduce(x: Any, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Any:
+        if reduce != "mean":
+            from onnxscript.function_libs.torch_lib.ops.core import aten_scatter_reduce
+
+            return aten_scatter_reduce(x, dim, index, src, reduce, include_self=include_self)
+        zero = op.CastLike(op.Constant(value_float=0.0), x)
+        one = op.CastLike(op.Constant(value_float=1.0), x)
+        ones = op.Expand(one, op.Shape(src))
+        if include_self:
+            base, counted = x, op.Expand(one, op.Shape(x))
+        else:
+            # the positions an index reaches start from 0 and count from 0
+            base = op.ScatterElements(x, index, op.Expand(zero, op.Shape(src)), axis=dim)
+            counted = op.Expand(zero, op.Shape(x))
+        total = op.ScatterElements(base, index, src, axis=dim, reduction="add")
+        count = op.ScatterElements(counted, index, ones, axis=dim, reduction="add")
+        return op.Div(total, op.Max(count, one))
+
     aten = torch.ops.aten
     return {
+        aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         aten.log_sigmoid.default: log_sigmoid,
         aten._safe_softmax.default: safe_softmax,
