@@ -1398,3 +1398,42 @@ def test_model_compiler_stream_error_alike(ort_ref):
         lambda: ortagent.ModelCompiler(ortagent.SessionOptions(), data).compile_to_stream(failing))
     assert "OSError: disk full" in str(their_error) and "OSError: disk full" in str(our_error)
     assert isinstance(our_error, ortagent.OrtFail) and isinstance(our_error.__cause__, OSError)
+
+
+# ---- the text of errors that come from onnxruntime's statuses -------------------------------------
+
+def _no_kernel_model():
+    """A graph onnxruntime's CPU provider has no kernel for (an operator of a made-up domain)."""
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="example.nowhere")
+    model = _model([node], [_tensor("x", T.FLOAT, [1])], [_tensor("y", T.FLOAT, [1])])
+    model.opset_import.append(helper.make_opsetid("example.nowhere", 1))
+    return model
+
+
+@pytest.mark.parametrize("case", ["not-a-model", "no-such-file", "invalid-graph", "no-kernel"])
+def test_status_errors_read_as_onnxruntime(ort_ref, tmp_path, case):
+    """An error raised from an onnxruntime status reads '[ONNXRuntimeError] : <code> : <NAME> :
+    <message>', as onnxruntime's module writes it; the exception stays ortagent's typed one, its
+    code the one in the text."""
+    def call(module):
+        if case == "not-a-model":
+            return module.InferenceSession(b"garbage", providers=[CPU])
+        if case == "no-such-file":
+            return module.InferenceSession(str(tmp_path / "missing.onnx"), providers=[CPU])
+        if case == "invalid-graph":
+            return module.InferenceSession(dict_vectorizer_model(T.INT64, T.INT64).SerializeToString(),
+                                           providers=[CPU])
+        return module.InferenceSession(_no_kernel_model().SerializeToString(), providers=[CPU])
+
+    their_error, our_error = _raises_alike(lambda: call(ort_ref), lambda: call(ortagent))
+    assert str(our_error) == str(their_error)
+    assert str(our_error).startswith(f"[ONNXRuntimeError] : {our_error.code} : ")
+    assert type(our_error).__name__ == "Ort" + type(their_error).__name__      # OrtInvalidGraph ~ InvalidGraph
+
+
+def test_status_text_names_the_codes():
+    from ortagent.errors import status_text
+
+    assert status_text(2, "bad") == "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : bad"
+    assert status_text(14, "gone") == "[ONNXRuntimeError] : 14 : NOT_FOUND : gone"
+    assert status_text(99, "?") == "[ONNXRuntimeError] : 99 : GENERAL ERROR : ?"
