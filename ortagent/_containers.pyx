@@ -315,6 +315,7 @@ cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
         from onnx import helper, TensorProto
         from ortagent._session import InferenceSession     # the layer above, on first use
         from ortagent._providers import strict_providers
+        from ortagent._options import helper_options
         opsets = [helper.make_opsetid("", 18)]
         if desc[1][0] == "tensor":
             nodes = [helper.make_node("SequenceEmpty", [], ["v"], dtype=desc[1][1])]
@@ -327,7 +328,8 @@ cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
         graph = helper.make_graph(nodes, "maker", [], [helper.make_value_info("v", _type_proto(desc))])
         model = helper.make_model(graph, ir_version=9, opset_imports=opsets)
         with strict_providers():
-            session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session = InferenceSession(model.SerializeToString(), helper_options(),
+                                       providers=["CPUExecutionProvider"])
         _MAKERS[key] = session
     (made,) = session.run_with_ort_values(None, {})
     cdef OrtValue value = made

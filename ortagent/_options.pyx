@@ -18,7 +18,7 @@ from ortagent._runtime cimport (
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, OrtNotFound, OrtNoSuchFile,
+    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, OrtNotFound, OrtNoSuchFile, OrtFail,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -713,3 +713,22 @@ def effective_options(SessionOptions sess_options, dict kwargs, model_path, mode
         return options_from_model(sess_options, model_path, model_bytes)
     return sess_options
 
+
+def per_session_threads_refused(SessionOptions options):
+    """onnxruntime's rule for sessions of a process with global thread pools: options that ask
+    for threads of the session's own (use_per_session_threads, True by default) are refused
+    with a RuntimeError (onnxruntime's Python module checks this before creating the session;
+    its C API would let such a session run on threads of its own)."""
+    from ortagent._runtime import global_thread_pool_sizes
+    if options._use_per_session_threads and global_thread_pool_sizes() is not None:
+        raise OrtFail("use_per_session_threads must be false when using a global thread pool")
+
+
+def helper_options():
+    """Options for the small sessions ortagent makes for itself (empty sequences, CUDA copies):
+    onnxruntime's defaults, on the process's global thread pools when it has them."""
+    from ortagent._runtime import global_thread_pool_sizes
+    options = SessionOptions()
+    if global_thread_pool_sizes() is not None:
+        options.use_per_session_threads = False
+    return options

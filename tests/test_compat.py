@@ -437,22 +437,54 @@ def test_telemetry_switches(ort_ref):
 
 
 def test_global_thread_pools_in_a_fresh_process(ort_ref, tmp_path):
-    """Sessions on global thread pools compute what onnxruntime's do; asking for pools once
-    ortagent's environment exists is a RuntimeError."""
+    """Sessions on global thread pools compute what onnxruntime's do; a session whose options ask
+    for threads of its own (the default) is refused as onnxruntime refuses it (a RuntimeError,
+    onnxruntime's words, before the model is read, no handle left behind), while ortagent's own
+    helper sessions still run; asking for pools once ortagent's environment exists is a
+    RuntimeError."""
     model = tmp_path / "add.onnx"
     onnx.save_model(add_model(), str(model))
     script = textwrap.dedent(f"""
-        import numpy as np, onnxruntime, ortagent
+        import gc, numpy as np, onnxruntime, ortagent
         feeds = {{"x": np.arange(5, dtype=np.float32), "y": np.ones(5, np.float32)}}
-        results = []
+        results, refusals = [], []
         for module in (onnxruntime, ortagent):
             module.set_global_thread_pool_sizes(2, 1)
             options = module.SessionOptions()
             options.use_per_session_threads = False
             session = module.InferenceSession({str(model)!r}, options, providers=["CPUExecutionProvider"])
             results.append(session.run(None, feeds))
+            for per_session, mode in ((None, None), (True, module.ExecutionMode.ORT_PARALLEL)):
+                options = None
+                if per_session is not None:
+                    options = module.SessionOptions()
+                    options.execution_mode = mode
+                    options.use_per_session_threads = per_session
+                for path in ({str(model)!r}, "no/such/model.onnx"):
+                    try:
+                        module.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+                    except RuntimeError as exc:
+                        refusals.append((module.__name__, str(exc).strip().rsplit("> ", 1)[-1]))
+                    else:
+                        raise AssertionError(f"{{module.__name__}} ran a session with threads of its own")
         for a, b in zip(*results):
             np.testing.assert_array_equal(a, b)
+        words = "use_per_session_threads must be false when using a global thread pool"
+        assert len(refusals) == 8 and all(text == words for _, text in refusals), refusals
+        assert [name for name, _ in refusals] == ["onnxruntime"] * 4 + ["ortagent"] * 4, refusals
+        gc.collect()
+        assert ortagent.live_handles()["session"] == 1, ortagent.live_handles()
+        # helper sessions of ortagent's own (an empty sequence is made by a one-node model)
+        import onnx
+        from onnx import helper, TensorProto
+        seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+        length = helper.make_model(helper.make_graph(
+            [helper.make_node("SequenceLength", ["s"], ["n"])], "g", [seq],
+            [helper.make_tensor_value_info("n", TensorProto.INT64, [])]),
+            ir_version=9, opset_imports=[helper.make_opsetid("", 18)])
+        options = ortagent.SessionOptions()
+        options.use_per_session_threads = False
+        assert ortagent.InferenceSession(length, options).run(None, {{"s": []}})[0] == 0
         ortagent.set_global_thread_pool_sizes(2, 1)     # the same sizes again: nothing to do
         try:
             ortagent.set_global_thread_pool_sizes(3, 1)
