@@ -16,6 +16,7 @@ __all__ = [
     "OrtFail",
     "OrtInvalidArgument",
     "OrtInvalidType",
+    "FeedConversionError",
     "OrtNoSuchFile",
     "OrtNoModel",
     "OrtEngineError",
@@ -104,6 +105,12 @@ class OrtInvalidArgument(OrtError, ValueError):
 
 class OrtInvalidType(OrtInvalidArgument, TypeError):
     """An argument of the wrong Python type (also a ``TypeError``)."""
+
+
+class FeedConversionError(OrtInvalidArgument, RuntimeError):
+    """A feed that cannot be converted to what the input takes, where onnxruntime's Python module
+    raises a RuntimeError for the same feed (a dict fed for a map: an empty one, a key or value
+    of a type it cannot read). Also a RuntimeError, so code written for onnxruntime catches it."""
 
 
 class OrtNoSuchFile(OrtError, FileNotFoundError):

@@ -397,6 +397,31 @@ case("session", "run-strings-of-ints", OrtInvalidType, "string tensors hold str 
     None, {"s": np.array([1, 2], dtype=object), "lens": np.array([2], np.int64)}))
 case("session", "run-string-with-nul", OrtInvalidArgument, "contains a NUL character", lambda w: w.strings.run(
     None, {"s": np.array(["a\0b"], dtype=object), "lens": np.array([1], np.int64)}))
+
+
+def _dict_vectorizer():
+    from onnx import helper as h
+    node = h.make_node("DictVectorizer", ["m"], ["y"], domain="ai.onnx.ml", int64_vocabulary=[1, 2])
+    graph = h.make_graph([node], "dv", [h.make_value_info("m", h.make_map_type_proto(
+        TensorProto.INT64, h.make_tensor_type_proto(TensorProto.FLOAT, None)))],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return Session(h.make_model(graph, ir_version=9, opset_imports=[h.make_opsetid("", 18),
+                                                                     h.make_opsetid("ai.onnx.ml", 3)]))
+
+
+for map_id, feed, fragment in [
+        ("empty", {}, "Size of dictionary is empty"),
+        ("str-after-int-key", {1: 1.0, "a": 2.0}, "Unexpected key type  <class 'str'>"),
+        ("float-key", {1.5: 1.0}, "Unexpected key type  <class 'float'>"),
+        ("key-beyond-int64", {2**63: 1.0}, "Unexpected key type  <class 'int'>"),
+        ("bytes-key", {b"k": 1.0}, "Key type must be int or string (not <class 'bytes'>)"),
+        ("str-value", {1: "x"}, "Unexpected value type  <class 'str'>"),
+        ("complex-value", {1: 1 + 2j}, "<class 'TypeError'>: must be real number, not complex")]:
+    case("session", f"run-map-{map_id}", ortagent.FeedConversionError, fragment,
+         lambda w, feed=feed: _dict_vectorizer().run(None, {"m": feed}))
+case("session", "run-map-of-string-keys-for-int64-keys", OrtInvalidArgument,
+     "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Unexpected input data type",
+     lambda w: _dict_vectorizer().run(None, {"m": {"a": 1.0}}))
 case("session", "run-overridable-initializer-wrong-dtype", OrtInvalidArgument, "input 'scale' expects tensor(float)",
      lambda w: w.overridable.run(None, {"x": F3, "scale": np.ones(1)}))
 

@@ -1432,6 +1432,84 @@ def test_model_compiler_stream_error_alike(ort_ref):
     assert isinstance(our_error, ortagent.OrtFail) and isinstance(our_error.__cause__, OSError)
 
 
+# ---- dicts fed for maps: onnxruntime's conversion rules -------------------------------------------
+
+class _OnlyIndex:
+    def __index__(self):
+        return 2
+
+
+class _OnlyInt:
+    def __int__(self):
+        return 1
+
+
+class _BadFloat:
+    def __float__(self):
+        return "x"
+
+
+MAP_FEEDS = [
+    {1: 25.0, 2: 5.13}, {True: 1.0, 2: 2.0}, {np.int32(1): 1.0}, {np.int64(5): np.float32(2.5)}, {_OnlyIndex(): 1.0},
+    {-1: 1.0}, {-(2**63): 1.0}, {2**63 - 1: 2.0}, {1: True}, {1: np.float16(1.5)}, {1: np.array(2.0)}, {1: 1e40},
+    {1: 2**70}, {1: _OnlyIndex()}, {2: np.bool_(True)}, {5: np.int8(3)},
+    {"a": 1.5, "c": 4.0}, {np.str_("a"): 1.0}, {"a": 1.0, 1: 2.0}, {"a": 1.0, 2.5: 2.0}, {"b": 1.0, True: 2.0},
+    {"a": 1.0, b"b": 2.0},
+    # refused: by the conversion (the same words), or by the run (a map of another type than the input's)
+    {}, {1: 25.0, "a": 5.6}, {1.5: 1.0}, {np.float64(1.0): 1.0}, {np.uint64(2**63): 1.0}, {2**63: 1.0},
+    {-(2**63) - 1: 1.0}, {np.bool_(True): 1.0}, {1: 1.0, _OnlyInt(): 2.0}, {b"a": 1.0}, {None: 1.0},
+    {1: "x"}, {1: None}, {1: [1.0]}, {"a": b"x"}, {"a": "x"}, {1: 1 + 2j}, {1: 2.0, 2: 1 + 2j}, {1: 10**400},
+    {1: np.array([1.0, 2.0])}, {1: _OnlyInt()}, {1: _BadFloat()},
+]
+
+
+@pytest.mark.parametrize("key", [T.INT64, T.STRING])
+@pytest.mark.parametrize("feed", MAP_FEEDS, ids=[repr(f)[:40] for f in MAP_FEEDS])
+def test_map_feeds_convert_as_onnxruntime(ort_ref, key, feed):
+    """onnxruntime's module makes map(int64|string, tensor(float)) of a dict by its first key and
+    converts each key and value by fixed rules; ortagent does the same: the same results, and the
+    same refusals with the same words (a RuntimeError where onnxruntime raises one)."""
+    theirs, ours = _both(ort_ref, dict_vectorizer_model(key, T.FLOAT))
+    try:
+        expected = theirs.run(None, {"m": feed})
+    except Exception as their_error:
+        with pytest.raises(ortagent.OrtError) as caught:
+            ours.run(None, {"m": feed})
+        assert str(caught.value) == str(their_error)
+        if isinstance(their_error, RuntimeError):
+            assert isinstance(caught.value, (ortagent.FeedConversionError, RuntimeError))
+        return
+    _same(ours.run(None, {"m": feed}), expected)
+
+
+def test_map_feeds_of_types_onnxruntime_cannot_feed():
+    """onnxruntime's module makes only float-valued maps, so it refuses every dict for a map of
+    doubles or of int64 values; ortagent converts the values to the input's type when the keys
+    are of the input's key type (and otherwise refuses the map as onnxruntime does, in the run)."""
+    for key, value, feed, wrong, expected in [
+            (T.INT64, T.DOUBLE, {1: 0.1, 5: np.float64(1e300)}, {"a": 1.0}, [0.1, 0.0, 1e300]),
+            (T.STRING, T.INT64, {"b": 7, "a": np.int8(-3)}, {1: 1.0}, [-3, 7, 0])]:
+        session = ortagent.InferenceSession(dict_vectorizer_model(key, value).SerializeToString())
+        (result,) = session.run(None, {"m": feed})
+        assert result.ravel().tolist() == expected
+        with pytest.raises(ortagent.OrtInvalidArgument, match="Unexpected input data type"):
+            session.run(None, {"m": wrong})
+
+
+def test_map_refusals_are_runtime_errors(no_leaks):
+    session = ortagent.InferenceSession(dict_vectorizer_model().SerializeToString())
+    for feed, words in [({}, "Size of dictionary is empty"), ({1: 1.0, "a": 2.0}, "Unexpected key type  <class 'str'>"),
+                        ({1: "x"}, "Unexpected value type  <class 'str'>"), ({b"k": 1.0}, "Key type must be int")]:
+        with pytest.raises(ortagent.FeedConversionError, match=words) as caught:
+            session.run(None, {"m": feed})
+        assert isinstance(caught.value, RuntimeError) and isinstance(caught.value, ValueError)
+    with pytest.raises(ortagent.FeedConversionError, match="must be real number, not complex") as caught:
+        session.run(None, {"m": {1: 1 + 2j}})
+    assert isinstance(caught.value.__cause__, TypeError)
+    del session
+    gc.collect()
+
+
 # ---- the text of errors that come from onnxruntime's statuses -------------------------------------
 
 def _no_kernel_model():
@@ -1442,7 +1520,7 @@ def _no_kernel_model():
     return model
 
 
-@pytest.mark.parametrize("case", ["not-a-model", "no-such-file", "invalid-graph", "no-kernel"])
+@pytest.mark.parametrize("case", ["not-a-model", "no-such-file", "invalid-graph", "no-kernel", "wrong-map-type"])
 def test_status_errors_read_as_onnxruntime(ort_ref, tmp_path, case):
     """An error raised from an onnxruntime status reads '[ONNXRuntimeError] : <code> : <NAME> :
     <message>', as onnxruntime's module writes it; the exception stays ortagent's typed one, its
@@ -1455,7 +1533,10 @@ def test_status_errors_read_as_onnxruntime(ort_ref, tmp_path, case):
         if case == "invalid-graph":
             return module.InferenceSession(dict_vectorizer_model(T.INT64, T.INT64).SerializeToString(),
                                            providers=[CPU])
-        return module.InferenceSession(_no_kernel_model().SerializeToString(), providers=[CPU])
+        if case == "no-kernel":
+            return module.InferenceSession(_no_kernel_model().SerializeToString(), providers=[CPU])
+        session = module.InferenceSession(dict_vectorizer_model().SerializeToString(), providers=[CPU])
+        return session.run(None, {"m": {"a": 1.0}})
 
     their_error, our_error = _raises_alike(lambda: call(ort_ref), lambda: call(ortagent))
     assert str(our_error) == str(their_error)
