@@ -172,7 +172,7 @@ cdef object _dtype_of(int elem):
 cdef object tensor_array(object feed, int elem, object name):
     """A NumPy array for a tensor feed given as an array, a NumPy scalar or a (nested) list.
     Lists take the declared element type (as onnxruntime does); np.void items of a string
-    tensor are taken as their raw bytes."""
+    tensor are taken as their raw bytes, all of them."""
     np = numpy_module()
     if isinstance(feed, (list, tuple)):
         dtype = object if elem == ORTAGENT_ELEM_STRING else _dtype_of(elem)
@@ -185,7 +185,7 @@ cdef object tensor_array(object feed, int elem, object name):
         strings = np.empty(feed.shape, dtype=object)
         flat = strings.reshape(-1)
         for i, item in enumerate(feed.reshape(-1)):
-            flat[i] = item.tobytes().rstrip(b"\0")     # (the C API stores NUL-terminated strings)
+            flat[i] = item.tobytes()        # every byte, trailing NULs too, as onnxruntime's module
         return strings
     return feed
 

@@ -1510,6 +1510,83 @@ def test_map_refusals_are_runtime_errors(no_leaks):
     gc.collect()
 
 
+# ---- strings holding NUL characters --------------------------------------------------------------
+
+def nul_encoder_model():
+    """A OneHotEncoder whose categories hold NUL characters (like the ML.NET encoder of
+    onnxruntime's upstream test_run_model_mlnet): x (string [1, 3]) -> y (float [1, 3, 4])."""
+    cats = [b"B\0B\0", b"x", b"C\0C\0", b"A\0A"]
+    node = helper.make_node("OneHotEncoder", ["x"], ["y"], domain="ai.onnx.ml", cats_strings=cats, zeros=1)
+    return _model([node], [_tensor("x", T.STRING, [1, 3])], [_tensor("y", T.FLOAT, [1, 3, 4])], ml=True)
+
+
+def nul_constant_model():
+    """Outputs a string constant whose items hold NULs (leading, inner, trailing, only NULs)."""
+    tensor = onnx.TensorProto(name="k", data_type=T.STRING, dims=[5])
+    tensor.string_data.extend([b"\0", b"\0\0", b"a\0", b"\0a", "p\0q\u00e9\0".encode()])
+    return _model([helper.make_node("Constant", [], ["y"], value=tensor)], [], [_tensor("y", T.STRING, [5])])
+
+
+@pytest.mark.parametrize("feed, matched", [
+    # the upstream test's two feeds: np.void items keep every byte, so the 5-byte ones match nothing
+    (np.array([b"A\0A\0", b"B\0B\0", b"C\0C\0"], np.void).reshape(1, 3), 2),
+    (np.array([b"A\0A\0\0", b"B\0B\0\0", b"C\0C\0\0"], np.void).reshape(1, 3), 0),
+    (np.array([["B\0B\0", "C\0C\0", "A\0A"]], dtype=object), 3),
+    ([["A\0A", "x", "B\0B"]], 2),
+])
+def test_strings_with_nul_characters_feed_as_onnxruntime(ort_ref, feed, matched, no_leaks):
+    theirs, ours = _both(ort_ref, nul_encoder_model())
+    expected = theirs.run(None, {"x": feed})
+    _same(ours.run(None, {"x": feed}), expected)
+    assert expected[0].sum() == matched     # the categories matched item for item, NULs included
+    del theirs, ours
+    gc.collect()
+
+
+@pytest.mark.parametrize("feed", [
+    np.array(["a\0b", "\0", "", "c\0\0d", "\u00e9\0"], dtype=object),
+    ["a\0b", "\0", "", "c\0\0d", "\u00e9\0"],
+    np.array([b"a\0b", b"c\0d", b"e\0f"]).astype(np.void),
+])
+def test_strings_with_nul_characters_round_trip(ort_ref, feed):
+    """Through an Identity and out again, item for item, as onnxruntime's module gives them."""
+    theirs, ours = _both(ort_ref, string_model())
+    _same(ours.run(None, {"x": feed}), theirs.run(None, {"x": feed}))
+    _same(ours.run_with_ort_values(None, {"x": feed})[0].numpy(), theirs.run(None, {"x": feed})[0])
+
+
+def test_strings_with_nul_characters_in_numpy_string_arrays(ort_ref):
+    """'U' and 'S' arrays: ortagent feeds each item as NumPy holds it, NULs included; onnxruntime's
+    module stops each at its first NUL (and runs NUL-less 'S' items into the next)."""
+    session = ortagent.InferenceSession(string_model().SerializeToString())
+    for feed in (np.array(["a\0b", "c"]), np.array([b"a\0b", b"c"])):
+        (result,) = session.run(None, {"x": feed})
+        expected = [item.decode() if isinstance(item, bytes) else item for item in feed.tolist()]
+        assert result.tolist() == expected == ["a\0b", "c"]
+
+
+def test_strings_with_nul_characters_read_from_onnxruntime(ort_ref):
+    """Strings onnxruntime makes itself (a constant) come back whole, with their lengths."""
+    theirs, ours = _both(ort_ref, nul_constant_model())
+    _same(ours.run(None, {}), theirs.run(None, {}))
+    assert ours.run(None, {})[0].tolist() == ["\0", "\0\0", "a\0", "\0a", "p\0q\u00e9\0"]
+
+
+def test_ortvalue_strings_with_nul_characters(no_leaks):
+    items = np.array(["x\0y", "\0", "plain"], dtype=object)
+    value = ortagent.OrtValue.ortvalue_from_numpy(items)
+    _same(value.numpy(), items)
+    value.update_inplace(np.array(["1\0", "", "\0\0\0"], dtype=object))
+    assert value.numpy().tolist() == ["1\0", "", "\0\0\0"]
+    value.update_inplace(np.array(["no", "nuls", "now"], dtype=object))      # the one-call path again
+    assert value.numpy().tolist() == ["no", "nuls", "now"]
+    # sparse string tensors are filled through C strings: a NUL there is still refused
+    with pytest.raises(ortagent.OrtInvalidArgument, match="contains a NUL character"):
+        ortagent.SparseTensor.sparse_coo_from_numpy([3], np.array(["a\0b"], dtype=object), np.array([1], np.int64))
+    del value
+    gc.collect()
+
+
 # ---- the text of errors that come from onnxruntime's statuses -------------------------------------
 
 def _no_kernel_model():
