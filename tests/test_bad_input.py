@@ -134,6 +134,49 @@ case("options", "sparse-coo-out-of-bounds", OrtInvalidArgument, "COO linear inde
      lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.ones(1, np.float32), np.array([5], np.int64)))
 case("options", "sparse-objects-not-strings", OrtInvalidType, "string tensors hold str or bytes, got int",
      lambda w: ortagent.SparseTensor.sparse_coo_from_numpy([2], np.array(["a", 1], object), np.array([0, 1], np.int64)))
+def _adapter_file(content):
+    import tempfile
+    handle, path = tempfile.mkstemp(suffix=".onnx_adapter")
+    os.write(handle, content)
+    os.close(handle)
+    return path
+
+
+def _read_adapter(content):
+    path = _adapter_file(content)
+    try:
+        return ortagent.AdapterFormat.read_adapter(path)
+    finally:
+        os.remove(path)
+
+
+def _export_adapter(parameters):
+    writer = ortagent.AdapterFormat()
+    writer.set_parameters(parameters)
+    path = _adapter_file(b"")
+    try:
+        writer.export_adapter(path)
+    finally:
+        os.remove(path)
+
+
+case("options", "adapter-junk-file", OrtFail, "does not appear to be a valid lora parameter format",
+     lambda w: _read_adapter(b"x" * 64))
+case("options", "adapter-truncated-file", OrtFail, "fails lora adapter format verification",
+     lambda w: _read_adapter(b"\x14\0\0\0TORT" + b"\0" * 8))
+case("options", "adapter-missing-file", OrtNoSuchFile, "no LoRA adapter file",
+     lambda w: ortagent.AdapterFormat.read_adapter("no/such/adapter.onnx_adapter"))
+case("options", "adapter-path-int", OrtInvalidType, "file_path must be a path, got int",
+     lambda w: ortagent.AdapterFormat.read_adapter(3))
+case("options", "adapter-parameter-array", OrtInvalidType, "must be an ortagent.OrtValue, got ndarray",
+     lambda w: ortagent.AdapterFormat().set_parameters({"w": F3}))
+case("options", "adapter-parameter-strings", OrtFail, "element type STRING, which is not supported",
+     lambda w: _export_adapter({"s": OrtValue.ortvalue_from_numpy(np.array(["a"], dtype=object))}))
+case("options", "adapter-parameter-nameless", OrtInvalidArgument, "needs a name",
+     lambda w: _export_adapter({"": OrtValue.ortvalue_from_numpy(F3)}))
+case("options", "adapter-version-too-large", OrtInvalidType, "adapter_version must fit a 32-bit int",
+     lambda w: ortagent.AdapterFormat().set_adapter_version(2**31))
+
 case("options", "sparse-string-with-nul", OrtInvalidArgument, "contains a NUL character",
      lambda w: ortagent.SparseTensor.sparse_csr_from_numpy([1, 2], np.array(["a\0b"]), np.array([0], np.int64),
                                                            np.array([0, 1], np.int64)))

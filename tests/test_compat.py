@@ -1432,6 +1432,202 @@ def test_model_compiler_stream_error_alike(ort_ref):
     assert isinstance(our_error, ortagent.OrtFail) and isinstance(our_error.__cause__, OSError)
 
 
+# ---- LoRA adapter files: AdapterFormat -------------------------------------------------------------
+
+def adapter_model():
+    """Outputs computed from four initializers a LoRA adapter may replace (they are also inputs):
+    y = x * a + b (float32), n = c + 1 (int64), h = Cast(d) (float16 -> float32)."""
+    inits = [numpy_helper.from_array(np.ones((2, 3), np.float32), "a"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "b"),
+             numpy_helper.from_array(np.zeros(4, np.int64), "c"),
+             numpy_helper.from_array(np.zeros((2, 2), np.float16), "d")]
+    one = numpy_helper.from_array(np.ones(1, np.int64), "one")
+    nodes = [helper.make_node("Mul", ["x", "a"], ["xa"]), helper.make_node("Add", ["xa", "b"], ["y"]),
+             helper.make_node("Add", ["c", "one"], ["n"]), helper.make_node("Cast", ["d"], ["h"], to=T.FLOAT)]
+    inputs = [_tensor("x", T.FLOAT, [2, 3]), _tensor("a", T.FLOAT, [2, 3]), _tensor("b", T.FLOAT, [3]),
+              _tensor("c", T.INT64, [4]), _tensor("d", T.FLOAT16, [2, 2])]
+    return _model(nodes, inputs, [_tensor("y", T.FLOAT, [2, 3]), _tensor("n", T.INT64, [4]),
+                                  _tensor("h", T.FLOAT, [2, 2])], initializers=[*inits, one])
+
+
+def adapter_parameters():
+    rng = np.random.default_rng(25)
+    return {"a": rng.standard_normal((2, 3)).astype(np.float32),
+            "b": rng.standard_normal(3).astype(np.float32),
+            "c": rng.integers(-50, 50, size=4).astype(np.int64),
+            "d": rng.standard_normal((2, 2)).astype(np.float16)}
+
+
+def _write_adapter(module, path, params, adapter_version=3, model_version=-7):
+    writer = module.AdapterFormat()
+    writer.set_adapter_version(adapter_version)
+    writer.set_model_version(model_version)
+    writer.set_parameters({name: module.OrtValue.ortvalue_from_numpy(array) for name, array in params.items()})
+    writer.export_adapter(str(path))
+
+
+def _runs_with_adapter(module, path):
+    """The adapter model's outputs without and with the adapter file at `path`, in `module`."""
+    session = module.InferenceSession(adapter_model().SerializeToString(), providers=[CPU])
+    adapter = module.LoraAdapter()
+    adapter.Load(str(path))
+    run_options = module.RunOptions()
+    run_options.add_active_adapter(adapter)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return session.run(None, {"x": x}), session.run(None, {"x": x}, run_options)
+
+
+def _expected_outputs(params):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return [x * params["a"] + params["b"], params["c"] + 1, params["d"].astype(np.float32)]
+
+
+def _check_read(reader, params, adapter_version=3, model_version=-7):
+    assert reader.get_format_version() == 1
+    assert reader.get_adapter_version() == adapter_version and reader.get_model_version() == model_version
+    read = reader.get_parameters()
+    assert sorted(read) == sorted(params)
+    for name, array in params.items():
+        value = read[name]
+        assert value.is_tensor() and value.shape() == list(array.shape)
+        _same(value.numpy(), array)
+
+
+@pytest.mark.parametrize("writer_name", ["ortagent", "onnxruntime"])
+def test_adapter_files_cross_both_ways(ort_ref, tmp_path, writer_name, no_leaks):
+    """An adapter written by either module is read back by both AdapterFormat.read_adapter, and
+    both modules' LoraAdapter run a model with it to the same outputs (the adapter's tensors in
+    place of the model's initializers)."""
+    writer = ortagent if writer_name == "ortagent" else ort_ref
+    params = adapter_parameters()
+    path = tmp_path / "written.onnx_adapter"
+    _write_adapter(writer, path, params)
+    for module in (ort_ref, ortagent):
+        _check_read(module.AdapterFormat.read_adapter(str(path)), params)
+    (their_plain, their_lora), (our_plain, our_lora) = (_runs_with_adapter(m, path) for m in (ort_ref, ortagent))
+    _same(our_plain, their_plain)
+    _same(our_lora, their_lora)
+    for ours, expected in zip(our_lora, _expected_outputs(params)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    gc.collect()
+
+
+def test_adapter_file_layout(ort_ref, tmp_path):
+    """ortagent's file starts each parameter's bytes 8-aligned (onnxruntime makes its tensors over
+    the file's bytes), carries the identifier onnxruntime checks, and reads like onnxruntime's own
+    for every element type onnxruntime loads."""
+    import ml_dtypes
+
+    params = {"f64": np.arange(3, dtype=np.float64) + 0.25, "u8": np.arange(5, dtype=np.uint8),
+              "i8": -np.arange(3, dtype=np.int8), "u16": np.arange(7, dtype=np.uint16),
+              "i16": np.arange(2, dtype=np.int16), "i32": np.arange(3, dtype=np.int32) * 1000,
+              "u32": np.arange(9, dtype=np.uint32), "u64": np.arange(2, dtype=np.uint64) + 2**40,
+              "bf16": np.arange(3).astype(ml_dtypes.bfloat16), "f8": np.arange(3).astype(ml_dtypes.float8_e4m3fn),
+              "empty": np.zeros((0, 3), np.float32)}
+    paths = {name: tmp_path / f"{name}.onnx_adapter" for name in ("ortagent", "onnxruntime")}
+    _write_adapter(ortagent, paths["ortagent"], params, 11, 12)
+    theirs = ort_ref.AdapterFormat()
+    theirs.set_adapter_version(11)
+    theirs.set_model_version(12)
+    theirs.set_parameters({name: ort_ref.OrtValue.ortvalue_from_numpy_with_onnx_type(
+        array.view(f"u{array.itemsize}") if array.dtype.kind == "V" or array.dtype.name in ("bfloat16", "float8_e4m3fn")
+        else array, ortagent.OrtValue.ortvalue_from_numpy(array).element_type()) for name, array in params.items()})
+    theirs.export_adapter(str(paths["onnxruntime"]))
+    data = paths["ortagent"].read_bytes()
+    assert data[4:8] == b"TORT"
+    for name, array in params.items():
+        if array.nbytes >= 8:
+            assert data.find(array.tobytes()) % 8 == 0, name
+    for path in paths.values():
+        for module in (ort_ref, ortagent):
+            reader = module.AdapterFormat.read_adapter(str(path))
+            assert (reader.get_adapter_version(), reader.get_model_version()) == (11, 12)
+            read = reader.get_parameters()
+            assert sorted(read) == sorted(params)
+            for name, array in params.items():
+                assert read[name].element_type() == ortagent.OrtValue.ortvalue_from_numpy(array).element_type()
+                assert read[name].shape() == list(array.shape)
+                if module is ortagent:
+                    _same(read[name].numpy(), array)
+    # ortagent's read values view the file's bytes: read-only
+    value = ortagent.AdapterFormat.read_adapter(str(paths["ortagent"])).get_parameters()["f64"]
+    with pytest.raises(ortagent.OrtInvalidArgument, match="read-only"):
+        value.update_inplace(np.zeros(3))
+
+
+def test_adapter_format_defaults_and_versions(ort_ref, tmp_path):
+    theirs, ours = ort_ref.AdapterFormat(), ortagent.AdapterFormat()
+    for getter in ("get_format_version", "get_adapter_version", "get_model_version"):
+        assert getattr(ours, getter)() == getattr(theirs, getter)()
+    assert ours.get_parameters() == theirs.get_parameters() == {}
+    for version in (True, np.int64(4), -(2**31), 2**31 - 1):
+        theirs.set_adapter_version(version)
+        ours.set_adapter_version(version)
+        assert ours.get_adapter_version() == theirs.get_adapter_version()
+    for bad in ("1", 1.5, 2**31, None):
+        _raises_alike(lambda: theirs.set_model_version(bad), lambda: ours.set_model_version(bad))
+    # a writer with nothing set makes a file both read as empty
+    path = tmp_path / "empty.onnx_adapter"
+    ortagent.AdapterFormat().export_adapter(path)        # a path object too (onnxruntime takes str only)
+    for module in (ort_ref, ortagent):
+        reader = module.AdapterFormat.read_adapter(str(path))
+        assert (reader.get_format_version(), reader.get_adapter_version(), reader.get_model_version(),
+                reader.get_parameters()) == (1, 0, 0, {})
+
+
+@pytest.mark.parametrize("content", ["junk", "empty", "truncated", "bool-parameter"])
+def test_adapter_read_refusals_alike(ort_ref, tmp_path, content, no_leaks):
+    """Files onnxruntime refuses are refused with its words (its loader checks them for both)."""
+    path = tmp_path / "bad.onnx_adapter"
+    if content in ("truncated", "bool-parameter"):
+        params = adapter_parameters() if content == "truncated" else {"flags": np.ones(3, np.bool_)}
+        _write_adapter(ortagent, path, params)
+        if content == "truncated":
+            path.write_bytes(path.read_bytes()[:150])
+    else:
+        path.write_bytes(b"x" * 100 if content == "junk" else b"")
+    their_error, our_error = _raises_alike(lambda: ort_ref.AdapterFormat.read_adapter(str(path)),
+                                           lambda: ortagent.AdapterFormat.read_adapter(str(path)))
+    assert isinstance(their_error, RuntimeError) and isinstance(our_error, ortagent.OrtFail)
+    assert str(our_error) == str(their_error)
+    with pytest.raises(ortagent.OrtFail) as loaded:
+        ortagent.LoraAdapter().Load(str(path))
+    assert str(loaded.value) == str(their_error)
+    gc.collect()
+
+
+def test_adapter_writer_refusals(ort_ref, tmp_path):
+    """What an adapter file cannot hold is refused when it is given or written (onnxruntime's
+    writer lets a nameless parameter through, which its loader then refuses)."""
+    writer = ortagent.AdapterFormat()
+    path = str(tmp_path / "out.onnx_adapter")
+    with pytest.raises(ortagent.OrtInvalidType, match="must be an ortagent.OrtValue, got ndarray"):
+        writer.set_parameters({"w": np.ones(2)})            # onnxruntime: AttributeError
+    with pytest.raises(ortagent.OrtInvalidType, match="dict of names to OrtValues"):
+        writer.set_parameters([("w", ortagent.OrtValue.ortvalue_from_numpy(np.ones(2)))])
+    writer.set_parameters({"": ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))})
+    with pytest.raises(ortagent.OrtInvalidArgument, match="needs a name"):
+        writer.export_adapter(path)
+    # string tensors: refused by both writers, with the same words
+    (strings,) = ort_ref.InferenceSession(nul_constant_model().SerializeToString(),
+                                          providers=[CPU]).run_with_ort_values(None, {})
+    their_writer = ort_ref.AdapterFormat()
+    their_writer.set_parameters({"s": strings})
+    writer.set_parameters({"s": ortagent.OrtValue.ortvalue_from_numpy(np.array(["a", "b"], dtype=object))})
+    their_error, our_error = _raises_alike(lambda: their_writer.export_adapter(path),
+                                           lambda: writer.export_adapter(path))
+    assert isinstance(our_error, ortagent.OrtFail) and str(their_error).rstrip().endswith(str(our_error))
+    writer.set_parameters({7: ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))})
+    writer.export_adapter(path)                              # str() of the key, as onnxruntime
+    assert list(ort_ref.AdapterFormat.read_adapter(path).get_parameters()) == ["7"]
+    their_error, our_error = _raises_alike(
+        lambda: ort_ref.AdapterFormat().export_adapter(str(tmp_path / "no" / "dir")),
+        lambda: ortagent.AdapterFormat().export_adapter(str(tmp_path / "no" / "dir")))
+    assert "Failed to open file:" in str(their_error) and "Failed to open file:" in str(our_error)
+    with pytest.raises(ortagent.OrtNoSuchFile):
+        ortagent.AdapterFormat.read_adapter(str(tmp_path / "missing.onnx_adapter"))
+
+
 # ---- dicts fed for maps: onnxruntime's conversion rules -------------------------------------------
 
 class _OnlyIndex:
