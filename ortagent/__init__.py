@@ -60,6 +60,7 @@ _LAZY = {
     "GraphOptimizationLevel": "ortagent._options",
     "ExecutionMode": "ortagent._options",
     "LoraAdapter": "ortagent._options",
+    "AdapterFormat": "ortagent._adapter_format",
     "strict_providers": "ortagent._providers",
     # execution-provider devices and model compilation
     "get_ep_devices": "ortagent._epdevices",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._options import ExecutionMode as ExecutionMode
     from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
     from ortagent._options import LoraAdapter as LoraAdapter
+    from ortagent._adapter_format import AdapterFormat as AdapterFormat
     from ortagent._providers import strict_providers as strict_providers
     from ortagent._epdevices import get_ep_devices as get_ep_devices
     from ortagent._epdevices import register_execution_provider_library as register_execution_provider_library

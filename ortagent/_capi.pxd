@@ -344,6 +344,7 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* GetSessionConfigEntry "ORTAGENT_CALL(GetSessionConfigEntry)"(const OrtSessionOptions*, const char*, char*, size_t*)
     OrtStatus* CastTypeInfoToOptionalTypeInfo "ORTAGENT_CALL(CastTypeInfoToOptionalTypeInfo)"(const OrtTypeInfo*, const OrtOptionalTypeInfo**)
     OrtStatus* GetOptionalContainedTypeInfo "ORTAGENT_CALL(GetOptionalContainedTypeInfo)"(const OrtOptionalTypeInfo*, OrtTypeInfo**)
+    OrtStatus* GetResizedStringTensorElementBuffer "ORTAGENT_CALL(GetResizedStringTensorElementBuffer)"(OrtValue*, size_t, size_t, char**)
     OrtStatus* CreateAndRegisterAllocatorV2 "ORTAGENT_CALL(CreateAndRegisterAllocatorV2)"(OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)
     OrtStatus* SetDeterministicCompute "ORTAGENT_CALL(SetDeterministicCompute)"(OrtSessionOptions*, bool)
     OrtStatus* AddExternalInitializersFromFilesInMemory "ORTAGENT_CALL(AddExternalInitializersFromFilesInMemory)"(OrtSessionOptions*, const char* const*, char* const*, const size_t*, size_t)

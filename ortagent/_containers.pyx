@@ -20,13 +20,19 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport strlen
 
 from ortagent cimport _capi as ort
-from ortagent._element_types cimport ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING
+from cpython.float cimport PyFloat_AsDouble
+from cpython.long cimport PyLong_AsLongLong
+from cpython.number cimport PyNumber_Check
+from ortagent._element_types cimport (
+    ortagent_element_info, ortagent_element_info_of, ORTAGENT_ELEM_STRING, ORTAGENT_ELEM_INT64, ORTAGENT_ELEM_FLOAT,
+    ORTAGENT_ELEM_DOUBLE,
+)
 from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_VALUE
 from ortagent._dtypes cimport numpy_module, tensor_type_name
 from ortagent._tensors cimport tensor_for_feed
 from ortagent._values cimport OrtValue, wrap_value, value_to_numpy
 
-from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, FeedConversionError
 
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
@@ -166,7 +172,7 @@ cdef object _dtype_of(int elem):
 cdef object tensor_array(object feed, int elem, object name):
     """A NumPy array for a tensor feed given as an array, a NumPy scalar or a (nested) list.
     Lists take the declared element type (as onnxruntime does); np.void items of a string
-    tensor are taken as their raw bytes."""
+    tensor are taken as their raw bytes, all of them."""
     np = numpy_module()
     if isinstance(feed, (list, tuple)):
         dtype = object if elem == ORTAGENT_ELEM_STRING else _dtype_of(elem)
@@ -179,7 +185,7 @@ cdef object tensor_array(object feed, int elem, object name):
         strings = np.empty(feed.shape, dtype=object)
         flat = strings.reshape(-1)
         for i, item in enumerate(feed.reshape(-1)):
-            flat[i] = item.tobytes().rstrip(b"\0")     # (the C API stores NUL-terminated strings)
+            flat[i] = item.tobytes()        # every byte, trailing NULs too, as onnxruntime's module
         return strings
     return feed
 
@@ -249,6 +255,54 @@ cdef ort.OrtValue* _sequence_value(object feed, object inner, object name, list 
     return result
 
 
+# Maps from dicts, by the rules of onnxruntime's Python module: the first key decides the map's
+# key type (an int or any other number: int64; a str: string; anything else is refused), every
+# key is then read as that type (int64 through __index__, within int64's range; string as str()
+# of the key), every value as a C float (a float, or any number through __float__ / __index__).
+# onnxruntime's module always makes map(int64|string, tensor(float)) and leaves it to the run to
+# refuse a map of another type; ortagent does the same, except that a dict whose key type is the
+# input's and whose value type is not float gets values of the input's type (onnxruntime's
+# module cannot feed those maps at all). Refusals read as onnxruntime's (their quirks included:
+# a value's error names the key's C type) and are FeedConversionErrors, a RuntimeError as there.
+
+cdef object _map_key_kind(object key, object name):
+    """"int64_t" or "string": the key type onnxruntime's module makes of a dict whose first key
+    is `key`."""
+    if isinstance(key, int) or PyNumber_Check(key):
+        return "int64_t"
+    if isinstance(key, str):
+        return "string"
+    raise FeedConversionError(f"Key type must be int or string (not {type(key)}) for input '{name}'.")
+
+
+cdef object _map_float(object value, object ctype, object name):
+    """`value` as onnxruntime's module reads a map value (a Python float, double precision)."""
+    if not isinstance(value, float) and not PyNumber_Check(value):
+        raise FeedConversionError(f"Unexpected value type  {type(value)}, it cannot be linked to C type "
+                                  f"{ctype} for input '{name}'.")
+    try:
+        return PyFloat_AsDouble(value)
+    except Exception as exc:
+        # onnxruntime's module leaves this error pending and reports it as '<class ...>: text'
+        raise FeedConversionError(f"{type(exc)}: {exc}") from exc
+
+
+cdef object _map_key(object key, object ctype, object name):
+    """A key of a dict fed for a map, read as `ctype` ("int64_t" or "string")."""
+    if ctype == "int64_t":
+        try:
+            return PyLong_AsLongLong(key)
+        except (TypeError, OverflowError):
+            pass
+    else:
+        try:
+            return str(key)
+        except Exception:
+            pass
+    raise FeedConversionError(f"Unexpected key type  {type(key)}, it cannot be linked to C type {ctype} "
+                              f"for input '{name}'.")
+
+
 cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, object name,
                               list keep) except NULL:
     if not isinstance(feed, dict):
@@ -257,24 +311,39 @@ cdef ort.OrtValue* _map_value(object feed, int key_elem, object value_desc, obje
     if value_desc[0] != "tensor":
         raise OrtNotImplemented(f"input {name!r}: maps of {type_string(value_desc)} cannot be made "
                                 "through onnxruntime's C API")
+    if not feed:
+        raise FeedConversionError("Size of dictionary is empty, unable to run the prediction.")
     np = numpy_module()
-    if key_elem == ORTAGENT_ELEM_STRING:
-        if not all([isinstance(k, str) for k in feed]):
-            raise OrtInvalidArgument(f"input {name!r} has string keys: every key must be a str")
-        keys = np.array(list(feed), dtype=object).reshape(len(feed))
+    ctype = _map_key_kind(next(iter(feed)), name)
+    cdef int made_key = ORTAGENT_ELEM_STRING if ctype == "string" else ORTAGENT_ELEM_INT64
+    cdef int made_value = ORTAGENT_ELEM_FLOAT
+    if made_key == key_elem and value_desc[1] != ORTAGENT_ELEM_FLOAT:
+        made_value = value_desc[1]          # a map onnxruntime's module cannot feed: the input's type
+    values = None
+    if made_value == ORTAGENT_ELEM_FLOAT or made_value == ORTAGENT_ELEM_DOUBLE:
+        # onnxruntime's order: each key, then its value
+        key_list = []
+        value_list = []
+        for key, value in feed.items():
+            key_list.append(_map_key(key, ctype, name))
+            value_list.append(_map_float(value, ctype, name))
+        with np.errstate(over="ignore"):        # a C cast: a double too large for a float is inf
+            values = np.array(value_list, dtype=np.float32 if made_value == ORTAGENT_ELEM_FLOAT else np.float64)
     else:
-        if any([isinstance(k, (str, bytes)) for k in feed]):
-            raise OrtInvalidArgument(f"input {name!r} has {_element_name(key_elem)} keys, got a string key")
-        keys = tensor_array(list(feed), key_elem, name)
-    values = tensor_array(list(feed.values()), value_desc[1], name)
+        key_list = [_map_key(key, ctype, name) for key in feed]
+        values = tensor_array(list(feed.values()), made_value, name)
+    if made_key == ORTAGENT_ELEM_STRING:
+        keys = np.array(key_list, dtype=object).reshape(len(key_list))
+    else:
+        keys = np.array(key_list, dtype=np.int64)
     keep.append(keys)
     keep.append(values)
     cdef ort.OrtValue* parts[2]
-    parts[0] = tensor_for_feed(keys, name, key_elem, keep)
+    parts[0] = tensor_for_feed(keys, name, made_key, keep)
     parts[1] = NULL
     cdef ort.OrtValue* result = NULL
     try:
-        parts[1] = tensor_for_feed(values, name, value_desc[1], keep)
+        parts[1] = tensor_for_feed(values, name, made_value, keep)
         check(ort.CreateValue(<const ort.OrtValue* const*>parts, 2, ort.ONNX_TYPE_MAP, &result))
     finally:
         ort.ReleaseValue(parts[0])
@@ -315,6 +384,7 @@ cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
         from onnx import helper, TensorProto
         from ortagent._session import InferenceSession     # the layer above, on first use
         from ortagent._providers import strict_providers
+        from ortagent._options import helper_options
         opsets = [helper.make_opsetid("", 18)]
         if desc[1][0] == "tensor":
             nodes = [helper.make_node("SequenceEmpty", [], ["v"], dtype=desc[1][1])]
@@ -327,7 +397,8 @@ cdef ort.OrtValue* _made_by_a_model(object desc) except NULL:
         graph = helper.make_graph(nodes, "maker", [], [helper.make_value_info("v", _type_proto(desc))])
         model = helper.make_model(graph, ir_version=9, opset_imports=opsets)
         with strict_providers():
-            session = InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            session = InferenceSession(model.SerializeToString(), helper_options(),
+                                       providers=["CPUExecutionProvider"])
         _MAKERS[key] = session
     (made,) = session.run_with_ort_values(None, {})
     cdef OrtValue value = made

@@ -19,6 +19,7 @@ from ortagent._memory cimport OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PI
 from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors as copy_value_tensors, allocate_with
 from ortagent._session cimport InferenceSession
 from ortagent._memory import as_device
+from ortagent._options import helper_options
 from ortagent._values import _copy_tensors_with_ort
 from ortagent._dtypes import _element_type_from, numpy_dtype_for_element_type
 from ortagent._providers import strict_providers
@@ -78,7 +79,7 @@ cdef class _CudaDevice:
         if session is None:
             try:
                 with strict_providers():        # a CPU session would hand out host memory
-                    session = InferenceSession(_identity_model(elem_type), providers=[
+                    session = InferenceSession(_identity_model(elem_type), helper_options(), providers=[
                         ("CUDAExecutionProvider", {"device_id": str(self.index)})])
             except OrtError as exc:
                 raise OrtEPFail(f"CUDA memory on device {self.index} needs a working CUDA execution "

@@ -12,13 +12,13 @@ from libc.string cimport strlen, strcpy
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS,
-    HANDLE_LORA_ADAPTER,
+    check, raise_status, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SESSION_OPTIONS,
+    HANDLE_RUN_OPTIONS, HANDLE_LORA_ADAPTER,
 )
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, OrtNotFound, OrtNoSuchFile,
+    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, OrtNotFound, OrtNoSuchFile, OrtFail,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -618,6 +618,7 @@ cdef class LoraAdapter:
                                      "adapter it holds: load the new one into a new LoraAdapter")
         ensure_loaded()
         cdef ort.OrtLoraAdapter* handle = NULL
+        cdef ort.OrtStatus* status = NULL
         cdef const char* path_c
         cdef const unsigned char[::1] data
         if isinstance(path_or_bytes, (str, os.PathLike)):
@@ -627,14 +628,18 @@ cdef class LoraAdapter:
             if not os.path.exists(path):
                 raise OrtNoSuchFile(f"no LoRA adapter file {os.fsdecode(path)!r}")
             path_c = path
-            check(ort.CreateLoraAdapter(path_c, NULL, &handle))
+            status = ort.CreateLoraAdapter(path_c, NULL, &handle)
         elif isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             data = memoryview(path_or_bytes).cast("B")
             if data.shape[0] == 0:
                 raise OrtInvalidArgument("the adapter bytes are empty")
-            check(ort.CreateLoraAdapterFromArray(&data[0], <size_t>data.shape[0], NULL, &handle))
+            status = ort.CreateLoraAdapterFromArray(&data[0], <size_t>data.shape[0], NULL, &handle)
         else:
             raise OrtInvalidType(f"path_or_bytes must be a path or bytes, got {type(path_or_bytes).__name__}")
+        if status != NULL:
+            # onnxruntime's module loads adapters in C++ that throws: its errors carry the
+            # exception's text alone, without the "[ONNXRuntimeError] : ..." of a status
+            raise_status(status, False)
         if self.handle != NULL:
             ort.ReleaseLoraAdapter(self.handle)
             count_add(&_live[<int>HANDLE_LORA_ADAPTER], -1)
@@ -707,3 +712,23 @@ def effective_options(SessionOptions sess_options, dict kwargs, model_path, mode
     if read_config and int(read_config) == 1:
         return options_from_model(sess_options, model_path, model_bytes)
     return sess_options
+
+
+def per_session_threads_refused(SessionOptions options):
+    """onnxruntime's rule for sessions of a process with global thread pools: options that ask
+    for threads of the session's own (use_per_session_threads, True by default) are refused
+    with a RuntimeError (onnxruntime's Python module checks this before creating the session;
+    its C API would let such a session run on threads of its own)."""
+    from ortagent._runtime import global_thread_pool_sizes
+    if options._use_per_session_threads and global_thread_pool_sizes() is not None:
+        raise OrtFail("use_per_session_threads must be false when using a global thread pool")
+
+
+def helper_options():
+    """Options for the small sessions ortagent makes for itself (empty sequences, CUDA copies):
+    onnxruntime's defaults, on the process's global thread pools when it has them."""
+    from ortagent._runtime import global_thread_pool_sizes
+    options = SessionOptions()
+    if global_thread_pool_sizes() is not None:
+        options.use_per_session_threads = False
+    return options

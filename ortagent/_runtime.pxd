@@ -38,8 +38,10 @@ cdef extern from *:
 
 # Load the runtime (once); raises OrtLoadError. Needs the GIL.
 cdef int ensure_loaded() except -1
-# Turn a non-NULL status into the matching OrtError (releasing the status) and raise it.
-cdef int raise_status(ort.OrtStatus* status) except -1
+# Turn a non-NULL status into the matching OrtError (releasing the status) and raise it; its
+# text is onnxruntime's "[ONNXRuntimeError] : <code> : <NAME> : <message>", or the message alone
+# when `prefixed` is false (where onnxruntime's module raises the text of a C++ exception).
+cdef int raise_status(ort.OrtStatus* status, bint prefixed=*) except -1
 
 
 # Ctrl-C while the main thread runs a model (see _runtime.pyx). interruptible_begin returns the

@@ -18,7 +18,8 @@ from posix.dlfcn cimport dlopen, dlsym, dlerror, dlclose, RTLD_NOW, RTLD_LOCAL
 
 from ortagent cimport _capi as ort
 from ortagent import _library
-from ortagent.errors import OrtLoadError, error_class_for_code, OrtInvalidArgument, OrtInvalidType, OrtFail
+from ortagent.errors import (OrtLoadError, error_class_for_code, status_text, OrtInvalidArgument, OrtInvalidType,
+                             OrtFail)
 
 cdef ort.ortagent_runtime _runtime
 cdef Py_ssize_t _live_counts[<int>HANDLE_KIND_COUNT]
@@ -46,12 +47,14 @@ cdef Py_ssize_t* live_handle_counts() noexcept nogil:
     return _live_counts
 
 
-cdef int raise_status(ort.OrtStatus* status) except -1:
+cdef int raise_status(ort.OrtStatus* status, bint prefixed=True) except -1:
     cdef int code = <int>ort.GetErrorCode(status)
     cdef const char* text = ort.GetErrorMessage(status)
     message = text[:strlen(text)].decode("utf-8", "replace") if text != NULL else ""
     ort.ReleaseStatus(status)
-    raise error_class_for_code(code)(message, code)
+    # onnxruntime's Python module raises a status as its text with the code in front; where it
+    # calls C++ that throws instead (prefixed=False), the text is the exception's alone.
+    raise error_class_for_code(code)(status_text(code, message) if prefixed else message, code)
 
 
 def _parse_minor(version):

@@ -50,7 +50,7 @@ from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_val
 from ortagent._epdevices cimport session_input_devices
 from ortagent._providers cimport create_session, _effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
-from ortagent._options import GraphOptimizationLevel, ExecutionMode, effective_options
+from ortagent._options import GraphOptimizationLevel, ExecutionMode, effective_options, per_session_threads_refused
 from ortagent._providers import _warn_unavailable, _normalise_providers, _CPU, _CUDA, _strict as _strict_scope
 import ortagent._options as _options_module
 
@@ -184,6 +184,7 @@ cdef class InferenceSession:
             raise OrtInvalidType(f"sess_options must be ortagent.SessionOptions, got "
                                  f"{type(sess_options).__name__}")
         (<SessionOptions>sess_options).require_handle()
+        per_session_threads_refused(sess_options)
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             self._model_bytes = bytes(path_or_bytes)
         elif isinstance(path_or_bytes, (str, os.PathLike)):

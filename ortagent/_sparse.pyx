@@ -181,7 +181,7 @@ cdef ort.OrtValue* _with_values(list dense, object values) except NULL:
 cdef ort.OrtValue* _with_strings(list dense, object values, object first, object second) except NULL:
     """A new sparse tensor holding UTF-8 copies of the strings `values` and of its indices: COO
     `first` (`second` None), or CSR inner `first` and outer `second`."""
-    encoded = encoded_strings(values)
+    encoded = encoded_strings(values, NULL)      # the C API takes C strings here
     cdef Py_ssize_t n = len(encoded), i
     cdef const char** pointers = <const char**>malloc((n + 1) * sizeof(char*))
     cdef int64_t* dense_c = NULL

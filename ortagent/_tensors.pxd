@@ -35,8 +35,11 @@ cdef void clear_feed_view(FeedView* cache) noexcept
 # The data address of a tensor value (NULL for non-tensors, empty tensors, errors).
 cdef void* tensor_data(ort.OrtValue* handle) noexcept
 
-# A new ORT string tensor holding UTF-8 copies of a NumPy array's items (str, bytes or objects).
-cdef list encoded_strings(object arr)
+# UTF-8 bytes of a NumPy array's string items; `has_nul` NULL refuses NUL characters, otherwise
+# it is set to whether any item holds one.
+cdef list encoded_strings(object arr, bint* has_nul)
+# A new ORT string tensor holding UTF-8 copies of a NumPy array's items (str, bytes or objects);
+# NUL characters are kept (OrtApi::GetResizedStringTensorElementBuffer).
 cdef ort.OrtValue* string_tensor(object arr) except NULL
 # Refill string tensor `handle` with UTF-8 copies of `arr`'s items (as many as it holds).
 cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1

@@ -201,9 +201,13 @@ cdef object new_array_from(int elem_type, int ndim, const int64_t* dims, const v
 
 
 
-cdef list encoded_strings(object arr):
-    """UTF-8 bytes of every item of `arr` (str or bytes), in C order."""
+cdef list encoded_strings(object arr, bint* has_nul):
+    """UTF-8 bytes of every item of `arr` (str or bytes), in C order. `has_nul` NULL: an item
+    holding a NUL character is refused (the callers that hand onnxruntime C strings); otherwise
+    has_nul[0] says whether any item holds one."""
     encoded = []
+    if has_nul != NULL:
+        has_nul[0] = False
     for item in arr.ravel(order="C").tolist():
         if isinstance(item, bytes):
             data = item
@@ -215,15 +219,29 @@ cdef list encoded_strings(object arr):
         else:
             raise OrtInvalidType(f"string tensors hold str or bytes, got {type(item).__name__}")
         if b"\0" in data:
-            # The C API takes NUL-terminated strings: the rest would be dropped silently.
-            raise OrtInvalidArgument(f"string {item!r} contains a NUL character, which onnxruntime's "
-                                     "C API cannot store")
+            if has_nul == NULL:
+                # The C API takes NUL-terminated strings here: the rest would be dropped silently.
+                raise OrtInvalidArgument(f"string {item!r} contains a NUL character, which onnxruntime's "
+                                         "C API cannot store here")
+            has_nul[0] = True
         encoded.append(data)
     return encoded
 
 
-cdef int _fill_strings(ort.OrtValue* handle, list encoded) except -1:
+cdef int _fill_strings(ort.OrtValue* handle, list encoded, bint has_nul) except -1:
+    """Fill a string tensor of len(encoded) items. Strings without NUL characters go to
+    OrtApi::FillStringTensor in one call (C strings); when any holds a NUL, every item is written
+    with its length into a buffer of OrtApi::GetResizedStringTensorElementBuffer instead."""
     cdef Py_ssize_t n = len(encoded), i
+    cdef char* buffer = NULL
+    cdef bytes item
+    if has_nul:
+        for i in range(n):
+            item = <bytes>encoded[i]
+            check(ort.GetResizedStringTensorElementBuffer(handle, <size_t>i, <size_t>len(item), &buffer))
+            if len(item):
+                memcpy(buffer, <const char*>item, <size_t>len(item))
+        return 0
     cdef const char** pointers = <const char**>malloc(max(n, 1) * sizeof(char*))
     if pointers == NULL:
         raise MemoryError()
@@ -240,7 +258,8 @@ cdef ort.OrtValue* string_tensor(object arr) except NULL:
     """A new ORT string tensor holding UTF-8 copies of `arr`'s items (str, bytes or objects);
     the caller owns it."""
     ensure_loaded()      # this can be a process's first call into onnxruntime
-    encoded = encoded_strings(arr)
+    cdef bint has_nul = False
+    encoded = encoded_strings(arr, &has_nul)
     cdef ort.OrtAllocator* allocator = NULL
     cdef ort.OrtValue* handle = NULL
     cdef int64_t stack_dims[MAX_INLINE_DIMS]
@@ -260,7 +279,7 @@ cdef ort.OrtValue* string_tensor(object arr) except NULL:
         if dims != stack_dims:
             free(dims)
     try:
-        _fill_strings(handle, encoded)
+        _fill_strings(handle, encoded, has_nul)
     except BaseException:
         ort.ReleaseValue(handle)
         raise
@@ -269,7 +288,9 @@ cdef ort.OrtValue* string_tensor(object arr) except NULL:
 
 cdef int fill_string_tensor(ort.OrtValue* handle, object arr) except -1:
     """Refill a string tensor with UTF-8 copies of `arr`'s items (the same count)."""
-    return _fill_strings(handle, encoded_strings(arr))
+    cdef bint has_nul = False
+    encoded = encoded_strings(arr, &has_nul)
+    return _fill_strings(handle, encoded, has_nul)
 
 
 cdef object strings_to_numpy(ort.OrtValue* handle, Py_ssize_t count, list shape):

@@ -18,7 +18,9 @@ from operator import index as _index
 from ortagent cimport _capi as ort
 from ortagent cimport _numpy as npc
 from ortagent._element_types cimport *
-from ortagent._runtime cimport check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_VALUE
+from ortagent._runtime cimport (
+    check, raise_status, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_VALUE,
+)
 from ortagent._dtypes cimport (
     MAX_INLINE_DIMS, ensure_numpy, numpy_module, npy_type_of, numpy_dtype_for, tensor_type_name, element_size,
 )
@@ -852,7 +854,10 @@ cdef int copy_tensors(list sources, list destinations) except -1:
         free(dst)
         for value in used:
             (<OrtValue>value).end_use()
-    check(status)
+    if status != NULL:
+        # onnxruntime's module calls this through its C++ wrapper, whose errors carry the
+        # status's message alone (no "[ONNXRuntimeError] : ..." in front)
+        raise_status(status, False)
     return 0
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "OrtFail",
     "OrtInvalidArgument",
     "OrtInvalidType",
+    "FeedConversionError",
     "OrtNoSuchFile",
     "OrtNoModel",
     "OrtEngineError",
@@ -39,6 +40,7 @@ __all__ = [
     "UnknownRunError",
     "ProviderFallbackWarning",
     "error_class_for_code",
+    "status_text",
 ]
 
 # onnxruntime's OrtErrorCode values (OrtErrorCode enum of the C API).
@@ -58,12 +60,28 @@ ORT_MODEL_LOAD_CANCELED = 12
 ORT_MODEL_REQUIRES_COMPILATION = 13
 ORT_NOT_FOUND = 14
 
+# How onnxruntime names its status codes in the text of its errors (see status_text).
+_CODE_NAMES = ("SUCCESS", "FAIL", "INVALID_ARGUMENT", "NO_SUCHFILE", "NO_MODEL", "ENGINE_ERROR",
+               "RUNTIME_EXCEPTION", "INVALID_PROTOBUF", "MODEL_LOADED", "NOT_IMPLEMENTED", "INVALID_GRAPH",
+               "EP_FAIL", "MODEL_LOAD_CANCELED", "MODEL_REQUIRES_COMPILATION", "NOT_FOUND", "DEVICE_RESET")
+
+
+def status_text(code: int, message: str) -> str:
+    """The text onnxruntime gives an error that comes from one of its statuses:
+    ``[ONNXRuntimeError] : <code> : <NAME> : <message>`` (``GENERAL ERROR`` for a code it has no
+    name for). ortagent's errors raised from a status read the same."""
+    name = _CODE_NAMES[code] if 0 <= code < len(_CODE_NAMES) else "GENERAL ERROR"
+    return f"[ONNXRuntimeError] : {code} : {name} : {message}"
+
 
 class OrtError(Exception):
     """Base of every ortagent exception.
 
     ``code`` is onnxruntime's error code (an int, see the ``ORT_*`` constants of this module)
-    or ``None`` for errors that do not correspond to one (failing to load the runtime).
+    or ``None`` for errors that do not correspond to one (failing to load the runtime). An error
+    raised from one of onnxruntime's statuses reads as onnxruntime's do,
+    ``[ONNXRuntimeError] : <code> : <NAME> : <message>`` (see :func:`status_text`); errors that
+    ortagent finds itself carry no such prefix, as those of onnxruntime's Python layer do not.
     """
 
     default_code: int | None = ORT_FAIL
@@ -87,6 +105,12 @@ class OrtInvalidArgument(OrtError, ValueError):
 
 class OrtInvalidType(OrtInvalidArgument, TypeError):
     """An argument of the wrong Python type (also a ``TypeError``)."""
+
+
+class FeedConversionError(OrtInvalidArgument, RuntimeError):
+    """A feed that cannot be converted to what the input takes, where onnxruntime's Python module
+    raises a RuntimeError for the same feed (a dict fed for a map: an empty one, a key or value
+    of a type it cannot read). Also a RuntimeError, so code written for onnxruntime catches it."""
 
 
 class OrtNoSuchFile(OrtError, FileNotFoundError):

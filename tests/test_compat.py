@@ -437,22 +437,54 @@ def test_telemetry_switches(ort_ref):
 
 
 def test_global_thread_pools_in_a_fresh_process(ort_ref, tmp_path):
-    """Sessions on global thread pools compute what onnxruntime's do; asking for pools once
-    ortagent's environment exists is a RuntimeError."""
+    """Sessions on global thread pools compute what onnxruntime's do; a session whose options ask
+    for threads of its own (the default) is refused as onnxruntime refuses it (a RuntimeError,
+    onnxruntime's words, before the model is read, no handle left behind), while ortagent's own
+    helper sessions still run; asking for pools once ortagent's environment exists is a
+    RuntimeError."""
     model = tmp_path / "add.onnx"
     onnx.save_model(add_model(), str(model))
     script = textwrap.dedent(f"""
-        import numpy as np, onnxruntime, ortagent
+        import gc, numpy as np, onnxruntime, ortagent
         feeds = {{"x": np.arange(5, dtype=np.float32), "y": np.ones(5, np.float32)}}
-        results = []
+        results, refusals = [], []
         for module in (onnxruntime, ortagent):
             module.set_global_thread_pool_sizes(2, 1)
             options = module.SessionOptions()
             options.use_per_session_threads = False
             session = module.InferenceSession({str(model)!r}, options, providers=["CPUExecutionProvider"])
             results.append(session.run(None, feeds))
+            for per_session, mode in ((None, None), (True, module.ExecutionMode.ORT_PARALLEL)):
+                options = None
+                if per_session is not None:
+                    options = module.SessionOptions()
+                    options.execution_mode = mode
+                    options.use_per_session_threads = per_session
+                for path in ({str(model)!r}, "no/such/model.onnx"):
+                    try:
+                        module.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+                    except RuntimeError as exc:
+                        refusals.append((module.__name__, str(exc).strip().rsplit("> ", 1)[-1]))
+                    else:
+                        raise AssertionError(f"{{module.__name__}} ran a session with threads of its own")
         for a, b in zip(*results):
             np.testing.assert_array_equal(a, b)
+        words = "use_per_session_threads must be false when using a global thread pool"
+        assert len(refusals) == 8 and all(text == words for _, text in refusals), refusals
+        assert [name for name, _ in refusals] == ["onnxruntime"] * 4 + ["ortagent"] * 4, refusals
+        gc.collect()
+        assert ortagent.live_handles()["session"] == 1, ortagent.live_handles()
+        # helper sessions of ortagent's own (an empty sequence is made by a one-node model)
+        import onnx
+        from onnx import helper, TensorProto
+        seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, None)
+        length = helper.make_model(helper.make_graph(
+            [helper.make_node("SequenceLength", ["s"], ["n"])], "g", [seq],
+            [helper.make_tensor_value_info("n", TensorProto.INT64, [])]),
+            ir_version=9, opset_imports=[helper.make_opsetid("", 18)])
+        options = ortagent.SessionOptions()
+        options.use_per_session_threads = False
+        assert ortagent.InferenceSession(length, options).run(None, {{"s": []}})[0] == 0
         ortagent.set_global_thread_pool_sizes(2, 1)     # the same sizes again: nothing to do
         try:
             ortagent.set_global_thread_pool_sizes(3, 1)
@@ -1398,3 +1430,396 @@ def test_model_compiler_stream_error_alike(ort_ref):
         lambda: ortagent.ModelCompiler(ortagent.SessionOptions(), data).compile_to_stream(failing))
     assert "OSError: disk full" in str(their_error) and "OSError: disk full" in str(our_error)
     assert isinstance(our_error, ortagent.OrtFail) and isinstance(our_error.__cause__, OSError)
+
+
+# ---- LoRA adapter files: AdapterFormat -------------------------------------------------------------
+
+def adapter_model():
+    """Outputs computed from four initializers a LoRA adapter may replace (they are also inputs):
+    y = x * a + b (float32), n = c + 1 (int64), h = Cast(d) (float16 -> float32)."""
+    inits = [numpy_helper.from_array(np.ones((2, 3), np.float32), "a"),
+             numpy_helper.from_array(np.zeros(3, np.float32), "b"),
+             numpy_helper.from_array(np.zeros(4, np.int64), "c"),
+             numpy_helper.from_array(np.zeros((2, 2), np.float16), "d")]
+    one = numpy_helper.from_array(np.ones(1, np.int64), "one")
+    nodes = [helper.make_node("Mul", ["x", "a"], ["xa"]), helper.make_node("Add", ["xa", "b"], ["y"]),
+             helper.make_node("Add", ["c", "one"], ["n"]), helper.make_node("Cast", ["d"], ["h"], to=T.FLOAT)]
+    inputs = [_tensor("x", T.FLOAT, [2, 3]), _tensor("a", T.FLOAT, [2, 3]), _tensor("b", T.FLOAT, [3]),
+              _tensor("c", T.INT64, [4]), _tensor("d", T.FLOAT16, [2, 2])]
+    return _model(nodes, inputs, [_tensor("y", T.FLOAT, [2, 3]), _tensor("n", T.INT64, [4]),
+                                  _tensor("h", T.FLOAT, [2, 2])], initializers=[*inits, one])
+
+
+def adapter_parameters():
+    rng = np.random.default_rng(25)
+    return {"a": rng.standard_normal((2, 3)).astype(np.float32),
+            "b": rng.standard_normal(3).astype(np.float32),
+            "c": rng.integers(-50, 50, size=4).astype(np.int64),
+            "d": rng.standard_normal((2, 2)).astype(np.float16)}
+
+
+def _write_adapter(module, path, params, adapter_version=3, model_version=-7):
+    writer = module.AdapterFormat()
+    writer.set_adapter_version(adapter_version)
+    writer.set_model_version(model_version)
+    writer.set_parameters({name: module.OrtValue.ortvalue_from_numpy(array) for name, array in params.items()})
+    writer.export_adapter(str(path))
+
+
+def _runs_with_adapter(module, path):
+    """The adapter model's outputs without and with the adapter file at `path`, in `module`."""
+    session = module.InferenceSession(adapter_model().SerializeToString(), providers=[CPU])
+    adapter = module.LoraAdapter()
+    adapter.Load(str(path))
+    run_options = module.RunOptions()
+    run_options.add_active_adapter(adapter)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return session.run(None, {"x": x}), session.run(None, {"x": x}, run_options)
+
+
+def _expected_outputs(params):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    return [x * params["a"] + params["b"], params["c"] + 1, params["d"].astype(np.float32)]
+
+
+def _check_read(reader, params, adapter_version=3, model_version=-7):
+    assert reader.get_format_version() == 1
+    assert reader.get_adapter_version() == adapter_version and reader.get_model_version() == model_version
+    read = reader.get_parameters()
+    assert sorted(read) == sorted(params)
+    for name, array in params.items():
+        value = read[name]
+        assert value.is_tensor() and value.shape() == list(array.shape)
+        _same(value.numpy(), array)
+
+
+@pytest.mark.parametrize("writer_name", ["ortagent", "onnxruntime"])
+def test_adapter_files_cross_both_ways(ort_ref, tmp_path, writer_name, no_leaks):
+    """An adapter written by either module is read back by both AdapterFormat.read_adapter, and
+    both modules' LoraAdapter run a model with it to the same outputs (the adapter's tensors in
+    place of the model's initializers)."""
+    writer = ortagent if writer_name == "ortagent" else ort_ref
+    params = adapter_parameters()
+    path = tmp_path / "written.onnx_adapter"
+    _write_adapter(writer, path, params)
+    for module in (ort_ref, ortagent):
+        _check_read(module.AdapterFormat.read_adapter(str(path)), params)
+    (their_plain, their_lora), (our_plain, our_lora) = (_runs_with_adapter(m, path) for m in (ort_ref, ortagent))
+    _same(our_plain, their_plain)
+    _same(our_lora, their_lora)
+    for ours, expected in zip(our_lora, _expected_outputs(params)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-6)
+    gc.collect()
+
+
+def test_adapter_file_layout(ort_ref, tmp_path):
+    """ortagent's file starts each parameter's bytes 8-aligned (onnxruntime makes its tensors over
+    the file's bytes), carries the identifier onnxruntime checks, and reads like onnxruntime's own
+    for every element type onnxruntime loads."""
+    import ml_dtypes
+
+    params = {"f64": np.arange(3, dtype=np.float64) + 0.25, "u8": np.arange(5, dtype=np.uint8),
+              "i8": -np.arange(3, dtype=np.int8), "u16": np.arange(7, dtype=np.uint16),
+              "i16": np.arange(2, dtype=np.int16), "i32": np.arange(3, dtype=np.int32) * 1000,
+              "u32": np.arange(9, dtype=np.uint32), "u64": np.arange(2, dtype=np.uint64) + 2**40,
+              "bf16": np.arange(3).astype(ml_dtypes.bfloat16), "f8": np.arange(3).astype(ml_dtypes.float8_e4m3fn),
+              "empty": np.zeros((0, 3), np.float32)}
+    paths = {name: tmp_path / f"{name}.onnx_adapter" for name in ("ortagent", "onnxruntime")}
+    _write_adapter(ortagent, paths["ortagent"], params, 11, 12)
+    theirs = ort_ref.AdapterFormat()
+    theirs.set_adapter_version(11)
+    theirs.set_model_version(12)
+    theirs.set_parameters({name: ort_ref.OrtValue.ortvalue_from_numpy_with_onnx_type(
+        array.view(f"u{array.itemsize}") if array.dtype.kind == "V" or array.dtype.name in ("bfloat16", "float8_e4m3fn")
+        else array, ortagent.OrtValue.ortvalue_from_numpy(array).element_type()) for name, array in params.items()})
+    theirs.export_adapter(str(paths["onnxruntime"]))
+    data = paths["ortagent"].read_bytes()
+    assert data[4:8] == b"TORT"
+    for name, array in params.items():
+        if array.nbytes >= 8:
+            assert data.find(array.tobytes()) % 8 == 0, name
+    for path in paths.values():
+        for module in (ort_ref, ortagent):
+            reader = module.AdapterFormat.read_adapter(str(path))
+            assert (reader.get_adapter_version(), reader.get_model_version()) == (11, 12)
+            read = reader.get_parameters()
+            assert sorted(read) == sorted(params)
+            for name, array in params.items():
+                assert read[name].element_type() == ortagent.OrtValue.ortvalue_from_numpy(array).element_type()
+                assert read[name].shape() == list(array.shape)
+                if module is ortagent:
+                    _same(read[name].numpy(), array)
+    # ortagent's read values view the file's bytes: read-only
+    value = ortagent.AdapterFormat.read_adapter(str(paths["ortagent"])).get_parameters()["f64"]
+    with pytest.raises(ortagent.OrtInvalidArgument, match="read-only"):
+        value.update_inplace(np.zeros(3))
+
+
+def test_adapter_format_defaults_and_versions(ort_ref, tmp_path):
+    theirs, ours = ort_ref.AdapterFormat(), ortagent.AdapterFormat()
+    for getter in ("get_format_version", "get_adapter_version", "get_model_version"):
+        assert getattr(ours, getter)() == getattr(theirs, getter)()
+    assert ours.get_parameters() == theirs.get_parameters() == {}
+    for version in (True, np.int64(4), -(2**31), 2**31 - 1):
+        theirs.set_adapter_version(version)
+        ours.set_adapter_version(version)
+        assert ours.get_adapter_version() == theirs.get_adapter_version()
+    for bad in ("1", 1.5, 2**31, None):
+        _raises_alike(lambda: theirs.set_model_version(bad), lambda: ours.set_model_version(bad))
+    # a writer with nothing set makes a file both read as empty
+    path = tmp_path / "empty.onnx_adapter"
+    ortagent.AdapterFormat().export_adapter(path)        # a path object too (onnxruntime takes str only)
+    for module in (ort_ref, ortagent):
+        reader = module.AdapterFormat.read_adapter(str(path))
+        assert (reader.get_format_version(), reader.get_adapter_version(), reader.get_model_version(),
+                reader.get_parameters()) == (1, 0, 0, {})
+
+
+@pytest.mark.parametrize("content", ["junk", "empty", "truncated", "bool-parameter"])
+def test_adapter_read_refusals_alike(ort_ref, tmp_path, content, no_leaks):
+    """Files onnxruntime refuses are refused with its words (its loader checks them for both)."""
+    path = tmp_path / "bad.onnx_adapter"
+    if content in ("truncated", "bool-parameter"):
+        params = adapter_parameters() if content == "truncated" else {"flags": np.ones(3, np.bool_)}
+        _write_adapter(ortagent, path, params)
+        if content == "truncated":
+            path.write_bytes(path.read_bytes()[:150])
+    else:
+        path.write_bytes(b"x" * 100 if content == "junk" else b"")
+    their_error, our_error = _raises_alike(lambda: ort_ref.AdapterFormat.read_adapter(str(path)),
+                                           lambda: ortagent.AdapterFormat.read_adapter(str(path)))
+    assert isinstance(their_error, RuntimeError) and isinstance(our_error, ortagent.OrtFail)
+    assert str(our_error) == str(their_error)
+    with pytest.raises(ortagent.OrtFail) as loaded:
+        ortagent.LoraAdapter().Load(str(path))
+    assert str(loaded.value) == str(their_error)
+    gc.collect()
+
+
+def test_adapter_writer_refusals(ort_ref, tmp_path):
+    """What an adapter file cannot hold is refused when it is given or written (onnxruntime's
+    writer lets a nameless parameter through, which its loader then refuses)."""
+    writer = ortagent.AdapterFormat()
+    path = str(tmp_path / "out.onnx_adapter")
+    with pytest.raises(ortagent.OrtInvalidType, match="must be an ortagent.OrtValue, got ndarray"):
+        writer.set_parameters({"w": np.ones(2)})            # onnxruntime: AttributeError
+    with pytest.raises(ortagent.OrtInvalidType, match="dict of names to OrtValues"):
+        writer.set_parameters([("w", ortagent.OrtValue.ortvalue_from_numpy(np.ones(2)))])
+    writer.set_parameters({"": ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))})
+    with pytest.raises(ortagent.OrtInvalidArgument, match="needs a name"):
+        writer.export_adapter(path)
+    # string tensors: refused by both writers, with the same words
+    (strings,) = ort_ref.InferenceSession(nul_constant_model().SerializeToString(),
+                                          providers=[CPU]).run_with_ort_values(None, {})
+    their_writer = ort_ref.AdapterFormat()
+    their_writer.set_parameters({"s": strings})
+    writer.set_parameters({"s": ortagent.OrtValue.ortvalue_from_numpy(np.array(["a", "b"], dtype=object))})
+    their_error, our_error = _raises_alike(lambda: their_writer.export_adapter(path),
+                                           lambda: writer.export_adapter(path))
+    assert isinstance(our_error, ortagent.OrtFail) and str(their_error).rstrip().endswith(str(our_error))
+    writer.set_parameters({7: ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))})
+    writer.export_adapter(path)                              # str() of the key, as onnxruntime
+    assert list(ort_ref.AdapterFormat.read_adapter(path).get_parameters()) == ["7"]
+    their_error, our_error = _raises_alike(
+        lambda: ort_ref.AdapterFormat().export_adapter(str(tmp_path / "no" / "dir")),
+        lambda: ortagent.AdapterFormat().export_adapter(str(tmp_path / "no" / "dir")))
+    assert "Failed to open file:" in str(their_error) and "Failed to open file:" in str(our_error)
+    with pytest.raises(ortagent.OrtNoSuchFile):
+        ortagent.AdapterFormat.read_adapter(str(tmp_path / "missing.onnx_adapter"))
+
+
+# ---- dicts fed for maps: onnxruntime's conversion rules -------------------------------------------
+
+class _OnlyIndex:
+    def __index__(self):
+        return 2
+
+
+class _OnlyInt:
+    def __int__(self):
+        return 1
+
+
+class _BadFloat:
+    def __float__(self):
+        return "x"
+
+
+MAP_FEEDS = [
+    {1: 25.0, 2: 5.13}, {True: 1.0, 2: 2.0}, {np.int32(1): 1.0}, {np.int64(5): np.float32(2.5)}, {_OnlyIndex(): 1.0},
+    {-1: 1.0}, {-(2**63): 1.0}, {2**63 - 1: 2.0}, {1: True}, {1: np.float16(1.5)}, {1: np.array(2.0)}, {1: 1e40},
+    {1: 2**70}, {1: _OnlyIndex()}, {2: np.bool_(True)}, {5: np.int8(3)},
+    {"a": 1.5, "c": 4.0}, {np.str_("a"): 1.0}, {"a": 1.0, 1: 2.0}, {"a": 1.0, 2.5: 2.0}, {"b": 1.0, True: 2.0},
+    {"a": 1.0, b"b": 2.0},
+    # refused: by the conversion (the same words), or by the run (a map of another type than the input's)
+    {}, {1: 25.0, "a": 5.6}, {1.5: 1.0}, {np.float64(1.0): 1.0}, {np.uint64(2**63): 1.0}, {2**63: 1.0},
+    {-(2**63) - 1: 1.0}, {np.bool_(True): 1.0}, {1: 1.0, _OnlyInt(): 2.0}, {b"a": 1.0}, {None: 1.0},
+    {1: "x"}, {1: None}, {1: [1.0]}, {"a": b"x"}, {"a": "x"}, {1: 1 + 2j}, {1: 2.0, 2: 1 + 2j}, {1: 10**400},
+    {1: np.array([1.0, 2.0])}, {1: _OnlyInt()}, {1: _BadFloat()},
+]
+
+
+@pytest.mark.parametrize("key", [T.INT64, T.STRING])
+@pytest.mark.parametrize("feed", MAP_FEEDS, ids=[repr(f)[:40] for f in MAP_FEEDS])
+def test_map_feeds_convert_as_onnxruntime(ort_ref, key, feed):
+    """onnxruntime's module makes map(int64|string, tensor(float)) of a dict by its first key and
+    converts each key and value by fixed rules; ortagent does the same: the same results, and the
+    same refusals with the same words (a RuntimeError where onnxruntime raises one)."""
+    theirs, ours = _both(ort_ref, dict_vectorizer_model(key, T.FLOAT))
+    try:
+        expected = theirs.run(None, {"m": feed})
+    except Exception as their_error:
+        with pytest.raises(ortagent.OrtError) as caught:
+            ours.run(None, {"m": feed})
+        assert str(caught.value) == str(their_error)
+        if isinstance(their_error, RuntimeError):
+            assert isinstance(caught.value, (ortagent.FeedConversionError, RuntimeError))
+        return
+    _same(ours.run(None, {"m": feed}), expected)
+
+
+def test_map_feeds_of_types_onnxruntime_cannot_feed():
+    """onnxruntime's module makes only float-valued maps, so it refuses every dict for a map of
+    doubles or of int64 values; ortagent converts the values to the input's type when the keys
+    are of the input's key type (and otherwise refuses the map as onnxruntime does, in the run)."""
+    for key, value, feed, wrong, expected in [
+            (T.INT64, T.DOUBLE, {1: 0.1, 5: np.float64(1e300)}, {"a": 1.0}, [0.1, 0.0, 1e300]),
+            (T.STRING, T.INT64, {"b": 7, "a": np.int8(-3)}, {1: 1.0}, [-3, 7, 0])]:
+        session = ortagent.InferenceSession(dict_vectorizer_model(key, value).SerializeToString())
+        (result,) = session.run(None, {"m": feed})
+        assert result.ravel().tolist() == expected
+        with pytest.raises(ortagent.OrtInvalidArgument, match="Unexpected input data type"):
+            session.run(None, {"m": wrong})
+
+
+def test_map_refusals_are_runtime_errors(no_leaks):
+    session = ortagent.InferenceSession(dict_vectorizer_model().SerializeToString())
+    for feed, words in [({}, "Size of dictionary is empty"), ({1: 1.0, "a": 2.0}, "Unexpected key type  <class 'str'>"),
+                        ({1: "x"}, "Unexpected value type  <class 'str'>"), ({b"k": 1.0}, "Key type must be int")]:
+        with pytest.raises(ortagent.FeedConversionError, match=words) as caught:
+            session.run(None, {"m": feed})
+        assert isinstance(caught.value, RuntimeError) and isinstance(caught.value, ValueError)
+    with pytest.raises(ortagent.FeedConversionError, match="must be real number, not complex") as caught:
+        session.run(None, {"m": {1: 1 + 2j}})
+    assert isinstance(caught.value.__cause__, TypeError)
+    del session
+    gc.collect()
+
+
+# ---- strings holding NUL characters --------------------------------------------------------------
+
+def nul_encoder_model():
+    """A OneHotEncoder whose categories hold NUL characters (like the ML.NET encoder of
+    onnxruntime's upstream test_run_model_mlnet): x (string [1, 3]) -> y (float [1, 3, 4])."""
+    cats = [b"B\0B\0", b"x", b"C\0C\0", b"A\0A"]
+    node = helper.make_node("OneHotEncoder", ["x"], ["y"], domain="ai.onnx.ml", cats_strings=cats, zeros=1)
+    return _model([node], [_tensor("x", T.STRING, [1, 3])], [_tensor("y", T.FLOAT, [1, 3, 4])], ml=True)
+
+
+def nul_constant_model():
+    """Outputs a string constant whose items hold NULs (leading, inner, trailing, only NULs)."""
+    tensor = onnx.TensorProto(name="k", data_type=T.STRING, dims=[5])
+    tensor.string_data.extend([b"\0", b"\0\0", b"a\0", b"\0a", "p\0q\u00e9\0".encode()])
+    return _model([helper.make_node("Constant", [], ["y"], value=tensor)], [], [_tensor("y", T.STRING, [5])])
+
+
+@pytest.mark.parametrize("feed, matched", [
+    # the upstream test's two feeds: np.void items keep every byte, so the 5-byte ones match nothing
+    (np.array([b"A\0A\0", b"B\0B\0", b"C\0C\0"], np.void).reshape(1, 3), 2),
+    (np.array([b"A\0A\0\0", b"B\0B\0\0", b"C\0C\0\0"], np.void).reshape(1, 3), 0),
+    (np.array([["B\0B\0", "C\0C\0", "A\0A"]], dtype=object), 3),
+    ([["A\0A", "x", "B\0B"]], 2),
+])
+def test_strings_with_nul_characters_feed_as_onnxruntime(ort_ref, feed, matched, no_leaks):
+    theirs, ours = _both(ort_ref, nul_encoder_model())
+    expected = theirs.run(None, {"x": feed})
+    _same(ours.run(None, {"x": feed}), expected)
+    assert expected[0].sum() == matched     # the categories matched item for item, NULs included
+    del theirs, ours
+    gc.collect()
+
+
+@pytest.mark.parametrize("feed", [
+    np.array(["a\0b", "\0", "", "c\0\0d", "\u00e9\0"], dtype=object),
+    ["a\0b", "\0", "", "c\0\0d", "\u00e9\0"],
+    np.array([b"a\0b", b"c\0d", b"e\0f"]).astype(np.void),
+])
+def test_strings_with_nul_characters_round_trip(ort_ref, feed):
+    """Through an Identity and out again, item for item, as onnxruntime's module gives them."""
+    theirs, ours = _both(ort_ref, string_model())
+    _same(ours.run(None, {"x": feed}), theirs.run(None, {"x": feed}))
+    _same(ours.run_with_ort_values(None, {"x": feed})[0].numpy(), theirs.run(None, {"x": feed})[0])
+
+
+def test_strings_with_nul_characters_in_numpy_string_arrays(ort_ref):
+    """'U' and 'S' arrays: ortagent feeds each item as NumPy holds it, NULs included; onnxruntime's
+    module stops each at its first NUL (and runs NUL-less 'S' items into the next)."""
+    session = ortagent.InferenceSession(string_model().SerializeToString())
+    for feed in (np.array(["a\0b", "c"]), np.array([b"a\0b", b"c"])):
+        (result,) = session.run(None, {"x": feed})
+        expected = [item.decode() if isinstance(item, bytes) else item for item in feed.tolist()]
+        assert result.tolist() == expected == ["a\0b", "c"]
+
+
+def test_strings_with_nul_characters_read_from_onnxruntime(ort_ref):
+    """Strings onnxruntime makes itself (a constant) come back whole, with their lengths."""
+    theirs, ours = _both(ort_ref, nul_constant_model())
+    _same(ours.run(None, {}), theirs.run(None, {}))
+    assert ours.run(None, {})[0].tolist() == ["\0", "\0\0", "a\0", "\0a", "p\0q\u00e9\0"]
+
+
+def test_ortvalue_strings_with_nul_characters(no_leaks):
+    items = np.array(["x\0y", "\0", "plain"], dtype=object)
+    value = ortagent.OrtValue.ortvalue_from_numpy(items)
+    _same(value.numpy(), items)
+    value.update_inplace(np.array(["1\0", "", "\0\0\0"], dtype=object))
+    assert value.numpy().tolist() == ["1\0", "", "\0\0\0"]
+    value.update_inplace(np.array(["no", "nuls", "now"], dtype=object))      # the one-call path again
+    assert value.numpy().tolist() == ["no", "nuls", "now"]
+    # sparse string tensors are filled through C strings: a NUL there is still refused
+    with pytest.raises(ortagent.OrtInvalidArgument, match="contains a NUL character"):
+        ortagent.SparseTensor.sparse_coo_from_numpy([3], np.array(["a\0b"], dtype=object), np.array([1], np.int64))
+    del value
+    gc.collect()
+
+
+# ---- the text of errors that come from onnxruntime's statuses -------------------------------------
+
+def _no_kernel_model():
+    """A graph onnxruntime's CPU provider has no kernel for (an operator of a made-up domain)."""
+    node = helper.make_node("NoSuchOp", ["x"], ["y"], domain="example.nowhere")
+    model = _model([node], [_tensor("x", T.FLOAT, [1])], [_tensor("y", T.FLOAT, [1])])
+    model.opset_import.append(helper.make_opsetid("example.nowhere", 1))
+    return model
+
+
+@pytest.mark.parametrize("case", ["not-a-model", "no-such-file", "invalid-graph", "no-kernel", "wrong-map-type"])
+def test_status_errors_read_as_onnxruntime(ort_ref, tmp_path, case):
+    """An error raised from an onnxruntime status reads '[ONNXRuntimeError] : <code> : <NAME> :
+    <message>', as onnxruntime's module writes it; the exception stays ortagent's typed one, its
+    code the one in the text."""
+    def call(module):
+        if case == "not-a-model":
+            return module.InferenceSession(b"garbage", providers=[CPU])
+        if case == "no-such-file":
+            return module.InferenceSession(str(tmp_path / "missing.onnx"), providers=[CPU])
+        if case == "invalid-graph":
+            return module.InferenceSession(dict_vectorizer_model(T.INT64, T.INT64).SerializeToString(),
+                                           providers=[CPU])
+        if case == "no-kernel":
+            return module.InferenceSession(_no_kernel_model().SerializeToString(), providers=[CPU])
+        session = module.InferenceSession(dict_vectorizer_model().SerializeToString(), providers=[CPU])
+        return session.run(None, {"m": {"a": 1.0}})
+
+    their_error, our_error = _raises_alike(lambda: call(ort_ref), lambda: call(ortagent))
+    assert str(our_error) == str(their_error)
+    assert str(our_error).startswith(f"[ONNXRuntimeError] : {our_error.code} : ")
+    assert type(our_error).__name__ == "Ort" + type(their_error).__name__      # OrtInvalidGraph ~ InvalidGraph
+
+
+def test_status_text_names_the_codes():
+    from ortagent.errors import status_text
+
+    assert status_text(2, "bad") == "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : bad"
+    assert status_text(14, "gone") == "[ONNXRuntimeError] : 14 : NOT_FOUND : gone"
+    assert status_text(99, "?") == "[ONNXRuntimeError] : 99 : GENERAL ERROR : ?"

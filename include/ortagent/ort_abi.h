@@ -351,6 +351,7 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(238, 14, OrtStatus*, GetSessionConfigEntry, (const OrtSessionOptions*, const char*, char*, size_t*)) \
     X(250, 15, OrtStatus*, CastTypeInfoToOptionalTypeInfo, (const OrtTypeInfo*, const OrtOptionalTypeInfo**)) \
     X(251, 15, OrtStatus*, GetOptionalContainedTypeInfo, (const OrtOptionalTypeInfo*, OrtTypeInfo**)) \
+    X(252, 15, OrtStatus*, GetResizedStringTensorElementBuffer, (OrtValue*, size_t, size_t, char**)) \
     X(254, 15, const char*, GetBuildInfoString, (void)) \
     X(259, 16, OrtStatus*, CreateAndRegisterAllocatorV2, (OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)) \
     X(273, 17, OrtStatus*, SetDeterministicCompute, (OrtSessionOptions*, bool)) \

@@ -95,3 +95,15 @@ def devices_and_compiling(model: bytes) -> bytes:
     chunks: list[bytes] = []
     compiler.compile_to_stream(chunks.append)
     return compiler.compile_to_bytes() + str((names, metadata, has, inputs, vendor)).encode()
+
+
+def adapter(path: str, weights: npt.NDArray[np.float32]) -> dict[str, OrtValue]:
+    writer = ortagent.AdapterFormat()
+    writer.set_adapter_version(1)
+    writer.set_model_version(2)
+    writer.set_parameters({"w": OrtValue.ortvalue_from_numpy(weights)})
+    writer.export_adapter(path)
+    reader = ortagent.AdapterFormat.read_adapter(path)
+    version: int = reader.get_format_version() + reader.get_adapter_version() + reader.get_model_version()
+    assert version
+    return reader.get_parameters()
