@@ -761,3 +761,74 @@ def test_disk_cache_skips_the_export_of_a_restarted_job(tmp_path, monkeypatch):
         path.write_bytes(b"damaged")
     damaged = ORTModule(make(), cache_dir=tmp_path)
     torch.testing.assert_close(step(damaged)[0], expected[0], rtol=0, atol=0)
+
+
+def test_what_real_models_use_and_return():
+    """Boolean-mask assignment into an input, a TransformerEncoder with a causal mask and a
+    padding mask in training, torchvision-style stochastic depth (a Bernoulli row mask drawn as
+    eager draws it), grouped and depthwise convolutions (their weight gradients), and outputs
+    as OrderedDict and namedtuple keep their types."""
+    torch = _torch()
+    import collections
+
+    from ortagent.torch import ORTModule
+
+    Pair = collections.namedtuple("Pair", "logits features")
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 8, 3, padding=1, groups=2)
+            self.depthwise = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)
+            layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(8, 3)
+
+        def forward(self, images, mask):
+            images = images.clone()
+            images[images > 1.5] = 0.0                         # boolean-mask assignment
+            features = self.depthwise(self.conv(images))       # [B, 8, H, W]
+            keep = torch.empty(features.shape[0], 1, 1, 1).bernoulli_(0.8) / 0.8   # stochastic depth
+            features = features * keep + features
+            tokens = features.flatten(2).transpose(1, 2)       # [B, H*W, 8]
+            length = tokens.shape[1]
+            causal = torch.ones(length, length, dtype=torch.bool).triu(1)
+            encoded = self.encoder(tokens, mask=causal, src_key_padding_mask=mask, is_causal=True)
+            logits = self.head(encoded.mean(1))
+            return collections.OrderedDict(out=Pair(logits, encoded))
+
+    def inputs(step):
+        batch = 3 + step
+        mask = torch.zeros(batch, 16, dtype=torch.bool)
+        mask[0, -3:] = True
+        return torch.randn(batch, 4, 4, 4), mask
+
+    def loss(out):
+        assert type(out) is collections.OrderedDict and type(out["out"]) is Pair
+        return out["out"].logits.square().mean() + out["out"].features.square().mean()
+
+    eager, bridged, errors = _compare(Mixed, inputs, loss, steps=2)
+    assert bridged.exported_graphs == 1
+    images, mask = inputs(0)
+    before = images.clone()
+    torch.manual_seed(5)
+    bridged(images, mask)
+    assert torch.equal(images, before)                      # the clone was written, not the input
+
+    class Clamp(torch.nn.Module):                           # writes into its input, as eager does
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            x[x > 0.5] = 0.5
+            return self.fc(x)
+
+    torch.manual_seed(0)
+    clamp = Clamp()
+    x = torch.randn(5, 4)
+    expected_x = x.clone()
+    expected = clamp(expected_x)
+    out = ORTModule(clamp)(x)
+    assert torch.equal(x, expected_x)
+    _close(out.detach(), expected.detach(), "output")
