@@ -56,6 +56,10 @@ class SessionConfig:
     providers: Sequence[Any] | None
     session_options: Any
 
+    def __deepcopy__(self, memo: dict) -> SessionConfig:
+        # a copied ORTModule creates its sessions with the same providers and options
+        return self
+
 
 @dataclass(frozen=True)
 class AgentPlan:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 import warnings
@@ -20,6 +21,7 @@ from ._bridge import GraphRunner, ORTFunction, SessionConfig
 from ._cache import GraphStore, structure_key
 from ._export import Discovery, ExportedGraph, TraceFailure, discover, export, same_draws
 from ._rewrites import Site, draw_all
+from ._state import StateGuard
 
 __all__ = ["ORTModule"]
 
@@ -59,6 +61,49 @@ def _input_name(exported: ExportedGraph, index: int) -> str:
     return f"'{exported.state_names[index - exported.n_user]}'"
 
 
+class _BoundForward:
+    """``ORTModule.forward`` bound to one ORTModule: calls run through onnxruntime, and
+    ``inspect.signature``, ``__doc__`` and ``__name__`` are the wrapped module's forward's (tools
+    such as transformers' Trainer read the signature to choose a dataset's columns)."""
+
+    __slots__ = ("__self__",)
+
+    def __init__(self, owner: ORTModule) -> None:
+        self.__self__ = owner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__self__._forward(*args, **kwargs)
+
+    @property
+    def __wrapped__(self) -> Any:
+        return self.__self__._original_module.forward
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.__self__._original_module.forward)
+
+    @property
+    def __doc__(self) -> str | None:  # type: ignore[override]
+        return self.__self__._original_module.forward.__doc__
+
+    @property
+    def __name__(self) -> str:
+        return "forward"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _BoundForward) and other.__self__ is self.__self__
+
+    def __hash__(self) -> int:
+        return hash(id(self.__self__))
+
+
+class _ForwardDescriptor:
+    def __get__(self, owner: ORTModule | None, cls: type | None = None) -> Any:
+        if owner is None:
+            return ORTModule._forward
+        return _BoundForward(owner)
+
+
 class ORTModule(nn.Module):
     """Run ``module``'s forward and backward in onnxruntime; see :mod:`ortagent.torch`.
 
@@ -94,11 +139,67 @@ class ORTModule(nn.Module):
         self._exports: OrderedDict[tuple, list[_Export]] = OrderedDict()
         self._export_count = 0
         self._exact_grads = False
+        self._state_guard: StateGuard | None = None
+        # the wrapped module's docstring; its forward's signature is ORTModule.forward's (below)
+        self.__doc__ = module.__doc__
+        self._forwarding = True       # attribute writes not ORTModule's own reach the wrapped module
 
     @property
     def module(self) -> nn.Module:
         """The wrapped module."""
         return self._original_module
+
+    # -- the module it wraps: attributes, names, signature -----------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            modules = self.__dict__.get("_modules")
+            inner = modules.get(_INNER) if modules is not None else None
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
+    def _is_own(self, name: str) -> bool:
+        return (not self.__dict__.get("_forwarding", False) or name in self.__dict__
+                or hasattr(type(self), name) or name in self._modules)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._is_own(name):
+            super().__setattr__(name, value)
+        else:
+            setattr(self._original_module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if self._is_own(name):
+            super().__delattr__(name)
+        else:
+            delattr(self._original_module, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(self._original_module)))
+
+    def __repr__(self) -> str:
+        return repr(self._original_module)
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, an EMA model) or a pickle holds the wrapped module and
+        the settings; it exports again on its first call (sessions are not copied)."""
+        state = dict(self.__dict__)
+        state["_exports"] = OrderedDict()
+        state["_state_guard"] = None
+        state["_export_count"] = 0
+        return state
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        return self._original_module.named_parameters(prefix, recurse, remove_duplicate)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Any:
+        return self._original_module.named_buffers(prefix, recurse, remove_duplicate)
+
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True) -> Any:
+        return self._original_module.named_modules(memo, prefix, remove_duplicate)
 
     # state_dict() and load_state_dict() use the wrapped module's keys (no "_original_module."),
     # also when this ORTModule sits inside another module
@@ -127,7 +228,10 @@ class ORTModule(nn.Module):
 
     def _signature(self, flat: _trees.Flat) -> tuple:
         module = self._original_module
-        key = (_trees.signature_of(flat), tuple(sub.training for sub in module.modules()))
+        guard = self._state_guard
+        if guard is None:
+            guard = self._state_guard = StateGuard(module)
+        key = (_trees.signature_of(flat), tuple(sub.training for sub in module.modules()), guard.key())
         if self._exact_grads:
             key += (tuple(t.requires_grad for t in flat.tensors), tuple(p.requires_grad for p in module.parameters()))
         return key
@@ -200,6 +304,10 @@ class ORTModule(nn.Module):
 
     def _new_export(self, flat: _trees.Flat, key: tuple, dynamic: bool = True) -> _Export:
         module = self._original_module
+        if self._state_guard is not None and not self._state_guard.covers(module):
+            # submodules were added or replaced since the guard was made: read their state too
+            # from the next call on
+            self._state_guard = None
         device = self._device(flat)
         # (the export draws nothing from torch's generators: the draws made before each run
         # are then the ones eager would make from the same seed)
@@ -217,7 +325,8 @@ class ORTModule(nn.Module):
         self._export_count += 1
         if self._export_count == _MANY_EXPORTS:
             warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "
-                          "new input rank, dtype, device, non-tensor argument, training mode or shape the "
+                          "new input rank, dtype, device, non-tensor argument, training mode, plain attribute "
+                          "value of the module (a number, flag or string its forward may read) or shape the "
                           "earlier exports do not accept exports anew", RuntimeWarning, stacklevel=4)
         runner = GraphRunner(exported, self._config, device, cache)
         entry = _Export(exported, runner, discovery.outputs)
@@ -250,8 +359,10 @@ class ORTModule(nn.Module):
 
     # -- the call ---------------------------------------------------------------------------------
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
+        self._refuse_autocast(flat)
+        self._materialize_lazy(args, kwargs)
         entry = self._export_for(flat)
         if entry.checked:
             return self._call(entry, flat)
@@ -274,6 +385,56 @@ class ORTModule(nn.Module):
                 raise self._cannot_run(static_exc) from static_exc
         entry.checked = True
         return result
+
+    forward = _ForwardDescriptor()
+
+    def _materialize_lazy(self, args: tuple, kwargs: dict) -> None:
+        """``Lazy*`` modules (``nn.LazyLinear``, ...) infer their parameters' shapes on their
+        first call: that call runs once in eager torch, without gradients, before the export.
+        Buffers it updated (running statistics) and torch's CPU random generator are put back,
+        so the step that follows is the one the export runs (the parameters are drawn from the
+        generator as eager's first call draws them; a dropout mask of that first step then
+        comes from the same state and differs from eager's, which follows the parameters')."""
+        module = self._original_module
+        lazies = [m for m in module.modules() if isinstance(m, nn.modules.lazy.LazyModuleMixin)
+                  and m.has_uninitialized_params()]
+        if not lazies:
+            return
+        saved = [(b, b.detach().clone()) for b in module.buffers()
+                 if not isinstance(b, nn.parameter.UninitializedBuffer)]
+
+        def keep_materialized(lazy: nn.Module, _args: Any) -> None:
+            # (runs after the lazy module's own hook has made its parameters and buffers)
+            saved.extend((b, b.detach().clone()) for b in lazy.buffers(recurse=False))
+
+        hooks = [lazy.register_forward_pre_hook(keep_materialized) for lazy in lazies]
+        generator = torch.random.get_rng_state()
+        try:
+            with torch.no_grad():
+                module(*args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+            torch.random.set_rng_state(generator)
+            with torch.no_grad():
+                for buffer, value in saved:
+                    buffer.copy_(value)
+        self._state_guard = None            # the materialized modules' state is read from now on
+
+    def _refuse_autocast(self, flat: _trees.Flat) -> None:
+        """torch.autocast around the forward: refused, naming autocast and the provider, before
+        an export that would ignore it (the graph computes in the parameters' dtypes)."""
+        device = self._device(flat)
+        if not torch.is_autocast_enabled(device.type):
+            return
+        dtype = torch.get_autocast_dtype(device.type)
+        provider = "CUDA" if device.type == "cuda" else "CPU"
+        raise OrtNotImplemented(
+            f"ORTModule: torch.autocast('{device.type}', dtype={dtype}) around the forward of "
+            f"{type(self._original_module).__name__} is not supported: the exported graph computes in the "
+            f"parameters' and inputs' dtypes, so autocast would be ignored (and onnxruntime's {provider} provider "
+            "lacks many reduced-precision kernels, bfloat16 ones above all). Call the ORTModule outside autocast, "
+            "or convert the module and inputs to the dtype you want")
 
     def _cannot_run(self, exc: Exception) -> OrtNotImplemented:
         return OrtNotImplemented(f"ORTModule: onnxruntime cannot run the graph exported for "

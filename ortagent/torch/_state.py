@@ -1,0 +1,136 @@
+"""The Python state of a wrapped module that an export bakes in, as a key.
+
+An export traces the forward once: every number, flag or string the forward reads from its
+modules (``self.scale``, ``self.use_extra``, ``config.use_cache``, a drop rate) becomes a
+constant of the graph. :class:`StateGuard` records where such values live, the plain
+attributes of every submodule and of the plain objects they hold (``config``), and reads them
+again on each call into a tuple that joins the export's key: a changed value selects (or
+makes) another export, never a stale graph.
+
+Plain values are ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
+enums, ``torch.dtype`` / ``torch.device``, and tuples, lists, sets and dicts of them (lists
+and dicts are read as tuples). Other values (tensors, modules, functions, objects) are not
+part of the key: tensors are graph inputs, modules are walked, and the behaviour of functions
+and arbitrary objects cannot be compared (README, "ORTModule", lists this).
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import operator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["StateGuard", "StateKey"]
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
+_MISSING = object()
+_NESTED_DEPTH = 1          # plain objects held by modules (configs) are read one level deep
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as a hashable key, or ``_MISSING`` when it is not plain."""
+    if isinstance(value, (bool, int, float, complex)):
+        return (type(value), value)          # 1, 1.0 and True are equal, but not the same constant
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, (tuple, list, set, frozenset)):
+        items = [_plain(item) for item in value]
+        if any(item is _MISSING for item in items):
+            return _MISSING
+        if isinstance(value, (set, frozenset)):
+            return (type(value).__name__, frozenset(items))
+        return (type(value).__name__, tuple(items))
+    if isinstance(value, dict):
+        items = [(_plain(key), _plain(item)) for key, item in value.items()]
+        if any(key is _MISSING or item is _MISSING for key, item in items):
+            return _MISSING
+        return ("dict", tuple(items))
+    return _MISSING
+
+
+def _is_plain_object(value: Any) -> bool:
+    """An object whose attributes a forward may read as settings (a config): not a module,
+    tensor, function, class or module object."""
+    if isinstance(value, (nn.Module, torch.Tensor, type)) or callable(value):
+        return False
+    return hasattr(value, "__dict__") and isinstance(vars(value), dict)
+
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))     # nn.Module's own bookkeeping (hooks, training)
+
+
+class StateKey:
+    """The plain values as a key: a tuple whose hash is computed once (a call hashes its
+    export's key every time)."""
+
+    __slots__ = ("values", "_hash")
+
+    def __init__(self, values: tuple) -> None:
+        self.values = values
+        self._hash = hash(values)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StateKey) and (self is other or self.values == other.values)
+
+    def __repr__(self) -> str:
+        return f"StateKey({self.values!r})"
+
+
+class StateGuard:
+    """Where the wrapped module's plain Python state lives, and its values as a key.
+
+    Made once per module tree: the attributes holding plain values then are read on each call
+    (an attribute added later, or one that held a tensor or object then, is not). A call reads
+    the values with one ``itemgetter`` per holder and compares them with the last call's (a
+    few microseconds for a transformer with its config); the key is rebuilt only on a change."""
+
+    def __init__(self, module: nn.Module) -> None:
+        places: dict[int, tuple[dict, list[str]]] = {}
+        seen: set[int] = set()
+
+        def visit(holder: Any, depth: int, internals: frozenset) -> None:
+            if id(holder) in seen:
+                return
+            seen.add(id(holder))
+            entries = vars(holder)
+            for name, value in list(entries.items()):
+                if name in internals:
+                    continue
+                if _plain(value) is not _MISSING:
+                    places.setdefault(id(holder), (entries, []))[1].append(name)
+                elif depth < _NESTED_DEPTH and _is_plain_object(value):
+                    visit(value, depth + 1, frozenset())
+
+        for submodule in module.modules():
+            visit(submodule, 0, _MODULE_INTERNALS)
+        self._readers = tuple((entries, names, operator.itemgetter(*names)) for entries, names in places.values())
+        self._modules = tuple(module.modules())
+        self._last: tuple[Any, StateKey] = (_MISSING, StateKey(()))
+
+    def covers(self, module: nn.Module) -> bool:
+        """Whether the guard was made for ``module``'s current tree of submodules."""
+        modules = tuple(module.modules())
+        return len(modules) == len(self._modules) and all(a is b for a, b in zip(modules, self._modules))
+
+    def key(self) -> StateKey:
+        """The values of the plain attributes, in the order they were found."""
+        try:
+            values = tuple([read(entries) for entries, _, read in self._readers])
+        except KeyError:            # an attribute was deleted
+            values = None
+        last_values, last_key = self._last
+        if values is not None and values == last_values:
+            return last_key
+        key = StateKey(tuple(_plain(entries.get(name, _MISSING)) for entries, names, _ in self._readers
+                             for name in names))
+        if values is not None:
+            # a copy of the containers among the values, so that a change made in place shows
+            self._last = (copy.deepcopy(values), key)
+        return key

@@ -1,0 +1,226 @@
+"""ORTModule behaves as the module it wraps: names, attributes, methods, the forward's
+signature, docstring and repr, train/eval/to/requires_grad_, copies; and the module's plain
+Python state (numbers, flags, strings, config objects) is part of each export's key, so
+changing it never leaves a stale graph. Each check compares with the bare module."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def _exporter():
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (make test TORCH=1)")
+
+
+def _net():
+    import torch
+
+    class Config:
+        def __init__(self):
+            self.use_extra = False
+            self.mode = "sum"
+
+    class Net(torch.nn.Module):
+        """A net with settings its forward reads."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 4)
+            self.head = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 2))
+            self.register_buffer("offset", torch.zeros(2))
+            self.scale = 2.0
+            self.config = Config()
+
+        def forward(self, x, labels=None, *, temperature: float = 1.0):
+            """Logits, and a loss when labels are given."""
+            out = self.head(self.fc(x) * self.scale) + self.offset
+            if self.config.use_extra:
+                out = out + 1.0
+            if self.config.mode == "mean":
+                out = out - out.mean()
+            return out / temperature
+
+        def describe(self):
+            return f"scale {self.scale}"
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def _close(a, b):
+    import torch
+
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+
+
+def test_names_match_the_bare_module():
+    from ortagent.torch import ORTModule
+
+    net = _net()
+    model = ORTModule(net)
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in net.named_parameters()]
+    assert [n for n, _ in model.named_buffers()] == [n for n, _ in net.named_buffers()]
+    assert [n for n, _ in model.named_modules()] == [n for n, _ in net.named_modules()]
+    assert list(model.state_dict()) == list(net.state_dict())
+    assert all(a is b for a, b in zip(model.parameters(), net.parameters()))
+    # inside another module, the names are the wrapped module's under the attribute's name
+    import torch
+
+    outer = torch.nn.Module()
+    outer.body = ORTModule(_net())
+    names = [n for n, _ in outer.named_parameters()]
+    assert names == ["body." + n for n, _ in net.named_parameters()]
+    assert list(outer.state_dict()) == ["body." + n for n in net.state_dict()]
+    outer.load_state_dict({"body." + k: v for k, v in net.state_dict().items()})
+    _close(outer.body.fc.weight, net.fc.weight)
+
+
+def test_attributes_and_methods_reach_the_wrapped_module():
+    from ortagent.torch import ORTModule
+
+    net = _net()
+    model = ORTModule(net)
+    assert model.scale == 2.0 and model.config is net.config and model.fc is net.fc
+    assert model.describe() == net.describe()
+    model.scale = 3.0                       # a plain attribute of the module, written through
+    assert net.scale == 3.0 and "scale" not in vars(model)
+    model.new_setting = "x"
+    assert net.new_setting == "x"
+    del model.new_setting
+    assert not hasattr(net, "new_setting")
+    with pytest.raises(AttributeError):
+        model.no_such_attribute
+    assert "describe" in dir(model)
+
+
+def test_signature_docstring_and_repr_are_the_wrapped_modules():
+    from ortagent.torch import ORTModule
+
+    net = _net()
+    model = ORTModule(net)
+    assert inspect.signature(model.forward) == inspect.signature(net.forward)
+    assert list(inspect.signature(model.forward).parameters) == ["x", "labels", "temperature"]
+    assert model.forward.__doc__ == net.forward.__doc__
+    assert model.__doc__ == net.__doc__
+    assert repr(model) == repr(net)
+
+
+def test_train_eval_to_requires_grad_and_copies():
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    net = _net()
+    model = ORTModule(net)
+    x = torch.randn(5, 3)
+    model.eval()
+    assert not net.training and not net.fc.training and not model.training
+    model.train()
+    assert net.training and net.head[1].training
+    model.requires_grad_(False)
+    assert not any(p.requires_grad for p in net.parameters())
+    model.requires_grad_(True)
+    model.to(torch.float64)
+    assert net.fc.weight.dtype == torch.float64
+    model.to(torch.float32)
+    out = model(x)
+    _close(out, net(x))
+    twin = copy.deepcopy(model)             # an EMA copy, say: its own module, its own exports
+    assert twin.module is not net and twin.exported_graphs == 0
+    with torch.no_grad():
+        twin.fc.weight.add_(1.0)
+    _close(model(x), net(x))
+    _close(twin(x), twin.module(x))
+    calls = []
+    handle = model.register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    model(x)
+    handle.remove()
+    assert calls == [torch.Size([5, 2])]
+
+
+def test_changed_python_state_exports_again_never_a_stale_graph():
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    net = _net()
+    eager = copy.deepcopy(net)
+    model = ORTModule(net)
+    x = torch.randn(6, 3)
+
+    def check():
+        out = model(x, temperature=0.5)
+        out.square().sum().backward()
+        expected = eager(x, temperature=0.5)
+        expected.square().sum().backward()
+        _close(out.detach(), expected.detach())
+        for a, b in zip(net.parameters(), eager.parameters()):
+            _close(a.grad, b.grad)
+            a.grad = None
+            b.grad = None
+
+    check()
+    assert model.exported_graphs == 1
+    for change in (lambda m: setattr(m, "scale", 3.0),                  # a number
+                   lambda m: setattr(m.config, "use_extra", True),      # a flag in a config object
+                   lambda m: setattr(m.config, "mode", "mean")):        # a string
+        change(net)
+        change(eager)
+        check()
+    assert model.exported_graphs == 4
+    net.scale = 2.0                          # back to an earlier state: that export serves again
+    eager.scale = 2.0
+    check()
+    assert model.exported_graphs == 5       # (scale 2.0 with the later flags is a new state)
+    check()
+    assert model.exported_graphs == 5
+
+
+def test_autocast_is_refused_by_name():
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    model = ORTModule(_net())
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(OrtNotImplemented) as error:
+        model(torch.randn(2, 3))
+    assert "torch.autocast('cpu', dtype=torch.bfloat16)" in str(error.value) and "CPU provider" in str(error.value)
+    assert model.exported_graphs == 0
+    x = torch.randn(2, 3)
+    _close(model(x).detach(), model.module(x).detach())        # outside autocast it runs
+
+
+def test_lazy_modules_materialize_as_eager():
+    """Lazy* modules get their parameters from one eager call on the first batch (same weights
+    as eager from the same seed); buffers (running statistics) count one step, not two."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.LazyConv2d(4, 3), torch.nn.LazyBatchNorm2d(), torch.nn.ReLU(),
+                                   torch.nn.Flatten(), torch.nn.LazyLinear(2))
+
+    net, eager = make(), make()
+    model = ORTModule(net)
+    x = torch.randn(3, 2, 6, 6)
+    for step in range(2):
+        out = model(x)
+        out.square().sum().backward()
+        expected = eager(x)
+        expected.square().sum().backward()
+        _close(out.detach(), expected.detach())
+        for a, b in zip(net.parameters(), eager.parameters()):
+            assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-4 * max(b.grad.abs().max().item(), 1e-2))
+        for a, b in zip(net.buffers(), eager.buffers()):
+            assert torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
+    assert type(net[0]) is torch.nn.Conv2d and model.exported_graphs == 1
