@@ -14,6 +14,14 @@ table keyed by operator type. ortagent adds entries for operators of its own dom
   and differentiates grouped and depthwise convolutions with respect to their weight. Becomes
   ``Conv`` again.
 
+One of onnx-ad's rules is extended, not replaced: ``Slice``. onnx-ad computes the zero padding
+that undoes a slice from the data's static shape, and refuses a slice of data without one (or
+with computed starts). Where it refuses so, ortagent's rule computes the padding in the graph
+(``Shape`` of the data, the starts clamped as Slice clamps them, the slice's length from its
+gradient), so backward graphs keep symbolic batch and sequence dimensions, also inside the
+function bodies onnx-ad expands (``SoftmaxCrossEntropyLoss``); axes and steps must be
+constants and the steps 1, as in onnx-ad.
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
@@ -80,6 +88,63 @@ def _convolution_reverse(ctx, node, grads):
 _MS_DOMAIN = "com.microsoft"
 
 
+def _slice_reverse_or_symbolic(static_rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import UnsupportedOperator
+
+        try:
+            return static_rule(ctx, node, grads)
+        except UnsupportedOperator:
+            if len(node.input) < 3 or ctx.opset < 10:
+                raise
+            return _symbolic_slice_reverse(ctx, node, grads)
+
+    reverse.__wrapped__ = static_rule
+    return reverse
+
+
+def _symbolic_slice_reverse(ctx, node, grads):
+    """The gradient of a Slice with step 1 as a Pad of the output's gradient, the pads computed
+    at run time: before = the clamped start, after = extent - start - the slice's length."""
+    from onnx_ad._build import UnsupportedOperator
+
+    data = node.input[0]
+    rank = ctx.rank(data)
+    starts = node.input[1]
+    count = ctx.integers(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    if len(node.input) > 3 and node.input[3] and count is None:
+        raise UnsupportedOperator("Slice is differentiable only with a constant 'axes' operand")
+    steps = ctx.integers(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+    if len(node.input) > 4 and node.input[4] and steps is None:
+        raise UnsupportedOperator("Slice is differentiable only with a constant 'steps' operand")
+    if steps is not None and any(step != 1 for step in steps):
+        raise UnsupportedOperator("Slice with a step other than 1 is not differentiated in reverse mode")
+    if count is None:
+        width = ctx.shapes.shape(starts)
+        if width is None or len(width) != 1 or not isinstance(width[0], int):
+            raise UnsupportedOperator("Slice without axes is differentiable only with starts of a known length")
+        count = list(range(width[0]))
+    axes = [a % rank for a in count]
+    seeded = ctx.full(grads[0], node.output[0])
+    axes_value = ctx.b.ints(axes)
+    extents = ctx.b.op("Gather", [ctx.shape_of(data), axes_value], axis=0, stem="slice_extents")
+    lengths = ctx.b.op("Gather", [ctx.b.op("Shape", [seeded], stem="slice_grad_shape"), axes_value],
+                       axis=0, stem="slice_lengths")
+    begin = ctx.b.op("Cast", [starts], to=onnx.TensorProto.INT64, stem="slice_starts")
+    zero = ctx.b.ints([0])
+    begin = ctx.b.op("Where", [ctx.b.op("Less", [begin, zero]), ctx.b.op("Add", [begin, extents]), begin],
+                     stem="slice_from_end")
+    begin = ctx.b.op("Min", [ctx.b.op("Max", [begin, zero]), extents], stem="slice_begin")
+    after = ctx.b.op("Sub", [ctx.b.op("Sub", [extents, begin]), lengths], stem="slice_after")
+    # pads for rank + 1 axes (the trailing seed axis is not padded): befores, then afters
+    positions = ctx.b.ints(axes + [rank + 1 + a for a in axes])
+    pads = ctx.b.op("ScatterElements", [ctx.b.ints([0] * (2 * (rank + 1))), positions,
+                                        ctx.b.op("Concat", [begin, after], axis=0)],
+                    axis=0, stem="slice_pads")
+    padded = ctx.b.op("Pad", [seeded, pads], mode="constant", stem="slice_padded")
+    return [padded] + [None] * (len(node.input) - 1)
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -96,6 +161,7 @@ def _register() -> None:
             rules.REVERSE[op_type] = reverse
             if forward is not None:
                 rules.FORWARD[op_type] = forward
+        rules.REVERSE["Slice"] = _slice_reverse_or_symbolic(rules.REVERSE["Slice"])
         _registered = True
 
 
@@ -119,9 +185,9 @@ def prepare(model: ModelProto) -> None:
     convolutions = [node for node in model.graph.node
                     if node.op_type == "Conv" and node.domain in ("", "ai.onnx")] \
         if _default_opset(model) >= _CONV_GRAD_OPSET else []
+    _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     if not convolutions and not uses_private_ops(model):
         return
-    _register()
     known = _known_types(model)
     for node in convolutions:
         node.op_type = CONVOLUTION

@@ -238,6 +238,11 @@ def build_training_graph(
         raise OrtNotImplemented(f"cannot differentiate the forward model: {exc}") from exc
     except ValueError as exc:
         raise OrtInvalidArgument(f"cannot differentiate the forward model: {exc}") from exc
+    except (ArithmeticError, LookupError, TypeError, AttributeError) as exc:
+        # onnx-ad failing inside a rule on a case it does not foresee (a reduction over a
+        # 0-d tensor divides by its rank): not something the caller can fix
+        raise OrtNotImplemented(f"cannot differentiate the forward model: onnx-ad failed on it "
+                                f"({type(exc).__name__}: {exc})") from exc
 
     _ad_rules.finish(adjoint)
     if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)

@@ -321,3 +321,48 @@ def test_weight_gradient_is_written_by_its_matmul():
     g = rng.standard_normal((3, 5)).astype(d)
     (w_grad,) = tg.SplitRunner(split_training_graph(model)).run({"x": x, "W": w}, [g])[1]
     np.testing.assert_allclose(w_grad, x.T @ g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("starts, ends, axes, computed", [
+    ([1], [-1], [1], False),                 # trim both ends of a symbolic axis
+    ([-3, 0], [100, 2], [1, 0], False),      # a negative start, an end past the extent
+    ([0], [-1], [-1], False),                # a negative axis
+    ([1], [0], [1], True),                   # starts computed from the data's shape (len - 2)
+])
+def test_slice_of_symbolic_data_keeps_the_backward_symbolic(starts, ends, axes, computed):
+    """A Slice of data without a static shape (onnx-ad's own rule needs one): ortagent's rule
+    pads the gradient back with pads computed in the graph, so one training graph serves
+    every shape; the gradient is the output gradient in the sliced window, zeros elsewhere."""
+    d = np.float64
+    nodes = [helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array(axes, np.int64)))]
+    if computed:
+        # starts = shape(x)[1] - 2, ends = shape(x)[1]: the last two columns
+        nodes += [helper.make_node("Shape", ["x"], ["shape"]),
+                  helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.array([1], np.int64))),
+                  helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array([2], np.int64))),
+                  helper.make_node("Gather", ["shape", "one"], ["width"], axis=0),
+                  helper.make_node("Sub", ["width", "two"], ["starts"]),
+                  helper.make_node("Identity", ["width"], ["ends"])]
+    else:
+        nodes += [helper.make_node("Constant", [], ["starts"], value=numpy_helper.from_array(np.array(starts, np.int64))),
+                  helper.make_node("Constant", [], ["ends"], value=numpy_helper.from_array(np.array(ends, np.int64)))]
+    nodes.append(helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"]))
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["batch", "length"])], [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], [],
+                            ms_domain=False)
+    runner = tg.SplitRunner(split_training_graph(build_training_graph(forward, [], input_gradients=["x"])))
+    rng = np.random.default_rng(0)
+    for shape in [(3, 7), (5, 4), (2, 9)]:
+        x = rng.standard_normal(shape)
+        if computed:
+            window = (slice(None), slice(shape[1] - 2, shape[1]))
+        else:
+            window = [slice(None)] * 2
+            for start, end, axis in zip(starts, ends, axes):
+                window[axis % 2] = slice(start, end)
+            window = tuple(window)
+        g = rng.standard_normal(x[window].shape)
+        (y,), (dx,) = runner.run({"x": x}, [g])
+        np.testing.assert_array_equal(y, x[window])
+        expected = np.zeros_like(x)
+        expected[window] = g
+        np.testing.assert_array_equal(dx, expected)
