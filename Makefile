@@ -17,9 +17,10 @@ ORT_PACKAGE ?= onnxruntime-gpu==1.31.1
 TORCH ?= 0
 # torch with the packages the torch tests use, pinned: torchvision (its wheels build against one
 # torch release), the dynamo exporter's onnxscript, torch's test databases' expecttest, and the
-# model families of tests/test_torch_models.py (built from configs: nothing is downloaded)
+# model families of tests/test_torch_models.py (built from configs: nothing is downloaded), and
+# what transformers' Trainer needs in tests/test_torch_trainer.py (accelerate, datasets)
 TORCH_PACKAGES ?= torch==2.14.1 torchvision==0.29.1 onnxscript==0.7.2 expecttest==0.3.0 transformers==5.18.0 \
-	timm==1.0.31
+	timm==1.0.31 accelerate==1.16.0 datasets==5.2.0
 TORCH_READY = $(VENV)/.torch-$(shell echo '$(TORCH_PACKAGES)' | cksum | cut -d' ' -f1)
 REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
