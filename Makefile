@@ -33,7 +33,7 @@ all: test
 $(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=77" "Cython>=3.0" "numpy>=2.0"
+	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=77" "Cython>=3.1" "numpy>=2.0"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]" "$(ORT_PACKAGE)"
 	touch $@
 

@@ -7,11 +7,23 @@ Set ORTAGENT_CFLAGS to add compiler flags (e.g. -fsanitize=address for `make asa
 
 import glob
 import os
+import re
 import shlex
 
+import Cython
 import numpy
 from Cython.Build import cythonize
 from Cython.Compiler import Options
+
+# The oldest Cython that builds ortagent: 3.1 brought `cython.critical_section` (the per-object
+# locks of the free-threaded build) and the `freethreading_compatible` directive; 3.0 rejects
+# both. Keep in step with pyproject.toml's build requirement.
+MIN_CYTHON = (3, 1)
+_found = tuple(int(part) for part in re.findall(r"\d+", Cython.__version__)[:2])
+if _found < MIN_CYTHON:
+    raise SystemExit(f"ortagent needs Cython >= {'.'.join(map(str, MIN_CYTHON))} to build "
+                     f"(cython.critical_section, the freethreading_compatible directive); "
+                     f"found Cython {Cython.__version__}: pip install 'Cython>=3.1'")
 
 # Cython warnings are errors: an unused, possibly uninitialised or unreachable name in a .pyx
 # stops the build (see the warn.* directives below).
