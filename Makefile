@@ -8,7 +8,8 @@
 #   make test-torch-ops  the whole differential sweep of ORTModule over torch's op_db and
 #                module_db (tests/torch_sweep.py; make test runs a fixed sample of it)
 # Variables: PYTHON (interpreter for the venvs), ORT_PACKAGE (the onnxruntime wheel to test
-# against), TORCH=1 (also install torch and the packages of the torch tests), PYTEST_ARGS.
+# against), TORCH=1 (also install torch and the packages of the torch tests), PYTEST_ARGS,
+# BUILD_JOBS (modules translated and compiled at a time; default: the CPUs, see setup.py).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -25,6 +26,8 @@ TORCH_READY = $(VENV)/.torch-$(shell echo '$(TORCH_PACKAGES)' | cksum | cut -d' 
 REF_VENV ?= .venv-refagent
 REF_PACKAGES ?= onnxruntime-training-cpu==1.19.2 numpy<2
 PYTEST_ARGS ?=
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+export ORTAGENT_BUILD_JOBS := $(BUILD_JOBS)
 
 .PHONY: all test build venv refagent demo demo-torch bench bench-quick ft-build test-ft bench-ft fuzz asan dist-check clean \
 	test-torch-ops
@@ -34,7 +37,7 @@ all: test
 $(VENV)/.ready: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=77" "Cython>=3.0" "numpy>=2.0"
+	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=77" "Cython>=3.1" "numpy>=2.0"
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -e ".[test]" "$(ORT_PACKAGE)"
 	touch $@
 

@@ -3,20 +3,76 @@
 The extensions link no onnxruntime library: the runtime is dlopen-ed at first use (see
 ortagent/_runtime.pyx) and every call goes through the OrtApi table declared in include/.
 Set ORTAGENT_CFLAGS to add compiler flags (e.g. -fsanitize=address for `make asan`).
+
+The modules are translated and compiled in parallel, as many at a time as this process may use
+CPUs; ORTAGENT_BUILD_JOBS sets the number (1: one at a time), as does build_ext's -j/--parallel
+for the C compilation.
 """
 
 import glob
+import multiprocessing
 import os
+import re
 import shlex
 
+import Cython
 import numpy
 from Cython.Build import cythonize
 from Cython.Compiler import Options
+
+# The oldest Cython that builds ortagent: 3.1 brought `cython.critical_section` (the per-object
+# locks of the free-threaded build) and the `freethreading_compatible` directive; 3.0 rejects
+# both. Keep in step with pyproject.toml's build requirement.
+MIN_CYTHON = (3, 1)
+_found = tuple(int(part) for part in re.findall(r"\d+", Cython.__version__)[:2])
+if _found < MIN_CYTHON:
+    raise SystemExit(f"ortagent needs Cython >= {'.'.join(map(str, MIN_CYTHON))} to build "
+                     f"(cython.critical_section, the freethreading_compatible directive); "
+                     f"found Cython {Cython.__version__}: pip install 'Cython>=3.1'")
 
 # Cython warnings are errors: an unused, possibly uninitialised or unreachable name in a .pyx
 # stops the build (see the warn.* directives below).
 Options.warning_errors = True
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def _build_jobs() -> int:
+    """How many modules to translate and compile at a time: ORTAGENT_BUILD_JOBS, else the CPUs."""
+    wanted = os.environ.get("ORTAGENT_BUILD_JOBS", "").strip()
+    if wanted:
+        if not wanted.isdigit() or int(wanted) < 1:
+            raise SystemExit(f"ORTAGENT_BUILD_JOBS must be a positive integer, not {wanted!r}")
+        return int(wanted)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+BUILD_JOBS = _build_jobs()
+
+
+def _cythonize_processes() -> int:
+    """Worker processes for cythonize (0: translate in this process).
+
+    Options.warning_errors above is a global of this process: only a forked worker inherits it
+    (a spawned or forkserver one would start with warnings as warnings), so the workers fork.
+    """
+    if BUILD_JOBS < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return 0
+    multiprocessing.set_start_method("fork", force=True)
+    return BUILD_JOBS
+
+
+class ParallelBuildExt(build_ext):
+    """build_ext compiling the extensions BUILD_JOBS at a time unless -j/--parallel says otherwise."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = BUILD_JOBS
+
 
 MODULES = ["_runtime", "_dtypes", "_memory", "_tensors", "_values", "_containers", "_sparse", "_options",
            "_providers", "_allocators", "_cpu_pool", "_metadata", "_epdevices", "_compile", "_run_core", "_session", "_iobinding", "_device", "_dlpack", "_agent_run", "_agent"]
@@ -57,8 +113,10 @@ extensions = [
 ]
 
 setup(
+    cmdclass={"build_ext": ParallelBuildExt},
     ext_modules=cythonize(
         extensions,
+        nthreads=_cythonize_processes(),
         compiler_directives={
             "language_level": "3",
             "embedsignature": True,

@@ -160,7 +160,6 @@ cdef extern from "ortagent/ort_call.h" nogil:
     ctypedef struct ortagent_runtime:
         const ortagent_any_fn* api
         uint32_t api_version
-        uint32_t runtime_minor
         const char* version_string
         OrtEnv* env
 

@@ -21,7 +21,6 @@ cdef extern from "ortagent/cpu_pool.h" nogil:
     int ortagent_pool_init(ortagent_cpu_pool* pool, const ort.OrtMemoryInfo* info)
     void ortagent_pool_counts(ortagent_cpu_pool* pool, size_t* live, size_t* reused, size_t* fresh,
                               size_t* kept)
-    void ortagent_pool_hold_lock(ortagent_cpu_pool* pool, int hold)
 
 
 cdef ortagent_cpu_pool _pool
@@ -67,10 +66,3 @@ def _pooled_tensor(Py_ssize_t nbytes):
     check(ort.CreateTensorAsOrtValue(pooled_cpu_allocator(), dims, 1, ort.ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
                                      &handle))
     return wrap_value(handle, None, None)
-
-
-def _hold_pool_lock(bint hold):
-    """Hold (True) or release (False) the pool's lock, as a thread inside Alloc or Free does
-    (for the test that forks meanwhile)."""
-    pooled_cpu_allocator()
-    ortagent_pool_hold_lock(&_pool, hold)

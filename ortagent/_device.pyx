@@ -20,10 +20,9 @@ from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors
 from ortagent._session cimport InferenceSession
 from ortagent._memory import as_device
 from ortagent._options import helper_options
-from ortagent._values import _copy_tensors_with_ort
 from ortagent._dtypes import _element_type_from, numpy_dtype_for_element_type
 from ortagent._providers import strict_providers
-from ortagent.errors import OrtError, OrtInvalidArgument, OrtNotImplemented, OrtEPFail
+from ortagent.errors import OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, OrtEPFail
 
 ort.ortagent_rt = shared_runtime()
 cdef Py_ssize_t* _live = live_handle_counts()
@@ -182,4 +181,8 @@ def copy_tensors(src, dst, stream=None):
     place (same shapes and types, any devices; OrtApi::CopyTensors, onnxruntime >= 1.23)."""
     if stream is not None:
         raise OrtNotImplemented("ortagent does not expose onnxruntime's sync streams: pass stream=None")
-    _copy_tensors_with_ort(src, dst)
+    sources, destinations = list(src), list(dst)
+    for item in sources + destinations:
+        if not isinstance(item, OrtValue):
+            raise OrtInvalidType(f"copy_tensors copies OrtValues, got {type(item).__name__}")
+    copy_value_tensors(sources, destinations)

@@ -316,7 +316,6 @@ cdef class OrtSyncStream:
 def _append_for_devices(SessionOptions options, ep_devices, provider_options):
     """SessionOptions.add_provider_for_devices: the provider of `ep_devices` (all one
     provider's) with `provider_options` (OrtApi::SessionOptionsAppendExecutionProvider_V2)."""
-    options.require_handle()
     if isinstance(ep_devices, (str, bytes)) or not hasattr(ep_devices, "__iter__"):
         raise OrtInvalidType(f"ep_devices must be a list of OrtEpDevice, got {type(ep_devices).__name__}")
     devices = list(ep_devices)
@@ -356,7 +355,6 @@ def _append_for_devices(SessionOptions options, ep_devices, provider_options):
 
 def _set_selection_policy(SessionOptions options, policy):
     """SessionOptions.set_provider_selection_policy (OrtApi::SessionOptionsSetEpSelectionPolicy)."""
-    options.require_handle()
     if isinstance(policy, bool) or not hasattr(type(policy), "__index__"):
         raise OrtInvalidType(f"policy must be an OrtExecutionProviderDevicePolicy, got {type(policy).__name__}")
     value = policy.__index__()

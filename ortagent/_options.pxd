@@ -30,7 +30,6 @@ cdef class SessionOptions(_LogSettings):
     cdef bint _use_deterministic_compute
     cdef bint _has_providers         # devices or a selection policy were given (see _epdevices)
     cdef list _device_providers      # names of the providers added for devices, in order
-    cdef int require_handle(self) except -1
     cdef SessionOptions copy(self)
 
 

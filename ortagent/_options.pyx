@@ -18,7 +18,7 @@ from ortagent._runtime cimport (
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
 from ortagent._values cimport OrtValue
 from ortagent.errors import (
-    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, ObjectClosedError, OrtNotFound, OrtNoSuchFile, OrtFail,
+    OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, OrtNotFound, OrtNoSuchFile, OrtFail,
 )
 
 ort.ortagent_rt = shared_runtime()
@@ -178,14 +178,8 @@ cdef class SessionOptions(_LogSettings):
             self.handle = NULL
             count_add(&_live[<int>HANDLE_SESSION_OPTIONS], -1)
 
-    cdef int require_handle(self) except -1:
-        if self.handle == NULL:
-            raise ObjectClosedError("these SessionOptions have been released")
-        return 0
-
     cdef SessionOptions copy(self):
         """New options with the same settings (the C options cloned, the mirrors copied)."""
-        self.require_handle()
         cdef SessionOptions other = SessionOptions.__new__(SessionOptions)
         ort.ReleaseSessionOptions(other.handle)
         other.handle = NULL

@@ -109,7 +109,6 @@ cdef int _open_library(str path, list failures) except -1:
         return 0
     _runtime.api = <const ort.ortagent_any_fn*>table
     _runtime.api_version = wanted
-    _runtime.runtime_minor = <uint32_t>minor
     _runtime.version_string = version_text
     _library_handle = handle
     _library_path = path

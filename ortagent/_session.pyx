@@ -183,7 +183,6 @@ cdef class InferenceSession:
         elif not isinstance(sess_options, SessionOptions):
             raise OrtInvalidType(f"sess_options must be ortagent.SessionOptions, got "
                                  f"{type(sess_options).__name__}")
-        (<SessionOptions>sess_options).require_handle()
         per_session_threads_refused(sess_options)
         if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
             self._model_bytes = bytes(path_or_bytes)

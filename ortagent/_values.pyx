@@ -861,16 +861,6 @@ cdef int copy_tensors(list sources, list destinations) except -1:
     return 0
 
 
-def _copy_tensors_with_ort(sources, destinations):
-    """OrtApi::CopyTensors on lists of OrtValues (needs onnxruntime >= 1.23 and a data transfer
-    registered for the devices involved)."""
-    sources, destinations = list(sources), list(destinations)
-    for item in sources + destinations:
-        if not isinstance(item, OrtValue):
-            raise OrtInvalidType(f"copy_tensors copies OrtValues, got {type(item).__name__}")
-    copy_tensors(sources, destinations)
-
-
 # ---- device values (CUDA): through ortagent._device ---------------------------------------------
 
 _device_cache = []

@@ -74,8 +74,10 @@ Feeding the halves (what an agent does)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -264,7 +266,7 @@ def split_training_graph(model: ModelProto | bytes | str | os.PathLike) -> Train
     ONNX file. Raises :class:`~ortagent.errors.TrainingGraphError` for a graph that is not in the
     layout described in this module's docstring.
     """
-    return _Splitter(load_model(model)).split()
+    return _split(load_model(model))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -367,403 +369,573 @@ def _infer(model: ModelProto, side: str) -> ModelProto:
         raise TrainingGraphError(f"ONNX shape inference failed on the {side} part of the training graph: {exc}") from exc
 
 
-class _Splitter:
-    def __init__(self, model: ModelProto) -> None:
-        self.model = model
-        self.graph = model.graph
+# -- the split as passes ----------------------------------------------------------------------
+#
+# split_training_graph runs five passes, each a function from the records of the passes before
+# it to a new frozen record; no pass changes an earlier record:
+#
+#   _index_graph     model -> _GraphIndex    validate names, locate the YieldOp, map producers
+#   _read_yield      index -> _YieldInfo     the YieldOp's inputs, outputs and attributes
+#   _compute_cut     ... -> _Cut             which nodes, inputs and constants each half needs
+#   _build_forward   ... -> _Forward         the forward model and the types crossing the cut
+#   _build_backward  ... -> _Backward        the backward model and its output types
 
-    # -- validation and indexing -------------------------------------------------------------
 
-    def _index(self) -> None:
-        graph = self.graph
-        self.inputs: list[ValueInfoProto] = list(graph.input)
-        self.input_names = [value.name for value in self.inputs]
-        seen: set[str] = set()
-        for name in self.input_names:
-            if not name:
-                raise TrainingGraphError("the training graph has a graph input with an empty name")
-            if name in seen:
-                raise TrainingGraphError(f"graph input '{name}' is listed more than once")
-            seen.add(name)
-        self.input_set = set(self.input_names)
-        self.initializers = {init.name: init for init in graph.initializer}
-        self.sparse_initializers = {sparse.values.name: sparse for sparse in graph.sparse_initializer}
-        self.constants = set(self.initializers) | set(self.sparse_initializers)
-        self.nodes: list[NodeProto] = list(graph.node)
-        self.output_names = [value.name for value in graph.output]
-        if not self.output_names:
+@dataclass(frozen=True)
+class _GraphIndex:
+    """The training graph's names and nodes, validated (first pass)."""
+
+    model: ModelProto
+    graph: GraphProto
+    inputs: tuple[ValueInfoProto, ...]
+    input_names: tuple[str, ...]
+    input_set: frozenset[str]
+    #: names of the initializers and sparse initializers
+    constants: frozenset[str]
+    nodes: tuple[NodeProto, ...]
+    output_names: tuple[str, ...]
+    #: position in `nodes` of the one YieldOp
+    yield_index: int
+    #: value name -> position in `nodes` of the node producing it
+    producer: Mapping[str, int]
+    #: value name -> the type the graph declares for it (value_info, initializers, Constant nodes)
+    declared: Mapping[str, TypeProto]
+
+
+@dataclass(frozen=True)
+class _YieldInfo:
+    """What the YieldOp says about the module outputs and their gradients (second pass)."""
+
+    module_outputs: tuple[str, ...]
+    gradients: tuple[str, ...]
+    non_differentiable: tuple[int, ...]
+    full_shape: tuple[int, ...]
+    #: for each gradient, the index of its module output
+    gradient_output_indices: tuple[int, ...]
+    gradient_set: frozenset[str]
+
+
+class _Closure(NamedTuple):
+    """What a set of values needs, walking back from them: node positions, graph inputs, constants."""
+
+    nodes: frozenset[int]
+    inputs: frozenset[str]
+    constants: frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """The nodes, inputs and constants of each half, and the stash between them (third pass)."""
+
+    #: in topological order
+    forward_nodes: tuple[NodeProto, ...]
+    #: in graph-input order
+    forward_inputs: tuple[str, ...]
+    forward_constants: frozenset[str]
+    backward_nodes: tuple[NodeProto, ...]
+    backward_inputs: tuple[str, ...]
+    backward_constants: frozenset[str]
+    #: in the order the forward computes it
+    stash: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """The forward model with typed outputs (fourth pass)."""
+
+    model: ModelProto
+    #: module output or stash name -> its type (declared, completed by inference)
+    output_types: Mapping[str, TypeProto | None]
+    module_types: tuple[TensorInfo, ...]
+    stash_types: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True)
+class _Backward:
+    """The backward model with typed inputs and outputs (fifth pass)."""
+
+    model: ModelProto
+    gradient_types: tuple[TensorInfo, ...]
+    output_types: tuple[TensorInfo | None, ...]
+
+
+def _split(model: ModelProto) -> TrainingGraphSplit:
+    index = _index_graph(model)
+    yield_info = _read_yield(index)
+    cut = _compute_cut(index, yield_info)
+    forward = _build_forward(index, yield_info, cut)
+    backward = _build_backward(index, yield_info, cut, forward)
+    return _assemble(index, yield_info, cut, forward, backward)
+
+
+# -- pass 1: index the graph ------------------------------------------------------------------
+
+
+def _index_graph(model: ModelProto) -> _GraphIndex:
+    graph = model.graph
+    inputs = tuple(graph.input)
+    input_names = tuple(value.name for value in inputs)
+    _check_input_names(input_names)
+    input_set = frozenset(input_names)
+    constants = frozenset(init.name for init in graph.initializer) | frozenset(
+        sparse.values.name for sparse in graph.sparse_initializer
+    )
+    nodes = tuple(graph.node)
+    output_names = tuple(value.name for value in graph.output)
+    _check_output_names(output_names)
+    yield_index = _find_yield(nodes)
+    producer = _producers(nodes, input_set, constants)
+    return _GraphIndex(
+        model=model,
+        graph=graph,
+        inputs=inputs,
+        input_names=input_names,
+        input_set=input_set,
+        constants=constants,
+        nodes=nodes,
+        output_names=output_names,
+        yield_index=yield_index,
+        producer=MappingProxyType(producer),
+        declared=MappingProxyType(_declared_types(graph, nodes)),
+    )
+
+
+def _check_input_names(input_names: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for name in input_names:
+        if not name:
+            raise TrainingGraphError("the training graph has a graph input with an empty name")
+        if name in seen:
+            raise TrainingGraphError(f"graph input '{name}' is listed more than once")
+        seen.add(name)
+
+
+def _check_output_names(output_names: Sequence[str]) -> None:
+    if not output_names:
+        raise TrainingGraphError(
+            "the training graph has no outputs: its backward would compute nothing "
+            "(a training graph lists the gradients it computes as graph outputs)"
+        )
+    for name in output_names:
+        if not name:
+            raise TrainingGraphError("the training graph has a graph output with an empty name")
+
+
+def _find_yield(nodes: Sequence[NodeProto]) -> int:
+    """The position of the one YieldOp of the main graph; rejects any other YieldOp."""
+    yields: list[int] = []
+    for index, node in enumerate(nodes):
+        if node.op_type != YIELD_OP_TYPE:
+            continue
+        if node.domain != YIELD_OP_DOMAIN:
+            domain = node.domain or "ai.onnx (the default domain)"
             raise TrainingGraphError(
-                "the training graph has no outputs: its backward would compute nothing "
-                "(a training graph lists the gradients it computes as graph outputs)"
+                f"{describe_node(node)} is in domain '{domain}'; the YieldOp of a training "
+                f"graph must be in domain '{YIELD_OP_DOMAIN}'"
             )
-        for name in self.output_names:
-            if not name:
-                raise TrainingGraphError("the training graph has a graph output with an empty name")
+        yields.append(index)
+    _check_no_yield_in_subgraphs(nodes)
+    if not yields:
+        raise TrainingGraphError(
+            f"the training graph has no {YIELD_OP_DOMAIN}:{YIELD_OP_TYPE} node, so there is no "
+            "point where forward ends and backward begins; an inference graph cannot be used "
+            "with TrainingAgent (onnxruntime-training 1.19.2 accepted such a graph, ran all "
+            "of it as the forward and failed only in run_backward)"
+        )
+    if len(yields) > 1:
+        listed = ", ".join(describe_node(nodes[i]) for i in yields)
+        raise TrainingGraphError(
+            f"the training graph has {len(yields)} YieldOp nodes ({listed}); exactly one is supported"
+        )
+    return yields[0]
 
-        # Find the YieldOp and reject any YieldOp elsewhere.
-        yields: list[int] = []
-        for index, node in enumerate(self.nodes):
-            if node.op_type != YIELD_OP_TYPE:
+
+def _check_no_yield_in_subgraphs(nodes: Sequence[NodeProto]) -> None:
+    for node in nodes:
+        for sub in node_subgraphs(node):
+            for inner_graph in walk_graphs(sub):
+                for inner in inner_graph.node:
+                    if inner.op_type == YIELD_OP_TYPE:
+                        raise TrainingGraphError(
+                            f"{describe_node(inner)} is inside a subgraph of {describe_node(node)}; "
+                            "the YieldOp must be a node of the main graph"
+                        )
+
+
+def _producers(nodes: Sequence[NodeProto], input_set: frozenset[str], constants: frozenset[str]) -> dict[str, int]:
+    """Value name -> producing node position; checks single assignment (one definition per value)."""
+    producer: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        for name in node.output:
+            if not name:
                 continue
-            if node.domain != YIELD_OP_DOMAIN:
-                domain = node.domain or "ai.onnx (the default domain)"
+            if name in input_set:
+                raise TrainingGraphError(f"value '{name}' is a graph input and also produced by {describe_node(node)}")
+            if name in constants:
+                raise TrainingGraphError(f"value '{name}' is an initializer and also produced by {describe_node(node)}")
+            if name in producer:
+                other = nodes[producer[name]]
                 raise TrainingGraphError(
-                    f"{describe_node(node)} is in domain '{domain}'; the YieldOp of a training "
-                    f"graph must be in domain '{YIELD_OP_DOMAIN}'"
+                    f"value '{name}' is produced twice, by {describe_node(other)} and by {describe_node(node)}"
                 )
-            yields.append(index)
-        for node in self.nodes:
-            for sub in node_subgraphs(node):
-                for inner_graph in walk_graphs(sub):
-                    for inner in inner_graph.node:
-                        if inner.op_type == YIELD_OP_TYPE:
-                            raise TrainingGraphError(
-                                f"{describe_node(inner)} is inside a subgraph of {describe_node(node)}; "
-                                "the YieldOp must be a node of the main graph"
-                            )
-        if not yields:
+            producer[name] = index
+    return producer
+
+
+def _declared_types(graph: GraphProto, nodes: Sequence[NodeProto]) -> dict[str, TypeProto]:
+    types = _types_of(graph)
+    for init in graph.initializer:
+        types.setdefault(init.name, _tensor_type_proto(init.data_type, init.dims))
+    for sparse in graph.sparse_initializer:
+        types.setdefault(sparse.values.name, _tensor_type_proto(sparse.values.data_type, sparse.dims))
+    for node in nodes:
+        if _is_constant_node(node) and node.output:
+            constant_type = _constant_node_type(node)
+            if constant_type is not None:
+                types.setdefault(node.output[0], constant_type)
+    return types
+
+
+# -- pass 2: the YieldOp ----------------------------------------------------------------------
+
+
+def _read_yield(index: _GraphIndex) -> _YieldInfo:
+    node = index.nodes[index.yield_index]
+    where = describe_node(node)
+    module_outputs = tuple(node.input)
+    gradients = tuple(node.output)
+    _check_yield_names(where, module_outputs, gradients)
+    count = len(module_outputs)
+    full_shape = _ints_attribute(node, "full_shape_outputs")
+    if full_shape is None:
+        raise TrainingGraphError(
+            f"{where} lacks the required attribute 'full_shape_outputs' (a list of module "
+            "output indices whose gradient must have the output's full shape; it may be empty)"
+        )
+    non_diff = _ints_attribute(node, "non_differentiable_outputs") or ()
+    _check_output_indices(where, "non_differentiable_outputs", non_diff, count)
+    _check_output_indices(where, "full_shape_outputs", full_shape, count)
+    if count != len(gradients) + len(non_diff):
+        raise TrainingGraphError(
+            f"{where} has {count} input(s) (module outputs), {len(non_diff)} of them "
+            f"non-differentiable, so it needs {count - len(non_diff)} output(s) (gradients), "
+            f"but it has {len(gradients)}"
+        )
+    non_diff_set = set(non_diff)
+    return _YieldInfo(
+        module_outputs=module_outputs,
+        gradients=gradients,
+        non_differentiable=non_diff,
+        full_shape=full_shape,
+        gradient_output_indices=tuple(i for i in range(count) if i not in non_diff_set),
+        gradient_set=frozenset(gradients),
+    )
+
+
+def _check_yield_names(where: str, module_outputs: Sequence[str], gradients: Sequence[str]) -> None:
+    if not module_outputs:
+        raise TrainingGraphError(f"{where} has no inputs: the module has no outputs to return")
+    for position, name in enumerate(module_outputs):
+        if not name:
+            raise TrainingGraphError(f"{where}: input {position} (a module output) has an empty name")
+    for position, name in enumerate(gradients):
+        if not name:
+            raise TrainingGraphError(f"{where}: output {position} (a gradient) has an empty name")
+
+
+def _check_output_indices(where: str, attr_name: str, indices: Sequence[int], count: int) -> None:
+    """Every index of a YieldOp attribute names a module output, once."""
+    seen: set[int] = set()
+    for index in indices:
+        if index < 0:
             raise TrainingGraphError(
-                f"the training graph has no {YIELD_OP_DOMAIN}:{YIELD_OP_TYPE} node, so there is no "
-                "point where forward ends and backward begins; an inference graph cannot be used "
-                "with TrainingAgent (onnxruntime-training 1.19.2 accepted such a graph, ran all "
-                "of it as the forward and failed only in run_backward)"
+                f"{where}: attribute '{attr_name}' has the negative index {index}; "
+                "indices count module outputs (YieldOp inputs) from 0"
             )
-        if len(yields) > 1:
-            listed = ", ".join(describe_node(self.nodes[i]) for i in yields)
+        if index >= count:
             raise TrainingGraphError(
-                f"the training graph has {len(yields)} YieldOp nodes ({listed}); "
-                "exactly one is supported"
+                f"{where}: attribute '{attr_name}' has index {index}, out of range: "
+                f"the YieldOp has {count} input(s) (module outputs)"
             )
-        self.yield_index = yields[0]
-        self.yield_node = self.nodes[self.yield_index]
+        if index in seen:
+            raise TrainingGraphError(f"{where}: attribute '{attr_name}' lists index {index} more than once")
+        seen.add(index)
 
-        # Single assignment: every value has one definition.
-        self.producer: dict[str, int] = {}
-        for index, node in enumerate(self.nodes):
-            for name in node.output:
-                if not name:
-                    continue
-                if name in self.input_set:
-                    raise TrainingGraphError(f"value '{name}' is a graph input and also produced by {describe_node(node)}")
-                if name in self.constants:
-                    raise TrainingGraphError(f"value '{name}' is an initializer and also produced by {describe_node(node)}")
-                if name in self.producer:
-                    other = self.nodes[self.producer[name]]
-                    raise TrainingGraphError(
-                        f"value '{name}' is produced twice, by {describe_node(other)} and by {describe_node(node)}"
-                    )
-                self.producer[name] = index
 
-    def _read_yield(self) -> None:
-        node = self.yield_node
-        where = describe_node(node)
-        self.module_outputs = list(node.input)
-        self.gradients = list(node.output)
-        if not self.module_outputs:
-            raise TrainingGraphError(f"{where} has no inputs: the module has no outputs to return")
-        for position, name in enumerate(self.module_outputs):
-            if not name:
-                raise TrainingGraphError(f"{where}: input {position} (a module output) has an empty name")
-        for position, name in enumerate(self.gradients):
-            if not name:
-                raise TrainingGraphError(f"{where}: output {position} (a gradient) has an empty name")
-        count = len(self.module_outputs)
+# -- pass 3: the cut --------------------------------------------------------------------------
 
-        full_shape = _ints_attribute(node, "full_shape_outputs")
-        if full_shape is None:
-            raise TrainingGraphError(
-                f"{where} lacks the required attribute 'full_shape_outputs' (a list of module "
-                "output indices whose gradient must have the output's full shape; it may be empty)"
-            )
-        non_diff = _ints_attribute(node, "non_differentiable_outputs") or ()
-        for attr_name, indices in (("non_differentiable_outputs", non_diff), ("full_shape_outputs", full_shape)):
-            seen: set[int] = set()
-            for index in indices:
-                if index < 0:
-                    raise TrainingGraphError(
-                        f"{where}: attribute '{attr_name}' has the negative index {index}; "
-                        "indices count module outputs (YieldOp inputs) from 0"
-                    )
-                if index >= count:
-                    raise TrainingGraphError(
-                        f"{where}: attribute '{attr_name}' has index {index}, out of range: "
-                        f"the YieldOp has {count} input(s) (module outputs)"
-                    )
-                if index in seen:
-                    raise TrainingGraphError(f"{where}: attribute '{attr_name}' lists index {index} more than once")
-                seen.add(index)
-        if count != len(self.gradients) + len(non_diff):
-            raise TrainingGraphError(
-                f"{where} has {count} input(s) (module outputs), {len(non_diff)} of them "
-                f"non-differentiable, so it needs {count - len(non_diff)} output(s) (gradients), "
-                f"but it has {len(self.gradients)}"
-            )
-        self.non_differentiable = tuple(non_diff)
-        self.full_shape = tuple(full_shape)
-        non_diff_set = set(non_diff)
-        self.gradient_output_indices = tuple(i for i in range(count) if i not in non_diff_set)
-        self.gradient_set = set(self.gradients)
 
-    # -- the two closures --------------------------------------------------------------------
+def _compute_cut(index: _GraphIndex, yield_info: _YieldInfo) -> _Cut:
+    forward = _closure(index, yield_info, yield_info.module_outputs, True, lambda position, name: True)
+    backward, moved, stash_set = _backward_closure(index, yield_info, forward.nodes)
+    forward_nodes = _ordered(index, forward.nodes | moved, "forward")
+    backward_nodes = _ordered(index, backward.nodes, "backward")
+    stash: list[str] = []
+    for node in forward_nodes:
+        for name in node.output:
+            if name in stash_set and name not in stash:
+                stash.append(name)
+    return _Cut(
+        forward_nodes=forward_nodes,
+        forward_inputs=tuple(name for name in index.input_names if name in forward.inputs),
+        forward_constants=forward.constants,
+        backward_nodes=backward_nodes,
+        backward_inputs=tuple(name for name in index.input_names if name in backward.inputs),
+        backward_constants=backward.constants,
+        stash=tuple(stash),
+    )
 
-    def _closure(self, roots: Sequence[str], forward: bool,
-                 descend: Callable[[int, str], bool]) -> tuple[set[int], set[str], set[str]]:
-        """(nodes, graph inputs, constants) that `roots` need, walking back from them.
 
-        A YieldOp output ends the walk: an error on the forward side (a cycle through the
-        YieldOp), a leaf on the backward side. `descend(index, name)` decides whether the node
-        producing `name` joins the closure (its inputs are then walked too)."""
-        nodes: set[int] = set()
-        inputs: set[str] = set()
-        constants: set[str] = set()
-        visited: set[str] = set()
-        stack = [(name, name) for name in reversed(roots)]
-        while stack:
-            name, origin = stack.pop()
-            if name in visited:
-                continue
-            visited.add(name)
-            if name in self.gradient_set:
-                if not forward:
-                    continue
-                raise TrainingGraphError(
-                    f"module output '{origin}' (a YieldOp input) depends on the YieldOp output "
-                    f"'{name}': a cycle through the YieldOp, the forward part could only run "
-                    "after the gradients it produces are known"
-                )
-            if name in self.input_set:
-                inputs.add(name)
-                if name in self.constants:
-                    constants.add(name)
-            elif name in self.constants:
-                constants.add(name)
-            elif name in self.producer:
-                index = self.producer[name]
-                if index not in nodes and descend(index, name):
-                    nodes.add(index)
-                    for used in reversed(consumed_names(self.nodes[index])):
-                        stack.append((used, origin))
-            else:
-                what = "it" if name == origin else f"it needs '{name}', which"
-                if forward:
-                    raise TrainingGraphError(
-                        f"module output '{origin}' (a YieldOp input) cannot be computed: {what} "
-                        "is not produced by any node and is neither a graph input nor an initializer"
-                    )
-                raise TrainingGraphError(
-                    f"graph output '{origin}' cannot be computed: {what} is not produced by any "
-                    "node and is neither a graph input, an initializer nor a YieldOp output"
-                )
-        return nodes, inputs, constants
+def _backward_closure(
+    index: _GraphIndex, yield_info: _YieldInfo, forward_nodes: frozenset[int]
+) -> tuple[_Closure, frozenset[int], frozenset[str]]:
+    """The backward's closure, the shape nodes it moves into the forward, and the stash (unordered).
 
-    def _forward_closure(self) -> None:
-        nodes, inputs, constants = self._closure(self.module_outputs, True, lambda index, name: True)
-        self.forward_nodes = nodes
-        self.forward_inputs = [name for name in self.input_names if name in inputs]
-        self.forward_constants = constants
+    Walking back from the graph outputs, a value a forward node computes ends the walk and is
+    stashed; a ``Shape``/``Size`` of a forward value (or of a value such a moved node computes)
+    moves into the forward, and its small result is stashed instead."""
+    moved: set[int] = set()
+    stash: set[str] = set()
 
-    def _backward_closure(self) -> None:
-        stash: set[str] = set()
+    def in_forward(position: int) -> bool:
+        return (position in forward_nodes or position in moved) and not _is_constant_node(index.nodes[position])
 
-        def descend(index: int, name: str) -> bool:
-            node = self.nodes[index]
-            if index in self.forward_nodes and not _is_constant_node(node):
-                stash.add(name)             # computed by the forward: crosses the cut
-                return False
-            if self._is_shape_of_forward_value(node):
-                # Stash the small shape tensor rather than the tensor it describes.
-                self.forward_nodes.add(index)
+    def descend(position: int, name: str) -> bool:
+        node = index.nodes[position]
+        if in_forward(position):
+            stash.add(name)             # computed by the forward: crosses the cut
+            return False
+        if node.op_type in _SHAPE_OPS and node.domain in _CONSTANT_DOMAINS and node.input:
+            source = index.producer.get(node.input[0])
+            if source is not None and in_forward(source):
+                moved.add(position)     # stash the small shape tensor, not the tensor it describes
                 stash.add(name)
                 return False
-            return True
+        return True
 
-        nodes, inputs, constants = self._closure(self.output_names, False, descend)
-        self.backward_nodes = nodes
-        self.backward_inputs = [name for name in self.input_names if name in inputs]
-        self.backward_constants = constants
-        self.stash_set = stash
+    closure = _closure(index, yield_info, index.output_names, False, descend)
+    return closure, frozenset(moved), frozenset(stash)
 
-    def _is_shape_of_forward_value(self, node: NodeProto) -> bool:
-        if node.op_type not in _SHAPE_OPS or node.domain not in _CONSTANT_DOMAINS or not node.input:
-            return False
-        index = self.producer.get(node.input[0])
-        return index is not None and index in self.forward_nodes and not _is_constant_node(self.nodes[index])
 
-    def _ordered(self, indices: set[int], side: str) -> list[NodeProto]:
-        nodes = [self.nodes[i] for i in sorted(indices)]
-        try:
-            return topological_order(nodes)
-        except CycleError as exc:
-            raise TrainingGraphError(f"the {side} part of the training graph has a cycle: {exc}") from exc
+def _closure(index: _GraphIndex, yield_info: _YieldInfo, roots: Sequence[str], forward: bool,
+             descend: Callable[[int, str], bool]) -> _Closure:
+    """(nodes, graph inputs, constants) that `roots` need, walking back from them.
 
-    # -- types -------------------------------------------------------------------------------
+    A YieldOp output ends the walk: an error on the forward side (a cycle through the YieldOp),
+    a leaf on the backward side. `descend(position, name)` decides whether the node producing
+    `name` joins the closure (its inputs are then walked too)."""
+    nodes: set[int] = set()
+    inputs: set[str] = set()
+    constants: set[str] = set()
+    visited: set[str] = set()
+    stack = [(name, name) for name in reversed(roots)]
+    while stack:
+        name, origin = stack.pop()
+        if name in visited:
+            continue
+        visited.add(name)
+        if name in yield_info.gradient_set:
+            if forward:
+                raise _cycle_error(origin, name)
+            continue
+        if name in index.input_set or name in index.constants:
+            if name in index.input_set:
+                inputs.add(name)
+            if name in index.constants:
+                constants.add(name)
+        elif name in index.producer:
+            position = index.producer[name]
+            if position not in nodes and descend(position, name):
+                nodes.add(position)
+                stack.extend((used, origin) for used in reversed(consumed_names(index.nodes[position])))
+        else:
+            raise _unreachable_error(origin, name, forward)
+    return _Closure(frozenset(nodes), frozenset(inputs), frozenset(constants))
 
-    def _declared_types(self) -> dict[str, TypeProto]:
-        types = _types_of(self.graph)
-        for init in self.graph.initializer:
-            types.setdefault(init.name, _tensor_type_proto(init.data_type, init.dims))
-        for sparse in self.graph.sparse_initializer:
-            types.setdefault(sparse.values.name, _tensor_type_proto(sparse.values.data_type, sparse.dims))
-        for node in self.nodes:
-            if _is_constant_node(node) and node.output:
-                constant_type = _constant_node_type(node)
-                if constant_type is not None:
-                    types.setdefault(node.output[0], constant_type)
-        return types
 
-    def _tensor_info_for(self, name: str, type_proto: TypeProto | None, role: str) -> TensorInfo:
-        kind = None if type_proto is None else type_proto.WhichOneof("value")
-        if kind not in (None, "tensor_type"):
+def _cycle_error(origin: str, name: str) -> TrainingGraphError:
+    return TrainingGraphError(
+        f"module output '{origin}' (a YieldOp input) depends on the YieldOp output "
+        f"'{name}': a cycle through the YieldOp, the forward part could only run "
+        "after the gradients it produces are known"
+    )
+
+
+def _unreachable_error(origin: str, name: str, forward: bool) -> TrainingGraphError:
+    what = "it" if name == origin else f"it needs '{name}', which"
+    if forward:
+        return TrainingGraphError(
+            f"module output '{origin}' (a YieldOp input) cannot be computed: {what} "
+            "is not produced by any node and is neither a graph input nor an initializer"
+        )
+    return TrainingGraphError(
+        f"graph output '{origin}' cannot be computed: {what} is not produced by any "
+        "node and is neither a graph input, an initializer nor a YieldOp output"
+    )
+
+
+def _ordered(index: _GraphIndex, positions: frozenset[int], side: str) -> tuple[NodeProto, ...]:
+    nodes = [index.nodes[i] for i in sorted(positions)]
+    try:
+        return tuple(topological_order(nodes))
+    except CycleError as exc:
+        raise TrainingGraphError(f"the {side} part of the training graph has a cycle: {exc}") from exc
+
+
+# -- pass 4: the forward model ----------------------------------------------------------------
+
+
+def _build_forward(index: _GraphIndex, yield_info: _YieldInfo, cut: _Cut) -> _Forward:
+    """The forward model, typed by declaration and inference; the types of what crosses the cut."""
+    outputs = yield_info.module_outputs + cut.stash
+    input_by_name = {value.name: value for value in index.inputs}
+    graph = _graph(
+        index,
+        "forward",
+        cut.forward_nodes,
+        [input_by_name[name] for name in cut.forward_inputs],
+        [_value_info(name, index.declared.get(name)) for name in outputs],
+        cut.forward_constants,
+    )
+    functions = used_functions(cut.forward_nodes, list(index.model.functions))
+    model = _copy_model(index.model, graph, cut.forward_nodes, functions)
+    inferred = _types_of(_infer(model, "forward").graph)
+    types = {name: _merge_types(index.declared.get(name), inferred.get(name)) for name in set(outputs)}
+    module_types = tuple(
+        _tensor_info_for(name, types[name], f"module output {i}") for i, name in enumerate(yield_info.module_outputs)
+    )
+    stash_types = tuple(_tensor_info_for(name, types[name], "stash value") for name in cut.stash)
+    del model.graph.output[:]
+    model.graph.output.extend(_value_info(name, types[name]) for name in outputs)
+    return _Forward(model, MappingProxyType(types), module_types, stash_types)
+
+
+def _tensor_info_for(name: str, type_proto: TypeProto | None, role: str) -> TensorInfo:
+    kind = None if type_proto is None else type_proto.WhichOneof("value")
+    if kind not in (None, "tensor_type"):
+        raise TrainingGraphError(
+            f"{role} '{name}' is a {_describe_type(type_proto)}, not a tensor; only tensors "
+            "can cross between the forward and the backward part"
+        )
+    info = None if type_proto is None else TensorInfo.from_type_proto(type_proto)
+    if info is None:
+        raise TrainingGraphError(
+            f"the element type of {role} '{name}' is unknown: it is not declared in the "
+            "training graph (value_info) and ONNX shape inference cannot determine it, but "
+            "the value crosses between the forward and the backward part, which needs it"
+        )
+    return info
+
+
+# -- pass 5: the backward model ---------------------------------------------------------------
+
+
+def _build_backward(index: _GraphIndex, yield_info: _YieldInfo, cut: _Cut, forward: _Forward) -> _Backward:
+    """The backward model: gradients typed from their module outputs, outputs completed by inference."""
+    gradient_types = _gradient_types(index, yield_info, forward)
+    input_by_name = {value.name: value for value in index.inputs}
+    inputs = (
+        [_value_info(name, info.type_proto()) for name, info in zip(yield_info.gradients, gradient_types)]
+        + [_value_info(name, forward.output_types[name]) for name in cut.stash]
+        + [input_by_name[name] for name in cut.backward_inputs]
+    )
+    outputs = [_value_info(value.name, value.type if _has_type(value) else None) for value in index.graph.output]
+    graph = _graph(index, "backward", cut.backward_nodes, inputs, outputs, cut.backward_constants)
+    model = _copy_model(index.model, graph, cut.backward_nodes,
+                        used_functions(cut.backward_nodes, list(index.model.functions)))
+    inferred = _types_of(_infer(model, "backward").graph)
+    output_types: list[TensorInfo | None] = []
+    for value in model.graph.output:
+        merged = _merge_types(value.type if _has_type(value) else None, inferred.get(value.name))
+        if merged is not None and not _has_type(value):
+            value.type.CopyFrom(merged)
+        output_types.append(None if merged is None else TensorInfo.from_type_proto(merged))
+    return _Backward(model, gradient_types, tuple(output_types))
+
+
+def _gradient_types(index: _GraphIndex, yield_info: _YieldInfo, forward: _Forward) -> tuple[TensorInfo, ...]:
+    """Each gradient's type: its module output's element type, and its shape if full-shape."""
+    full_shape = set(yield_info.full_shape)
+    gradient_types: list[TensorInfo] = []
+    for gradient, output_index in zip(yield_info.gradients, yield_info.gradient_output_indices):
+        module_type = forward.module_types[output_index]
+        shape = module_type.shape if output_index in full_shape else None
+        info = TensorInfo(module_type.elem_type, shape)
+        declared = index.declared.get(gradient)
+        stated = TensorInfo.from_type_proto(declared) if declared is not None else None
+        if stated is not None and stated.elem_type != info.elem_type:
             raise TrainingGraphError(
-                f"{role} '{name}' is a {_describe_type(type_proto)}, not a tensor; only tensors "
-                "can cross between the forward and the backward part"
+                f"gradient '{gradient}' (YieldOp output {len(gradient_types)}) is declared as "
+                f"{stated.type_name} but its module output '{yield_info.module_outputs[output_index]}' "
+                f"is {info.type_name}; a gradient has the element type of its output"
             )
-        info = None if type_proto is None else TensorInfo.from_type_proto(type_proto)
-        if info is None:
-            raise TrainingGraphError(
-                f"the element type of {role} '{name}' is unknown: it is not declared in the "
-                "training graph (value_info) and ONNX shape inference cannot determine it, but "
-                "the value crosses between the forward and the backward part, which needs it"
-            )
-        return info
+        gradient_types.append(info)
+    return tuple(gradient_types)
 
-    # -- assembling the models ---------------------------------------------------------------
 
-    def _copy_model(self, graph: GraphProto, nodes: list[NodeProto], functions: list[onnx.FunctionProto]) -> ModelProto:
-        source = self.model
-        model = ModelProto()
-        model.ir_version = source.ir_version
-        for attribute in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
-            if source.HasField(attribute):
-                setattr(model, attribute, getattr(source, attribute))
-        model.metadata_props.extend(source.metadata_props)
-        domains = used_domains(nodes, functions)
-        for opset in source.opset_import:
-            if opset.domain == YIELD_OP_DOMAIN and YIELD_OP_DOMAIN not in domains:
-                continue
-            model.opset_import.add().CopyFrom(opset)
-        model.functions.extend(functions)
-        model.graph.CopyFrom(graph)
-        return model
+# -- assembling -------------------------------------------------------------------------------
 
-    def _graph(
-        self,
-        suffix: str,
-        nodes: list[NodeProto],
-        inputs: list[ValueInfoProto],
-        outputs: list[ValueInfoProto],
-        constants: set[str],
-    ) -> GraphProto:
-        graph = GraphProto()
-        graph.name = f"{self.graph.name or 'training_graph'}_{suffix}"
-        graph.node.extend(nodes)
-        graph.input.extend(inputs)
-        graph.output.extend(outputs)
-        graph.initializer.extend(init for init in self.graph.initializer if init.name in constants)
-        graph.sparse_initializer.extend(s for s in self.graph.sparse_initializer if s.values.name in constants)
-        produced = {out for node in nodes for out in node.output if out}
-        boundary = {value.name for value in inputs} | {value.name for value in outputs}
-        graph.value_info.extend(
-            value for value in self.graph.value_info if value.name in produced and value.name not in boundary
-        )
-        return graph
 
-    def split(self) -> TrainingGraphSplit:
-        self._index()
-        self._read_yield()
-        self._forward_closure()
-        self._backward_closure()
-        forward_nodes = self._ordered(self.forward_nodes, "forward")
-        backward_nodes = self._ordered(self.backward_nodes, "backward")
-        declared = self._declared_types()
-        input_by_name = {value.name: value for value in self.inputs}
+def _graph(
+    index: _GraphIndex,
+    suffix: str,
+    nodes: Sequence[NodeProto],
+    inputs: Sequence[ValueInfoProto],
+    outputs: Sequence[ValueInfoProto],
+    constants: frozenset[str],
+) -> GraphProto:
+    source = index.graph
+    graph = GraphProto()
+    graph.name = f"{source.name or 'training_graph'}_{suffix}"
+    graph.node.extend(nodes)
+    graph.input.extend(inputs)
+    graph.output.extend(outputs)
+    graph.initializer.extend(init for init in source.initializer if init.name in constants)
+    graph.sparse_initializer.extend(s for s in source.sparse_initializer if s.values.name in constants)
+    produced = {out for node in nodes for out in node.output if out}
+    boundary = {value.name for value in inputs} | {value.name for value in outputs}
+    graph.value_info.extend(
+        value for value in source.value_info if value.name in produced and value.name not in boundary
+    )
+    return graph
 
-        # Stash in the order the forward computes it.
-        stash: list[str] = []
-        for node in forward_nodes:
-            for name in node.output:
-                if name in self.stash_set and name not in stash:
-                    stash.append(name)
 
-        # Forward model, typed by declaration and inference.
-        functions = list(self.model.functions)
-        forward_functions = used_functions(forward_nodes, functions)
-        forward_outputs = self.module_outputs + stash
-        forward_graph = self._graph(
-            "forward",
-            forward_nodes,
-            [input_by_name[name] for name in self.forward_inputs],
-            [_value_info(name, declared.get(name)) for name in forward_outputs],
-            self.forward_constants,
-        )
-        forward_model = self._copy_model(forward_graph, forward_nodes, forward_functions)
-        inferred_forward = _types_of(_infer(forward_model, "forward").graph)
-        forward_types = {
-            name: _merge_types(declared.get(name), inferred_forward.get(name)) for name in set(forward_outputs)
-        }
-        module_types = tuple(
-            self._tensor_info_for(name, forward_types[name], f"module output {i}")
-            for i, name in enumerate(self.module_outputs)
-        )
-        stash_types = tuple(self._tensor_info_for(name, forward_types[name], "stash value") for name in stash)
-        del forward_model.graph.output[:]
-        forward_model.graph.output.extend(_value_info(name, forward_types[name]) for name in forward_outputs)
+def _copy_model(source: ModelProto, graph: GraphProto, nodes: Sequence[NodeProto],
+                functions: list[onnx.FunctionProto]) -> ModelProto:
+    model = ModelProto()
+    model.ir_version = source.ir_version
+    for attribute in ("producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        if source.HasField(attribute):
+            setattr(model, attribute, getattr(source, attribute))
+    model.metadata_props.extend(source.metadata_props)
+    domains = used_domains(nodes, functions)
+    for opset in source.opset_import:
+        if opset.domain == YIELD_OP_DOMAIN and YIELD_OP_DOMAIN not in domains:
+            continue
+        model.opset_import.add().CopyFrom(opset)
+    model.functions.extend(functions)
+    model.graph.CopyFrom(graph)
+    return model
 
-        # Gradient types come from the module outputs.
-        full_shape = set(self.full_shape)
-        gradient_types: list[TensorInfo] = []
-        for gradient, output_index in zip(self.gradients, self.gradient_output_indices):
-            module_type = module_types[output_index]
-            shape = module_type.shape if output_index in full_shape else None
-            info = TensorInfo(module_type.elem_type, shape)
-            stated = TensorInfo.from_type_proto(declared[gradient]) if gradient in declared else None
-            if stated is not None and stated.elem_type != info.elem_type:
-                raise TrainingGraphError(
-                    f"gradient '{gradient}' (YieldOp output {len(gradient_types)}) is declared as "
-                    f"{stated.type_name} but its module output '{self.module_outputs[output_index]}' "
-                    f"is {info.type_name}; a gradient has the element type of its output"
-                )
-            gradient_types.append(info)
 
-        # Backward model.
-        backward_functions = used_functions(backward_nodes, functions)
-        backward_inputs = (
-            [_value_info(name, info.type_proto()) for name, info in zip(self.gradients, gradient_types)]
-            + [_value_info(name, forward_types[name]) for name in stash]
-            + [input_by_name[name] for name in self.backward_inputs]
-        )
-        backward_graph = self._graph(
-            "backward",
-            backward_nodes,
-            backward_inputs,
-            [_value_info(value.name, value.type if _has_type(value) else None) for value in self.graph.output],
-            self.backward_constants,
-        )
-        backward_model = self._copy_model(backward_graph, backward_nodes, backward_functions)
-        inferred_backward = _types_of(_infer(backward_model, "backward").graph)
-        output_types: list[TensorInfo | None] = []
-        for value in backward_model.graph.output:
-            merged = _merge_types(value.type if _has_type(value) else None, inferred_backward.get(value.name))
-            if merged is not None and not _has_type(value):
-                value.type.CopyFrom(merged)
-            output_types.append(None if merged is None else TensorInfo.from_type_proto(merged))
-
-        return TrainingGraphSplit(
-            forward_model=forward_model,
-            backward_model=backward_model,
-            graph_input_names=tuple(self.input_names),
-            forward_input_names=tuple(self.forward_inputs),
-            module_output_names=tuple(self.module_outputs),
-            non_differentiable_outputs=self.non_differentiable,
-            full_shape_outputs=self.full_shape,
-            gradient_names=tuple(self.gradients),
-            gradient_output_indices=self.gradient_output_indices,
-            stash_names=tuple(stash),
-            backward_graph_input_names=tuple(self.backward_inputs),
-            graph_output_names=tuple(self.output_names),
-            graph_input_types=tuple(TensorInfo.from_type_proto(value.type) for value in self.inputs),
-            module_output_types=module_types,
-            gradient_types=tuple(gradient_types),
-            stash_types=stash_types,
-            graph_output_types=tuple(output_types),
-        )
+def _assemble(index: _GraphIndex, yield_info: _YieldInfo, cut: _Cut, forward: _Forward,
+              backward: _Backward) -> TrainingGraphSplit:
+    return TrainingGraphSplit(
+        forward_model=forward.model,
+        backward_model=backward.model,
+        graph_input_names=index.input_names,
+        forward_input_names=cut.forward_inputs,
+        module_output_names=yield_info.module_outputs,
+        non_differentiable_outputs=yield_info.non_differentiable,
+        full_shape_outputs=yield_info.full_shape,
+        gradient_names=yield_info.gradients,
+        gradient_output_indices=yield_info.gradient_output_indices,
+        stash_names=cut.stash,
+        backward_graph_input_names=cut.backward_inputs,
+        graph_output_names=index.output_names,
+        graph_input_types=tuple(TensorInfo.from_type_proto(value.type) for value in index.inputs),
+        module_output_types=forward.module_types,
+        gradient_types=backward.gradient_types,
+        stash_types=forward.stash_types,
+        graph_output_types=backward.output_types,
+    )

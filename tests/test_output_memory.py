@@ -15,12 +15,17 @@ run no agents on other threads meanwhile.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import shutil
 import signal
+import subprocess
 import threading
 import time
 import warnings
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +34,10 @@ from onnx import helper
 import ortagent
 import training_graphs as tg
 from ortagent._cpu_pool import _pool_counts as counts
-from ortagent._cpu_pool import _hold_pool_lock, _pooled_tensor
+from ortagent import _cpu_pool
+from ortagent._cpu_pool import _pooled_tensor
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def delta(before: dict[str, int]) -> dict[str, int]:
@@ -341,12 +349,45 @@ def test_pooled_outputs_export_through_dlpack():
         np.testing.assert_allclose(np.from_dlpack(value), want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def hold_pool_lock(tmp_path_factory):
+    """hold_pool_lock(True/False): take or release the pool's lock from outside ortagent.
+
+    The shipped modules have no such hook: tests/pool_lock.c is compiled here against
+    include/ortagent/cpu_pool.h and given the pool's address, which _cpu_pool exports to the
+    modules that cimport it (its capsule in __pyx_capi__)."""
+    compiler = shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("gcc is not installed: this test compiles tests/pool_lock.c")
+    library = tmp_path_factory.mktemp("pool_lock") / "pool_lock.so"
+    result = subprocess.run([compiler, "-std=gnu11", "-Wall", "-Werror", "-Wno-unused-function", "-shared",
+                             "-fPIC", "-I", str(REPO_ROOT / "include"), "-o", str(library),
+                             str(REPO_ROOT / "tests" / "pool_lock.c"), "-lpthread"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    helper_lib = ctypes.CDLL(str(library))
+    helper_lib.ortagent_test_hold_pool_lock.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    helper_lib.ortagent_test_hold_pool_lock.restype = None
+    capsule = _cpu_pool.__pyx_capi__["pooled_cpu_allocator"]
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    # ort.OrtAllocator* pooled_cpu_allocator() except NULL: called with the GIL held
+    pooled_cpu_allocator = ctypes.PYFUNCTYPE(ctypes.c_void_p)(
+        api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule)))
+    pool = pooled_cpu_allocator()
+    assert pool, "pooled_cpu_allocator() returned NULL"
+    return lambda hold: helper_lib.ortagent_test_hold_pool_lock(pool, int(hold))
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
-def test_a_child_forked_while_the_pool_is_locked_can_still_allocate():
+def test_a_child_forked_while_the_pool_is_locked_can_still_allocate(hold_pool_lock):
     """A fork while another thread is inside the pool's Alloc or Free (here: the lock held on
     purpose) must not leave the child with a lock nobody will release."""
     counts()                                   # the pool exists before the fork
-    _hold_pool_lock(True)
+    hold_pool_lock(True)
     try:
         with warnings.catch_warnings():
             # Python 3.12+ warns that forking a process with threads may deadlock the child:
@@ -363,7 +404,7 @@ def test_a_child_forked_while_the_pool_is_locked_can_still_allocate():
             except BaseException:
                 os._exit(2)
     finally:
-        _hold_pool_lock(False)
+        hold_pool_lock(False)
     deadline = time.monotonic() + 60
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)

@@ -155,9 +155,8 @@ def test_floor_runtime_works_and_newer_slots_are_refused_with_the_version_needed
         y, t = high.run(None, {'x': x, 's': np.array(2.5)})
         src = ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))
         dst = ortagent.OrtValue.ortvalue_from_shape_and_type([2], np.float32)
-        from ortagent import _values
         try:
-            _values._copy_tensors_with_ort([src], [dst])
+            ortagent.copy_tensors([src], [dst])
             refusal = None
         except ortagent.OrtNotImplemented as exc:
             refusal = str(exc)

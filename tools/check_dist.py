@@ -80,7 +80,7 @@ def main() -> int:
         run([sys.executable, "-m", "venv", venv])
         python = os.path.join(venv, "bin", "python")
         quiet = ["-q", "--disable-pip-version-check"]
-        run([python, "-m", "pip", "install", *quiet, "setuptools>=77", "Cython>=3.0", "numpy>=2.0", "onnx"])
+        run([python, "-m", "pip", "install", *quiet, "setuptools>=77", "Cython>=3.1", "numpy>=2.0", "onnx"])
         run([python, "-m", "pip", "install", *quiet, "--no-build-isolation", sdist])
         env = dict(os.environ, ORTAGENT_ORT_LIBRARY=library)
         env.pop("PYTHONPATH", None)

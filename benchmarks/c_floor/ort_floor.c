@@ -263,7 +263,6 @@ static void load_runtime(const char* path) {
         die(1, "onnxruntime %s has no OrtApi version %u", version, (unsigned)api_version);
     runtime.api = (const ortagent_any_fn*)api;
     runtime.api_version = api_version;
-    runtime.runtime_minor = minor;
     runtime.version_string = version;
     ortagent_rt = &runtime;
 }

@@ -162,12 +162,4 @@ static int ortagent_pool_init(ortagent_cpu_pool* pool, const OrtMemoryInfo* info
     return pthread_atfork(NULL, NULL, ortagent_pool_after_fork_child);
 }
 
-/* Hold (1) or release (0) the pool's lock: lets a test fork while another thread holds it. */
-static void ortagent_pool_hold_lock(ortagent_cpu_pool* pool, int hold) {
-    if (hold)
-        pthread_mutex_lock(&pool->lock);
-    else
-        pthread_mutex_unlock(&pool->lock);
-}
-
 #endif

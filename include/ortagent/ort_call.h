@@ -31,7 +31,6 @@ typedef void (*ortagent_any_fn)(void);
 typedef struct ortagent_runtime {
     const ortagent_any_fn* api;   /* the OrtApi table; NULL until the runtime is loaded */
     uint32_t api_version;         /* the OrtApi version obtained (<= ORTAGENT_API_NEWEST) */
-    uint32_t runtime_minor;       /* N of the runtime's "1.N.P" version string */
     const char* version_string;   /* the runtime's own version string */
     OrtEnv* env;                  /* the process-wide environment */
 } ortagent_runtime;
