@@ -11,7 +11,8 @@ torch's own AccumulateGrad, so optimizers, ``zero_grad``, gradient accumulation 
 the forward model alone runs in an :class:`~ortagent.InferenceSession`.
 
 One export serves every call with the same structure of arguments, constants, tensor ranks,
-dtypes, devices, ``requires_grad`` flags and training modes, at any shapes it accepts (see
+dtypes, devices, ``requires_grad`` flags, training modes and plain module state (numbers,
+flags, strings of the module, its submodules and their configs), at any shapes it accepts (see
 :class:`~ortagent.torch._export.ShapeGuard`); a call it does not accept exports again. The
 exports kept are bounded (least recently used out), and can be kept on disk across runs
 (``cache_dir``).
@@ -29,6 +30,8 @@ The modules, one concern each:
   active only in the tracing thread;
 * :mod:`._export`: the export and its record, :class:`~._export.ExportedGraph`;
 * :mod:`._cache`: exported and built graphs on disk;
+* :mod:`._state`: the wrapped module's plain Python state, read on each call as part of the
+  export's key;
 * :mod:`._bridge`: the sessions of one export and the autograd function;
 * :mod:`._module`: :class:`ORTModule`.
 """
