@@ -424,6 +424,8 @@ class ORTModule(nn.Module):
     def _refuse_autocast(self, flat: _trees.Flat) -> None:
         """torch.autocast around the forward: refused, naming autocast and the provider, before
         an export that would ignore it (the graph computes in the parameters' dtypes)."""
+        if not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")):
+            return                  # (the common case, without walking the parameters)
         device = self._device(flat)
         if not torch.is_autocast_enabled(device.type):
             return
