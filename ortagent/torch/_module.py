@@ -140,7 +140,7 @@ class ORTModule(nn.Module):
         self._export_count = 0
         self._exact_grads = False
         self._state_guard: StateGuard | None = None
-        # the wrapped module's docstring; its forward's signature is ORTModule.forward's (below)
+        # the wrapped module's docstring (the forward's signature and docstring: _BoundForward)
         self.__doc__ = module.__doc__
         self._forwarding = True       # attribute writes not ORTModule's own reach the wrapped module
 
