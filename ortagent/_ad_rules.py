@@ -13,6 +13,12 @@ table keyed by operator type. ortagent adds entries for operators of its own dom
   Conv rule it needs no static shape (batch, channel and spatial dimensions may be symbolic)
   and differentiates grouped and depthwise convolutions with respect to their weight. Becomes
   ``Conv`` again.
+* ``ConvolutionTranspose``: a standard ``ConvTranspose`` renamed likewise (explicit pads, no
+  ``output_shape``), which onnx-ad differentiates only with respect to its input. A transposed
+  convolution is the adjoint of the ``Conv`` with the same weight and attributes, so its input
+  gradient is that ``Conv`` of the output gradient, its weight gradient the weight gradient of
+  that ``Conv`` (a ``ConvGrad`` whose output gradient is the forward's input), and its bias
+  gradient the output gradient summed over batch and space. Becomes ``ConvTranspose`` again.
 
 One of onnx-ad's rules is extended, not replaced: ``Slice``. onnx-ad computes the zero padding
 that undoes a slice from the data's static shape, and refuses a slice of data without one (or
@@ -43,7 +49,8 @@ __all__ = ["DOMAIN", "STOP_GRADIENT", "prepare", "finish", "uses_private_ops"]
 DOMAIN = "ai.ortagent.ad"
 STOP_GRADIENT = "StopGradient"
 CONVOLUTION = "Convolution"
-_PRIVATE = {STOP_GRADIENT, CONVOLUTION}
+CONVOLUTION_TRANSPOSE = "ConvolutionTranspose"
+_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE}
 _CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
 
 _registered = False
@@ -86,6 +93,37 @@ def _convolution_reverse(ctx, node, grads):
 
 
 _MS_DOMAIN = "com.microsoft"
+_CONV_ATTRIBUTES = ("kernel_shape", "strides", "pads", "dilations", "group")
+
+
+def _convolution_transpose_reverse(ctx, node, grads):
+    """dX, dW and dB of a transposed convolution through its adjoint Conv (see the module's
+    docstring)."""
+    inputs = list(node.input) + [""] * (3 - len(node.input))
+    wanted = [bool(name) and ctx.asked_for(name) for name in inputs[:3]]
+    if not any(wanted):
+        return [None] * len(node.input)
+    last = ctx.b.ints([-1])
+    dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), last], stem="convt_dy")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in _CONV_ATTRIBUTES}
+    contributions: list = [None] * len(node.input)
+    if wanted[0]:
+        dx = ctx.b.op("Conv", [dy, inputs[1]], stem="convt_dx", **attrs)
+        # (the adjoint Conv has the input's extent when output_padding < stride, which
+        # onnxruntime's ConvTranspose requires; torch allows up to the dilation)
+        contributions[0] = ctx.b.op("Unsqueeze", [dx, last], stem="convt_adjoint")
+    if wanted[1]:
+        outputs = ctx.b.op("ConvGrad", [inputs[0], dy, inputs[1]], outputs=3, stem="convt_grad",
+                           domain=_MS_DOMAIN, **attrs)
+        grad_node = ctx.b.nodes[-1]
+        grad_node.output[0] = ""
+        grad_node.output[2] = ""
+        contributions[1] = ctx.b.op("Unsqueeze", [outputs[1], last], stem="convt_adjoint")
+    if len(node.input) > 2 and wanted[2]:
+        axes = ctx.b.ints([0, *range(2, ctx.rank(node.input[0]))])
+        db = ctx.b.op("ReduceSum", [dy, axes], keepdims=0, stem="convt_db")
+        contributions[2] = ctx.b.op("Unsqueeze", [db, last], stem="convt_adjoint")
+    return contributions
 
 
 def _slice_reverse_or_symbolic(static_rule):
@@ -154,7 +192,8 @@ def _register() -> None:
 
         # (ortagent only builds reverse-mode graphs; StopGradient's forward rule is as trivial)
         for op_type, reverse, forward in ((STOP_GRADIENT, _stop_gradient_reverse, _stop_gradient_forward),
-                                          (CONVOLUTION, _convolution_reverse, None)):
+                                          (CONVOLUTION, _convolution_reverse, None),
+                                          (CONVOLUTION_TRANSPOSE, _convolution_transpose_reverse, None)):
             if op_type in rules.REVERSE or op_type in rules.FORWARD:
                 raise RuntimeError(f"onnx-ad defines a rule for {op_type} itself; ortagent's private "
                                    "operator of that name would shadow it")
@@ -182,15 +221,18 @@ def prepare(model: ModelProto) -> None:
             if node.domain == DOMAIN and node.op_type not in _PRIVATE:
                 raise OrtNotImplemented(
                     f"node '{node.name}' uses {DOMAIN}:{node.op_type}, which ortagent does not define")
-    convolutions = [node for node in model.graph.node
+    convolutions = [(node, CONVOLUTION) for node in model.graph.node
                     if node.op_type == "Conv" and node.domain in ("", "ai.onnx")] \
+        if _default_opset(model) >= _CONV_GRAD_OPSET else []
+    convolutions += [(node, CONVOLUTION_TRANSPOSE) for node in model.graph.node
+                     if node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx") and _explicit(node)] \
         if _default_opset(model) >= _CONV_GRAD_OPSET else []
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     if not convolutions and not uses_private_ops(model):
         return
     known = _known_types(model)
-    for node in convolutions:
-        node.op_type = CONVOLUTION
+    for node, private in convolutions:
+        node.op_type = private
         node.domain = DOMAIN
         _declare(model, node.output[0], known.get(node.output[0]))
     if not any(entry.domain == DOMAIN for entry in model.opset_import):
@@ -203,6 +245,15 @@ def prepare(model: ModelProto) -> None:
                 added |= _declare(model, node.output[0], known.get(node.input[0]))
         if not added:
             return
+
+
+def _explicit(node) -> bool:
+    """A ConvTranspose with explicit pads and no output_shape (its adjoint Conv is then fixed by
+    the attributes)."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    return "output_shape" not in attrs and auto_pad in (b"NOTSET", "NOTSET", b"VALID", "VALID") and \
+        not (auto_pad in (b"VALID", "VALID") and attrs.get("pads"))
 
 
 def _known_types(model: ModelProto) -> dict[str, ValueInfoProto]:
@@ -222,7 +273,7 @@ def _declare(model: ModelProto, name: str, source: ValueInfoProto | None) -> boo
     return True
 
 
-_STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv"}
+_STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv", CONVOLUTION_TRANSPOSE: "ConvTranspose"}
 
 
 def finish(model: ModelProto) -> None:
