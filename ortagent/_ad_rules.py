@@ -20,7 +20,11 @@ table keyed by operator type. ortagent adds entries for operators of its own dom
   that ``Conv`` (a ``ConvGrad`` whose output gradient is the forward's input), and its bias
   gradient the output gradient summed over batch and space. Becomes ``ConvTranspose`` again.
 
-One of onnx-ad's rules is extended, not replaced: ``Slice``. onnx-ad computes the zero padding
+Two of onnx-ad's rules are extended, not replaced. ``Pad`` in ``reflect``, ``edge`` and ``wrap``
+modes (torch's ReflectionPad, ReplicationPad and CircularPad), which onnx-ad refuses: the
+gradient is the output gradient's centre plus, on each padded axis (last first), the padded
+rows accumulated onto the rows they copied (reversed for reflect, summed onto the edge row for
+edge, onto the opposite end for wrap); the pads must be constant and not negative. And ``Slice``. onnx-ad computes the zero padding
 that undoes a slice from the data's static shape, and refuses a slice of data without one (or
 with computed starts). Where it refuses so, ortagent's rule computes the padding in the graph
 (``Shape`` of the data, the starts clamped as Slice clamps them, the slice's length from its
@@ -126,6 +130,86 @@ def _convolution_transpose_reverse(ctx, node, grads):
     return contributions
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def _pad_reverse_or_copying(constant_rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import UnsupportedOperator, attribute
+
+        mode = attribute(node, "mode", "constant")
+        if isinstance(mode, bytes):
+            mode = mode.decode()
+        if mode == "constant" or ctx.opset < 11:
+            return constant_rule(ctx, node, grads)
+        if mode not in ("reflect", "edge", "wrap"):
+            raise UnsupportedOperator(f"Pad in mode {mode!r} is not differentiated")
+        return _copying_pad_reverse(ctx, node, grads, mode)
+
+    reverse.__wrapped__ = constant_rule
+    return reverse
+
+
+def _copying_pad_reverse(ctx, node, grads, mode):
+    """Reverse of Pad(mode=reflect|edge|wrap): undo one axis at a time, the last padded first
+    (Pad over several axes is the composition of one-axis pads, each copying the rows of the
+    one before)."""
+    from onnx_ad._build import UnsupportedOperator
+
+    rank = ctx.rank(node.input[0])
+    pads = ctx.integers(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if pads is None:
+        raise UnsupportedOperator("Pad is differentiable only with constant pads")
+    axes = ctx.integers(node.input[3]) if len(node.input) > 3 and node.input[3] else list(range(rank))
+    if axes is None:
+        raise UnsupportedOperator("Pad is differentiable only with a constant 'axes' operand")
+    if any(p < 0 for p in pads):
+        raise UnsupportedOperator("Pad with negative pads (cropping) is differentiated only in constant mode")
+    axes = [a % rank for a in axes]
+    grad = ctx.full(grads[0], node.output[0])
+
+    def cut(value, start, end, axis):
+        return ctx.b.op("Slice", [value, ctx.b.ints([start]), ctx.b.ints([end]), ctx.b.ints([axis])],
+                        stem="pad_rows")
+
+    def flip(value, axis):
+        return ctx.b.op("Slice", [value, ctx.b.ints([-1]), ctx.b.ints([-_INT64_MAX]), ctx.b.ints([axis]),
+                                  ctx.b.ints([-1])], stem="pad_flip")
+
+    def add_rows(value, start, end, extra, axis):
+        """``value`` with ``extra`` added to its rows start:end on ``axis`` (end 0: to the end)."""
+        parts = [cut(value, 0, start, axis)] if start != 0 else []
+        parts.append(ctx.b.op("Add", [cut(value, start, end if end != 0 else _INT64_MAX, axis), extra],
+                              stem="pad_accumulated"))
+        if end != 0:
+            parts.append(cut(value, end, _INT64_MAX, axis))
+        return parts[0] if len(parts) == 1 else ctx.b.op("Concat", parts, axis=axis, stem="pad_rows_joined")
+
+    for position in reversed(range(len(axes))):
+        axis, before, after = axes[position], pads[position], pads[len(axes) + position]
+        if not before and not after:
+            continue
+        head = cut(grad, 0, before, axis) if before else None
+        tail = cut(grad, -after, _INT64_MAX, axis) if after else None
+        grad = cut(grad, before, -after if after else _INT64_MAX, axis)
+        if mode == "edge":
+            if head is not None:
+                grad = add_rows(grad, 0, 1, ctx.b.op("ReduceSum", [head, ctx.b.ints([axis])], keepdims=1), axis)
+            if tail is not None:
+                grad = add_rows(grad, -1, 0, ctx.b.op("ReduceSum", [tail, ctx.b.ints([axis])], keepdims=1), axis)
+        elif mode == "reflect":     # head rows copy x[before..1], tail rows x[L-2..L-1-after]
+            if head is not None:
+                grad = add_rows(grad, 1, before + 1, flip(head, axis), axis)
+            if tail is not None:
+                grad = add_rows(grad, -after - 1, -1, flip(tail, axis), axis)
+        else:                        # wrap: head rows copy x[L-before:], tail rows x[:after]
+            if head is not None:
+                grad = add_rows(grad, -before, 0, head, axis)
+            if tail is not None:
+                grad = add_rows(grad, 0, after, tail, axis)
+    return [grad] + [None] * (len(node.input) - 1)
+
+
 def _slice_reverse_or_symbolic(static_rule):
     def reverse(ctx, node, grads):
         from onnx_ad._build import UnsupportedOperator
@@ -201,6 +285,7 @@ def _register() -> None:
             if forward is not None:
                 rules.FORWARD[op_type] = forward
         rules.REVERSE["Slice"] = _slice_reverse_or_symbolic(rules.REVERSE["Slice"])
+        rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         _registered = True
 
 

@@ -24,7 +24,7 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
-                 "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm"]
+                 "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm"]
 
 
 def _sweep():

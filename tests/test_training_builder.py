@@ -366,3 +366,32 @@ def test_slice_of_symbolic_data_keeps_the_backward_symbolic(starts, ends, axes, 
         expected = np.zeros_like(x)
         expected[window] = g
         np.testing.assert_array_equal(dx, expected)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads, axes", [([2, 1], [1]), ([1, 0, 2, 2], [0, 1]), ([0, 3, 1, 0], [-1, 0])])
+def test_copying_pad_modes_are_differentiated(mode, pads, axes):
+    """Pad in reflect, edge and wrap mode (onnx-ad differentiates only constant mode): the
+    gradient is the transpose of the padding map, here built from numpy.pad (the same modes)
+    applied to each basis vector, times the output gradient; on symbolic input shapes."""
+    d = np.float64
+    nodes = [helper.make_node("Constant", [], ["pads"], value=numpy_helper.from_array(np.array(pads, np.int64))),
+             helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array(axes, np.int64))),
+             helper.make_node("Pad", ["x", "pads", "", "axes"], ["y"], mode=mode)]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["rows", "columns"])],
+                            [tg.tensor("y", d, ["padded_rows", "padded_columns"])], [], opset=18, ms_domain=False)
+    runner = tg.SplitRunner(split_training_graph(build_training_graph(forward, [], input_gradients=["x"])))
+    rng = np.random.default_rng(1)
+    widths = [(0, 0), (0, 0)]
+    for position, axis in enumerate(axes):
+        widths[axis % 2] = (pads[position], pads[len(axes) + position])
+    numpy_mode = {"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+    for shape in [(4, 5), (5, 7)]:         # (reflect needs pads shorter than the axis)
+        x = rng.standard_normal(shape)
+        expected_y = np.pad(x, widths, mode=numpy_mode)
+        g = rng.standard_normal(expected_y.shape)
+        basis = np.eye(x.size).reshape(x.size, *shape)
+        jacobian = np.stack([np.pad(e, widths, mode=numpy_mode).ravel() for e in basis])   # [x.size, y.size]
+        (y,), (dx,) = runner.run({"x": x}, [g])
+        np.testing.assert_array_equal(y, expected_y)
+        np.testing.assert_allclose(dx, (jacobian @ g.ravel()).reshape(shape), rtol=1e-12, atol=1e-12)
