@@ -24,13 +24,14 @@ Two of onnx-ad's rules are extended, not replaced. ``Pad`` in ``reflect``, ``edg
 modes (torch's ReflectionPad, ReplicationPad and CircularPad), which onnx-ad refuses: the
 gradient is the output gradient's centre plus, on each padded axis (last first), the padded
 rows accumulated onto the rows they copied (reversed for reflect, summed onto the edge row for
-edge, onto the opposite end for wrap); the pads must be constant and not negative. And ``Slice``. onnx-ad computes the zero padding
-that undoes a slice from the data's static shape, and refuses a slice of data without one (or
-with computed starts). Where it refuses so, ortagent's rule computes the padding in the graph
-(``Shape`` of the data, the starts clamped as Slice clamps them, the slice's length from its
-gradient), so backward graphs keep symbolic batch and sequence dimensions, also inside the
-function bodies onnx-ad expands (``SoftmaxCrossEntropyLoss``); axes and steps must be
-constants and the steps 1, as in onnx-ad.
+edge, onto the opposite end for wrap); the pads must be constant and not negative. And
+``Slice``: onnx-ad computes the zero padding that undoes a slice from the data's static shape,
+and refuses a slice of data without one, with computed starts, or with steps other than 1.
+Where it refuses so, ortagent's rule computes the padding in the graph (``Shape`` of the data,
+the starts clamped as Slice clamps them, the slice's length from its gradient), so backward
+graphs keep symbolic batch and sequence dimensions, also inside the function bodies onnx-ad
+expands (``SoftmaxCrossEntropyLoss``); a strided slice (``x[::2]``, ``flip``) scatters the
+gradient rows back to the positions they were read from. Axes and steps must be constants.
 
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
@@ -225,6 +226,38 @@ def _slice_reverse_or_symbolic(static_rule):
     return reverse
 
 
+def _strided_slice_reverse(ctx, data, starts, axes, steps, seeded):
+    """The gradient of a Slice with steps other than 1 (``x[::2]``, ``flip``): on each sliced
+    axis, last first, the gradient rows are scattered to the positions they were read from,
+    ``start + i * step`` with the start clamped as Slice clamps it for the step's sign, into
+    zeros of the data's extent on that axis."""
+    rank = ctx.rank(data)
+    zero_value = onnx.helper.make_tensor("zero", ctx.dtype(data), [1], [0])
+    begins = ctx.b.op("Cast", [starts], to=onnx.TensorProto.INT64, stem="slice_starts")
+    grad = seeded
+    for position in reversed(range(len(axes))):
+        axis, step = axes[position], steps[position]
+        extent = ctx.b.op("Gather", [ctx.shape_of(data), ctx.b.ints([axis])], axis=0, stem="slice_extent")
+        begin = ctx.b.op("Gather", [begins, ctx.b.ints([position])], axis=0, stem="slice_start")
+        begin = ctx.b.op("Where", [ctx.b.op("Less", [begin, ctx.b.ints([0])]), ctx.b.op("Add", [begin, extent]), begin],
+                         stem="slice_from_end")
+        # a positive step starts within [0, extent], a negative one within [0, extent - 1]
+        highest = extent if step > 0 else ctx.b.op("Sub", [extent, ctx.b.ints([1])], stem="slice_last")
+        begin = ctx.b.op("Min", [ctx.b.op("Max", [begin, ctx.b.ints([0])]), highest], stem="slice_begin")
+        grad_shape = ctx.b.op("Shape", [grad], stem="slice_grad_shape")
+        length = ctx.b.op("Squeeze", [ctx.b.op("Gather", [grad_shape, ctx.b.ints([axis])], axis=0)], stem="slice_length")
+        steps_taken = ctx.b.op("Range", [ctx.b.constant(0, onnx.TensorProto.INT64, ()), length,
+                                         ctx.b.constant(1, onnx.TensorProto.INT64, ())], stem="slice_steps")
+        positions = ctx.b.op("Add", [begin, ctx.b.op("Mul", [steps_taken, ctx.b.ints([step])])], stem="slice_positions")
+        others = [a for a in range(rank + 1) if a != axis]          # (the seed axis included)
+        positions = ctx.b.op("Unsqueeze", [positions, ctx.b.ints(others)], stem="slice_positions_along")
+        index = ctx.b.op("Expand", [positions, grad_shape], stem="slice_index")
+        target = ctx.b.op("ScatterElements", [grad_shape, ctx.b.ints([axis]), extent], axis=0, stem="slice_target")
+        zeros = ctx.b.op("ConstantOfShape", [target], value=zero_value, stem="slice_zeros")
+        grad = ctx.b.op("ScatterElements", [zeros, index, grad], axis=axis, stem="slice_scattered")
+    return grad
+
+
 def _symbolic_slice_reverse(ctx, node, grads):
     """The gradient of a Slice with step 1 as a Pad of the output's gradient, the pads computed
     at run time: before = the clamped start, after = extent - start - the slice's length."""
@@ -239,8 +272,6 @@ def _symbolic_slice_reverse(ctx, node, grads):
     steps = ctx.integers(node.input[4]) if len(node.input) > 4 and node.input[4] else None
     if len(node.input) > 4 and node.input[4] and steps is None:
         raise UnsupportedOperator("Slice is differentiable only with a constant 'steps' operand")
-    if steps is not None and any(step != 1 for step in steps):
-        raise UnsupportedOperator("Slice with a step other than 1 is not differentiated in reverse mode")
     if count is None:
         width = ctx.shapes.shape(starts)
         if width is None or len(width) != 1 or not isinstance(width[0], int):
@@ -248,6 +279,8 @@ def _symbolic_slice_reverse(ctx, node, grads):
         count = list(range(width[0]))
     axes = [a % rank for a in count]
     seeded = ctx.full(grads[0], node.output[0])
+    if steps is not None and any(step != 1 for step in steps):
+        return [_strided_slice_reverse(ctx, data, starts, axes, steps, seeded)] + [None] * (len(node.input) - 1)
     axes_value = ctx.b.ints(axes)
     extents = ctx.b.op("Gather", [ctx.shape_of(data), axes_value], axis=0, stem="slice_extents")
     lengths = ctx.b.op("Gather", [ctx.b.op("Shape", [seeded], stem="slice_grad_shape"), axes_value],

@@ -395,3 +395,34 @@ def test_copying_pad_modes_are_differentiated(mode, pads, axes):
         (y,), (dx,) = runner.run({"x": x}, [g])
         np.testing.assert_array_equal(y, expected_y)
         np.testing.assert_allclose(dx, (jacobian @ g.ravel()).reshape(shape), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ([0], [100], [1], [2]),                   # x[:, ::2]
+    ([-1], [-100], [0], [-1]),                # x[::-1] (flip)
+    ([5, 1], [-100, 100], [1, 0], [-2, 3]),   # both axes, a start past the end, negative steps
+    ([1, -2], [-1, 0], [0, 1], [1, -1]),      # a step of 1 beside a negative one
+])
+def test_strided_slice_is_differentiated(starts, ends, axes, steps):
+    """Slice with steps other than 1 (onnx-ad refuses them): the gradient is the output
+    gradient scattered back to the rows read, against numpy's slicing on symbolic shapes."""
+    d = np.float64
+    nodes = [helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(values, np.int64)))
+             for name, values in (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps))]
+    nodes.append(helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"]))
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["rows", "columns"])],
+                            [tg.tensor("y", d, ["sliced_rows", "sliced_columns"])], [], ms_domain=False)
+    runner = tg.SplitRunner(split_training_graph(build_training_graph(forward, [], input_gradients=["x"])))
+    rng = np.random.default_rng(2)
+    for shape in [(4, 5), (6, 3)]:
+        x = rng.standard_normal(shape)
+        window = [slice(None), slice(None)]
+        for start, end, axis, step in zip(starts, ends, axes, steps):
+            window[axis % 2] = slice(start, end, step)
+        window = tuple(window)
+        g = rng.standard_normal(x[window].shape)
+        (y,), (dx,) = runner.run({"x": x}, [g])
+        np.testing.assert_array_equal(y, x[window])
+        expected = np.zeros_like(x)
+        expected[window] = g
+        np.testing.assert_array_equal(dx, expected)
