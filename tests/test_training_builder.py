@@ -426,3 +426,20 @@ def test_strided_slice_is_differentiated(starts, ends, axes, steps):
         expected = np.zeros_like(x)
         expected[window] = g
         np.testing.assert_array_equal(dx, expected)
+
+
+def test_pow_with_an_integer_exponent_is_differentiated_in_its_base():
+    """x ** 3 with an int64 exponent (as torch exports x ** 3): d/dx = 3 x^2, and no gradient
+    is asked of the exponent."""
+    d = np.float64
+    nodes = [helper.make_node("Constant", [], ["three"], value=numpy_helper.from_array(np.array(3, np.int64))),
+             helper.make_node("Pow", ["x", "three"], ["y"])]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["rows", 3])], [tg.tensor("y", d, ["rows", 3])], [],
+                            ms_domain=False)
+    runner = tg.SplitRunner(split_training_graph(build_training_graph(forward, [], input_gradients=["x"])))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 3))
+    g = rng.standard_normal((4, 3))
+    (y,), (dx,) = runner.run({"x": x}, [g])
+    np.testing.assert_allclose(y, x ** 3, rtol=1e-12)
+    np.testing.assert_allclose(dx, 3 * x ** 2 * g, rtol=1e-12)
