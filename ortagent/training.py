@@ -31,6 +31,7 @@ import onnx
 from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from . import _ad_rules
+from ._static_sequences import unroll_static_sequences
 from ._graph_passes import flatten_batched_matmuls, simplify_copies
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -229,6 +230,7 @@ def build_training_graph(
 
     if optimize:
         flatten_batched_matmuls(model, _default_opset(model))
+    unroll_static_sequences(model)      # (onnx-ad has no rules for sequence operators)
     _ad_rules.prepare(model)
     try:
         adjoint = onnx_ad.reverse(

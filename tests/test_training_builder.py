@@ -443,3 +443,35 @@ def test_pow_with_an_integer_exponent_is_differentiated_in_its_base():
     (y,), (dx,) = runner.run({"x": x}, [g])
     np.testing.assert_allclose(y, x ** 3, rtol=1e-12)
     np.testing.assert_allclose(dx, 3 * x ** 2 * g, rtol=1e-12)
+
+
+def test_sequences_of_fixed_length_are_unrolled_and_differentiated():
+    """SequenceConstruct -> SequenceMap (a body per element) -> ConcatFromSequence(new_axis)
+    / SequenceAt / SequenceLength, as torch exports hstack and friends: onnx-ad has no rules for
+    sequence operators, so the fixed-length sequence is unrolled into tensors first; gradients
+    against the closed form, on symbolic shapes."""
+    d = np.float64
+    body = helper.make_graph([helper.make_node("Mul", ["t", "t"], ["squared"])], "square",
+                             [tg.tensor("t", d, ["rows", 3])], [tg.tensor("squared", d, ["rows", 3])])
+    nodes = [helper.make_node("SequenceConstruct", ["x", "y"], ["pair"]),
+             helper.make_node("SequenceMap", ["pair"], ["squares"], body=body),
+             helper.make_node("ConcatFromSequence", ["squares"], ["stacked"], axis=0, new_axis=1),
+             helper.make_node("SequenceLength", ["pair"], ["count"]),
+             helper.make_node("Cast", ["count"], ["count_float"], to=TensorProto.DOUBLE),
+             helper.make_node("Mul", ["stacked", "count_float"], ["z"]),
+             helper.make_node("Constant", [], ["last"], value=numpy_helper.from_array(np.array(-1, np.int64))),
+             helper.make_node("SequenceAt", ["squares", "last"], ["w"])]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["rows", 3]), tg.tensor("y", d, ["rows", 3])],
+                            [tg.tensor("z", d, [2, "rows", 3]), tg.tensor("w", d, ["rows", 3])], [], ms_domain=False)
+    training = build_training_graph(forward, [], input_gradients=["x", "y"])
+    assert not any(node.op_type.startswith("Sequence") for node in training.graph.node)
+    runner = tg.SplitRunner(split_training_graph(training))
+    rng = np.random.default_rng(4)
+    for rows in (2, 5):
+        x, y = rng.standard_normal((rows, 3)), rng.standard_normal((rows, 3))
+        gz, gw = rng.standard_normal((2, rows, 3)), rng.standard_normal((rows, 3))
+        (z, w), (dx, dy) = runner.run({"x": x, "y": y}, [gz, gw])
+        np.testing.assert_allclose(z, 2 * np.stack([x * x, y * y]), rtol=1e-12)
+        np.testing.assert_allclose(w, y * y, rtol=1e-12)
+        np.testing.assert_allclose(dx, 2 * 2 * x * gz[0], rtol=1e-12)
+        np.testing.assert_allclose(dy, 2 * 2 * y * gz[1] + 2 * y * gw, rtol=1e-12)

@@ -1,0 +1,176 @@
+"""Sequences of a length fixed in the graph, unrolled into plain tensors before differentiation.
+
+torch's ONNX exporter writes ``torch.hstack`` / ``vstack`` / ``dstack`` / ``column_stack`` (and
+other list-taking functions) as ``SequenceConstruct`` -> ``SequenceMap`` (a body applied to each
+element) -> ``SequenceAt`` at constant positions -> ``Concat``. onnx-ad has no rules for the
+sequence operators, but such a sequence is only a list of named tensors: this pass replaces
+
+* ``SequenceMap`` over sequences of known elements by a copy of its body per element,
+* ``SequenceAt`` at a constant position of such a sequence by an ``Identity`` of the element,
+* ``ConcatFromSequence`` of one by ``Concat`` (``Unsqueeze`` first with ``new_axis=1``),
+* ``SequenceLength`` of one by a constant,
+
+and drops the sequence operators left without consumers. Sequences of unknown length (loops,
+``SplitToSequence``) are left alone, and onnx-ad's refusal of them stands. Pure Python over
+``onnx``; the rewrite is exact (it moves no element).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import ModelProto, NodeProto, helper, numpy_helper
+
+from ._onnx_graph import NameAllocator, all_value_names
+
+__all__ = ["unroll_static_sequences"]
+
+_SEQUENCE_OPS = {"SequenceConstruct", "SequenceMap", "SequenceAt", "ConcatFromSequence", "SequenceLength"}
+
+
+def _constants(model: ModelProto) -> dict[str, np.ndarray]:
+    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+    return values
+
+
+def _attribute(node: NodeProto, name: str, default: int) -> int:
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr)
+    return default
+
+
+def unroll_static_sequences(model: ModelProto) -> int:
+    """Rewrite ``model``'s main graph in place (see the module's docstring); returns how many
+    sequence operators were replaced."""
+    graph = model.graph
+    if not any(node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx") for node in graph.node):
+        return 0
+    constants = _constants(model)
+    names = NameAllocator(all_value_names(graph))
+    elements: dict[str, list[str]] = {}        # sequence name -> its element tensors
+    rewritten: list[NodeProto] = []
+    replaced = 0
+    for node in graph.node:
+        standard = node.domain in ("", "ai.onnx")
+        if standard and node.op_type == "SequenceConstruct":
+            elements[node.output[0]] = list(node.input)
+            rewritten.append(node)
+            continue
+        if standard and node.op_type == "SequenceMap" and node.input[0] in elements:
+            outputs = _inline_map(node, elements, names, rewritten)
+            if outputs is not None:
+                elements.update(outputs)
+                replaced += 1
+                continue
+        if standard and node.op_type == "SequenceAt" and node.input[0] in elements:
+            position = constants.get(node.input[1])
+            items = elements[node.input[0]]
+            if position is not None and position.size == 1 and -len(items) <= int(position) < len(items):
+                rewritten.append(helper.make_node("Identity", [items[int(position)]], [node.output[0]],
+                                                  name=node.name))
+                replaced += 1
+                continue
+        if standard and node.op_type == "ConcatFromSequence" and node.input[0] in elements:
+            axis, new_axis = _attribute(node, "axis", 0), _attribute(node, "new_axis", 0)
+            items = elements[node.input[0]]
+            if new_axis:
+                axes = names.fresh(node.output[0] + "_axes")
+                rewritten.append(helper.make_node("Constant", [], [axes],
+                                                  value=numpy_helper.from_array(np.array([axis], np.int64))))
+                expanded = []
+                for item in items:
+                    expanded.append(names.fresh(item + "_unsqueezed"))
+                    rewritten.append(helper.make_node("Unsqueeze", [item, axes], [expanded[-1]]))
+                items = expanded
+            rewritten.append(helper.make_node("Concat", items, [node.output[0]], name=node.name, axis=axis))
+            replaced += 1
+            continue
+        if standard and node.op_type == "SequenceLength" and node.input[0] in elements:
+            count = np.array(len(elements[node.input[0]]), np.int64)
+            rewritten.append(helper.make_node("Constant", [], [node.output[0]], name=node.name,
+                                              value=numpy_helper.from_array(count)))
+            replaced += 1
+            continue
+        rewritten.append(node)
+    if not replaced:
+        return 0
+    del graph.node[:]
+    graph.node.extend(_without_unused_sequences(graph, rewritten))
+    return replaced
+
+
+def _inline_map(node: NodeProto, elements: dict[str, list[str]], names: NameAllocator,
+                nodes: list[NodeProto]) -> dict[str, list[str]] | None:
+    """The body of ``node`` (a SequenceMap) copied once per element into ``nodes``; returns
+    its output sequences' elements, or None (nothing added) where it cannot be unrolled."""
+    body = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "body"), None)
+    if body is None or body.initializer:
+        return None                         # (initializers of its own: left to onnx-ad)
+    length = len(elements[node.input[0]])
+    operands = []
+    for name in node.input:
+        if name in elements:
+            if len(elements[name]) != length:
+                return None
+            operands.append(elements[name])
+        else:
+            operands.append([name] * length)      # a tensor: the same for every element
+    outputs: dict[str, list[str]] = {name: [] for name in node.output}
+    stem = node.output[0]
+    for index in range(length):
+        renamed = {value.name: operands[position][index] for position, value in enumerate(body.input)}
+        nodes.extend(_copied(body.node, renamed, names, f"{stem}_{index}"))
+        for sequence, value in zip(node.output, body.output):
+            outputs[sequence].append(renamed.get(value.name, value.name))
+    return outputs
+
+
+def _copied(body_nodes, renamed: dict[str, str], names: NameAllocator, stem: str) -> list[NodeProto]:
+    """Copies of ``body_nodes`` whose every defined name is fresh (``renamed`` gains them), in
+    nested graphs too (If branches, Loop bodies), so that copies never share a name."""
+    copies = []
+    for body_node in body_nodes:
+        copy = NodeProto()
+        copy.CopyFrom(body_node)
+        copy.name = names.fresh(f"{stem}_{body_node.name or body_node.op_type}")
+        copy.input[:] = [renamed.get(name, name) for name in body_node.input]
+        for name in body_node.output:
+            if name:
+                renamed[name] = names.fresh(f"{stem}_{name}")
+        copy.output[:] = [renamed.get(name, name) for name in body_node.output]
+        for attr in copy.attribute:
+            subgraphs = [attr.g] if attr.type == 5 else list(attr.graphs) if attr.type == 10 else []
+            for subgraph in subgraphs:
+                scope = dict(renamed)
+                for value in subgraph.input:
+                    scope[value.name] = names.fresh(f"{stem}_{value.name}")
+                    value.name = scope[value.name]
+                inner = _copied(list(subgraph.node), scope, names, stem)
+                del subgraph.node[:]
+                subgraph.node.extend(inner)
+                for value in subgraph.output:
+                    value.name = scope.get(value.name, value.name)
+        copies.append(copy)
+    return copies
+
+
+def _without_unused_sequences(graph, nodes: list[NodeProto]) -> list[NodeProto]:
+    """``nodes`` less the SequenceConstruct nodes no remaining node or graph output reads."""
+    kept = list(nodes)
+    while True:
+        used = {name for node in kept for name in node.input} | {value.name for value in graph.output}
+        for node in kept:
+            for attr in node.attribute:
+                if attr.type == 5:          # a subgraph reads outer names too
+                    used |= {name for inner in attr.g.node for name in inner.input}
+        dead = [node for node in kept if node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx")
+                and not any(name in used for name in node.output)]
+        if not dead:
+            return kept
+        gone = {id(node) for node in dead}
+        kept = [node for node in kept if id(node) not in gone]
