@@ -323,6 +323,16 @@ def test_weight_gradient_is_written_by_its_matmul():
     np.testing.assert_allclose(w_grad, x.T @ g, rtol=1e-5, atol=1e-6)
 
 
+def _check_slice_gradient(runner, x, window, rng):
+    """The slice's value is x[window]; its gradient the output gradient there, zeros elsewhere."""
+    g = rng.standard_normal(x[window].shape)
+    (y,), (dx,) = runner.run({"x": x}, [g])
+    np.testing.assert_array_equal(y, x[window])
+    expected = np.zeros_like(x)
+    expected[window] = g
+    np.testing.assert_array_equal(dx, expected)
+
+
 @pytest.mark.parametrize("starts, ends, axes, computed", [
     ([1], [-1], [1], False),                 # trim both ends of a symbolic axis
     ([-3, 0], [100, 2], [1, 0], False),      # a negative start, an end past the extent
@@ -360,12 +370,7 @@ def test_slice_of_symbolic_data_keeps_the_backward_symbolic(starts, ends, axes, 
             for start, end, axis in zip(starts, ends, axes):
                 window[axis % 2] = slice(start, end)
             window = tuple(window)
-        g = rng.standard_normal(x[window].shape)
-        (y,), (dx,) = runner.run({"x": x}, [g])
-        np.testing.assert_array_equal(y, x[window])
-        expected = np.zeros_like(x)
-        expected[window] = g
-        np.testing.assert_array_equal(dx, expected)
+        _check_slice_gradient(runner, x, window, rng)
 
 
 @pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
@@ -420,12 +425,7 @@ def test_strided_slice_is_differentiated(starts, ends, axes, steps):
         for start, end, axis, step in zip(starts, ends, axes, steps):
             window[axis % 2] = slice(start, end, step)
         window = tuple(window)
-        g = rng.standard_normal(x[window].shape)
-        (y,), (dx,) = runner.run({"x": x}, [g])
-        np.testing.assert_array_equal(y, x[window])
-        expected = np.zeros_like(x)
-        expected[window] = g
-        np.testing.assert_array_equal(dx, expected)
+        _check_slice_gradient(runner, x, window, rng)
 
 
 def test_pow_with_an_integer_exponent_is_differentiated_in_its_base():
