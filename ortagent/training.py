@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from . import _ad_rules
 from ._static_sequences import unroll_static_sequences
@@ -290,6 +290,7 @@ def build_training_graph(
     del result_graph.output[:]
     result_graph.output.extend(outputs)
     result_graph.name = f"{graph.name or 'model'}_training"
+    _declare_module_outputs(result_graph, graph)
 
     if not any(opset_id.domain == YIELD_OP_DOMAIN for opset_id in adjoint.opset_import):
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
@@ -301,6 +302,17 @@ def build_training_graph(
                     for output, gradient in zip(seeded, yield_outputs)]
         simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
     return adjoint
+
+
+def _declare_module_outputs(result_graph: GraphProto, forward_graph: GraphProto) -> None:
+    """The forward's declared output types kept as value_info of the training graph, where the
+    module outputs are no graph outputs any more: the split needs the type of every value that
+    crosses the YieldOp, and shape inference cannot always find it (an empty batch)."""
+    declared = {value.name for value in result_graph.value_info} | {value.name for value in result_graph.input} \
+        | {init.name for init in result_graph.initializer}
+    for value in forward_graph.output:
+        if value.name not in declared and value.type.tensor_type.elem_type:
+            result_graph.value_info.append(value)
 
 
 def _indices(value: object, what: str) -> list[int]:

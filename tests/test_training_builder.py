@@ -475,3 +475,15 @@ def test_sequences_of_fixed_length_are_unrolled_and_differentiated():
         np.testing.assert_allclose(w, y * y, rtol=1e-12)
         np.testing.assert_allclose(dx, 2 * 2 * x * gz[0], rtol=1e-12)
         np.testing.assert_allclose(dy, 2 * 2 * y * gz[1] + 2 * y * gw, rtol=1e-12)
+
+
+def test_module_outputs_keep_their_declared_types():
+    """The forward's output declarations survive as the training graph's value_info (the module
+    outputs cross the YieldOp; the split needs their types even where shape inference cannot
+    find them, e.g. torch's unfold on an empty batch)."""
+    d = np.float32
+    forward = tg.make_model([helper.make_node("Relu", ["x"], ["y"])], [tg.tensor("x", d, ["batch", 3])],
+                            [tg.tensor("y", d, ["batch", 3])], [], ms_domain=False)
+    training = build_training_graph(forward, [], input_gradients=["x"])
+    declared = {value.name: value for value in training.graph.value_info}
+    assert declared["y"] == forward.graph.output[0]
