@@ -226,22 +226,24 @@ class ORTModule(nn.Module):
         """How many exports this module made (each serves one family of input shapes)."""
         return self._export_count
 
-    def _signature(self, flat: _trees.Flat) -> tuple:
+    def _signature(self, flat: _trees.Flat, modules: tuple[nn.Module, ...]) -> tuple:
+        """The export key of a call; ``modules``: the wrapped module's submodules, walked once
+        per call."""
         module = self._original_module
         guard = self._state_guard
         if guard is None:
             guard = self._state_guard = StateGuard(module)
-        key = (_trees.signature_of(flat), tuple(sub.training for sub in module.modules()), guard.key())
+        key = (_trees.signature_of(flat), tuple(sub.training for sub in modules), guard.key())
         if self._exact_grads:
             key += (tuple(t.requires_grad for t in flat.tensors), tuple(p.requires_grad for p in module.parameters()))
         return key
 
     # -- finding or making the export for a call -------------------------------------------------
 
-    def _export_for(self, flat: _trees.Flat) -> _Export:
+    def _export_for(self, flat: _trees.Flat, modules: tuple[nn.Module, ...]) -> _Export:
         shapes = tuple(tuple(t.shape) for t in flat.tensors)
         with _EXPORT_LOCK:
-            key = self._signature(flat)
+            key = self._signature(flat, modules)
             entries = self._exports.get(key)
             if entries is not None:
                 self._exports.move_to_end(key)
@@ -257,7 +259,7 @@ class ORTModule(nn.Module):
                 # with each call's own requires_grad settings (and tell exports apart by them)
                 self._exact_grads = True
                 self._drop_exports()
-                key = self._signature(flat)
+                key = self._signature(flat, modules)
                 entry = self._new_export(flat, key)
             self._exports.setdefault(key, []).append(entry)
             self._evict()
@@ -273,7 +275,7 @@ class ORTModule(nn.Module):
         """An export with symbolic dimensions that onnxruntime cannot run (a translation that
         only holds for static shapes): export this signature again with the call's shapes."""
         with _EXPORT_LOCK:
-            key = self._signature(flat)
+            key = self._signature(flat, tuple(self._original_module.modules()))
             entries = self._exports.get(key, [])
             if broken in entries:
                 entries.remove(broken)
@@ -362,8 +364,10 @@ class ORTModule(nn.Module):
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
         self._refuse_autocast(flat)
-        self._materialize_lazy(args, kwargs)
-        entry = self._export_for(flat)
+        modules = tuple(self._original_module.modules())
+        if any(isinstance(sub, nn.modules.lazy.LazyModuleMixin) for sub in modules):
+            self._materialize_lazy(args, kwargs, modules)
+        entry = self._export_for(flat, modules)
         if entry.checked:
             return self._call(entry, flat)
         # the first call of an export: its training graph runs forward and backward once on its
@@ -388,7 +392,7 @@ class ORTModule(nn.Module):
 
     forward = _ForwardDescriptor()
 
-    def _materialize_lazy(self, args: tuple, kwargs: dict) -> None:
+    def _materialize_lazy(self, args: tuple, kwargs: dict, modules: tuple[nn.Module, ...]) -> None:
         """``Lazy*`` modules (``nn.LazyLinear``, ...) infer their parameters' shapes on their
         first call: that call runs once in eager torch, without gradients, before the export.
         Buffers it updated (running statistics) and torch's CPU random generator are put back,
@@ -396,7 +400,7 @@ class ORTModule(nn.Module):
         generator as eager's first call draws them; a dropout mask of that first step then
         comes from the same state and differs from eager's, which follows the parameters')."""
         module = self._original_module
-        lazies = [m for m in module.modules() if isinstance(m, nn.modules.lazy.LazyModuleMixin)
+        lazies = [m for m in modules if isinstance(m, nn.modules.lazy.LazyModuleMixin)
                   and m.has_uninitialized_params()]
         if not lazies:
             return
