@@ -57,6 +57,7 @@ CONVOLUTION = "Convolution"
 CONVOLUTION_TRANSPOSE = "ConvolutionTranspose"
 _PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE}
 _CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
+_MS_DOMAIN = "com.microsoft"
 
 _registered = False
 _lock = threading.Lock()
@@ -70,64 +71,70 @@ def _stop_gradient_forward(ctx, node, tangents):
     return [None] * len(node.output)
 
 
-def _convolution_reverse(ctx, node, grads):
-    """dX, dW and dB of a convolution from one ConvGrad node (only the wanted outputs named)."""
+def _output_gradient(ctx, node, grads, stem):
+    """(inputs padded to three, which of them a gradient is asked of, the output's gradient
+    without its trailing seed axis), or None when no gradient is asked of any input."""
     inputs = list(node.input) + [""] * (3 - len(node.input))
     wanted = [bool(name) and ctx.asked_for(name) for name in inputs[:3]]
     if not any(wanted):
+        return None
+    return inputs, wanted, ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem=stem)
+
+
+def _with_seed_axis(ctx, name, stem):
+    return ctx.b.op("Unsqueeze", [name, ctx.b.ints([-1])], stem=stem)
+
+
+def _conv_grad(ctx, operands, attrs, keep, stem):
+    """One com.microsoft:ConvGrad node over (dY, X, W) giving (dX, dW, dB); the outputs ``keep``
+    does not ask for are left unnamed (so the lowering does not compute them) and returned as
+    None."""
+    outputs = ctx.b.op("ConvGrad", operands, outputs=3, stem=stem, domain=_MS_DOMAIN, **attrs)
+    grad_node = ctx.b.nodes[-1]
+    for index, asked in enumerate(keep):
+        if not asked:
+            grad_node.output[index] = ""
+    return [name if asked else None for name, asked in zip(outputs, keep)]
+
+
+def _convolution_reverse(ctx, node, grads):
+    """dX, dW and dB of a convolution from one ConvGrad node (only the wanted outputs named)."""
+    found = _output_gradient(ctx, node, grads, "conv_dy")
+    if found is None:
         return [None] * len(node.input)
-    last = ctx.b.ints([-1])
-    dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), last], stem="conv_dy")
+    inputs, wanted, dy = found
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
-    outputs = ctx.b.op("ConvGrad", [dy, inputs[0], inputs[1]], outputs=3, stem="conv_grad",
-                       domain=_MS_DOMAIN, **attrs)
-    grad_node = ctx.b.nodes[-1]
-    contributions: list = []
-    for index, name in enumerate(outputs):
-        if index >= len(node.input):
-            break
-        if not wanted[index]:
-            grad_node.output[index] = ""
-            contributions.append(None)
-        else:
-            contributions.append(ctx.b.op("Unsqueeze", [name, last], stem="conv_adjoint"))
-    for index in range(len(node.input), 3):
-        grad_node.output[index] = ""
-    return contributions
+    keep = [wanted[index] and index < len(node.input) for index in range(3)]
+    gradients = _conv_grad(ctx, [dy, inputs[0], inputs[1]], attrs, keep, "conv_grad")
+    return [None if name is None else _with_seed_axis(ctx, name, "conv_adjoint")
+            for name in gradients[:len(node.input)]]
 
 
-_MS_DOMAIN = "com.microsoft"
 _CONV_ATTRIBUTES = ("kernel_shape", "strides", "pads", "dilations", "group")
 
 
 def _convolution_transpose_reverse(ctx, node, grads):
     """dX, dW and dB of a transposed convolution through its adjoint Conv (see the module's
     docstring)."""
-    inputs = list(node.input) + [""] * (3 - len(node.input))
-    wanted = [bool(name) and ctx.asked_for(name) for name in inputs[:3]]
-    if not any(wanted):
+    found = _output_gradient(ctx, node, grads, "convt_dy")
+    if found is None:
         return [None] * len(node.input)
-    last = ctx.b.ints([-1])
-    dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), last], stem="convt_dy")
+    inputs, wanted, dy = found
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in _CONV_ATTRIBUTES}
     contributions: list = [None] * len(node.input)
     if wanted[0]:
-        dx = ctx.b.op("Conv", [dy, inputs[1]], stem="convt_dx", **attrs)
         # (the adjoint Conv has the input's extent when output_padding < stride, which
         # onnxruntime's ConvTranspose requires; torch allows up to the dilation)
-        contributions[0] = ctx.b.op("Unsqueeze", [dx, last], stem="convt_adjoint")
+        dx = ctx.b.op("Conv", [dy, inputs[1]], stem="convt_dx", **attrs)
+        contributions[0] = _with_seed_axis(ctx, dx, "convt_adjoint")
     if wanted[1]:
-        outputs = ctx.b.op("ConvGrad", [inputs[0], dy, inputs[1]], outputs=3, stem="convt_grad",
-                           domain=_MS_DOMAIN, **attrs)
-        grad_node = ctx.b.nodes[-1]
-        grad_node.output[0] = ""
-        grad_node.output[2] = ""
-        contributions[1] = ctx.b.op("Unsqueeze", [outputs[1], last], stem="convt_adjoint")
+        dw = _conv_grad(ctx, [inputs[0], dy, inputs[1]], attrs, [False, True, False], "convt_grad")[1]
+        contributions[1] = _with_seed_axis(ctx, dw, "convt_adjoint")
     if len(node.input) > 2 and wanted[2]:
         axes = ctx.b.ints([0, *range(2, ctx.rank(node.input[0]))])
         db = ctx.b.op("ReduceSum", [dy, axes], keepdims=0, stem="convt_db")
-        contributions[2] = ctx.b.op("Unsqueeze", [db, last], stem="convt_adjoint")
+        contributions[2] = _with_seed_axis(ctx, db, "convt_adjoint")
     return contributions
 
 
@@ -226,6 +233,15 @@ def _slice_reverse_or_symbolic(static_rule):
     return reverse
 
 
+def _slice_start(ctx, begin, extent, highest):
+    """A Slice start as Slice reads it: counted from the end when negative, then clamped to
+    [0, highest] (int64 tensors)."""
+    zero = ctx.b.ints([0])
+    begin = ctx.b.op("Where", [ctx.b.op("Less", [begin, zero]), ctx.b.op("Add", [begin, extent]), begin],
+                     stem="slice_from_end")
+    return ctx.b.op("Min", [ctx.b.op("Max", [begin, zero]), highest], stem="slice_begin")
+
+
 def _strided_slice_reverse(ctx, data, starts, axes, steps, seeded):
     """The gradient of a Slice with steps other than 1 (``x[::2]``, ``flip``): on each sliced
     axis, last first, the gradient rows are scattered to the positions they were read from,
@@ -239,11 +255,9 @@ def _strided_slice_reverse(ctx, data, starts, axes, steps, seeded):
         axis, step = axes[position], steps[position]
         extent = ctx.b.op("Gather", [ctx.shape_of(data), ctx.b.ints([axis])], axis=0, stem="slice_extent")
         begin = ctx.b.op("Gather", [begins, ctx.b.ints([position])], axis=0, stem="slice_start")
-        begin = ctx.b.op("Where", [ctx.b.op("Less", [begin, ctx.b.ints([0])]), ctx.b.op("Add", [begin, extent]), begin],
-                         stem="slice_from_end")
         # a positive step starts within [0, extent], a negative one within [0, extent - 1]
         highest = extent if step > 0 else ctx.b.op("Sub", [extent, ctx.b.ints([1])], stem="slice_last")
-        begin = ctx.b.op("Min", [ctx.b.op("Max", [begin, ctx.b.ints([0])]), highest], stem="slice_begin")
+        begin = _slice_start(ctx, begin, extent, highest)
         grad_shape = ctx.b.op("Shape", [grad], stem="slice_grad_shape")
         length = ctx.b.op("Squeeze", [ctx.b.op("Gather", [grad_shape, ctx.b.ints([axis])], axis=0)], stem="slice_length")
         steps_taken = ctx.b.op("Range", [ctx.b.constant(0, onnx.TensorProto.INT64, ()), length,
@@ -286,10 +300,7 @@ def _symbolic_slice_reverse(ctx, node, grads):
     lengths = ctx.b.op("Gather", [ctx.b.op("Shape", [seeded], stem="slice_grad_shape"), axes_value],
                        axis=0, stem="slice_lengths")
     begin = ctx.b.op("Cast", [starts], to=onnx.TensorProto.INT64, stem="slice_starts")
-    zero = ctx.b.ints([0])
-    begin = ctx.b.op("Where", [ctx.b.op("Less", [begin, zero]), ctx.b.op("Add", [begin, extents]), begin],
-                     stem="slice_from_end")
-    begin = ctx.b.op("Min", [ctx.b.op("Max", [begin, zero]), extents], stem="slice_begin")
+    begin = _slice_start(ctx, begin, extents, extents)
     after = ctx.b.op("Sub", [ctx.b.op("Sub", [extents, begin]), lengths], stem="slice_after")
     # pads for rank + 1 axes (the trailing seed axis is not padded): befores, then afters
     positions = ctx.b.ints(axes + [rank + 1 + a for a in axes])
@@ -339,12 +350,13 @@ def prepare(model: ModelProto) -> None:
             if node.domain == DOMAIN and node.op_type not in _PRIVATE:
                 raise OrtNotImplemented(
                     f"node '{node.name}' uses {DOMAIN}:{node.op_type}, which ortagent does not define")
-    convolutions = [(node, CONVOLUTION) for node in model.graph.node
-                    if node.op_type == "Conv" and node.domain in ("", "ai.onnx")] \
-        if _default_opset(model) >= _CONV_GRAD_OPSET else []
-    convolutions += [(node, CONVOLUTION_TRANSPOSE) for node in model.graph.node
-                     if node.op_type == "ConvTranspose" and node.domain in ("", "ai.onnx") and _explicit(node)] \
-        if _default_opset(model) >= _CONV_GRAD_OPSET else []
+    convolutions = []
+    if _default_opset(model) >= _CONV_GRAD_OPSET:
+        for node in model.graph.node:
+            if node.domain in ("", "ai.onnx") and node.op_type == "Conv":
+                convolutions.append((node, CONVOLUTION))
+            elif node.domain in ("", "ai.onnx") and node.op_type == "ConvTranspose" and _explicit(node):
+                convolutions.append((node, CONVOLUTION_TRANSPOSE))
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     if not convolutions and not uses_private_ops(model):
         return
@@ -369,9 +381,8 @@ def _explicit(node) -> bool:
     """A ConvTranspose with explicit pads and no output_shape (its adjoint Conv is then fixed by
     the attributes)."""
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    return "output_shape" not in attrs and auto_pad in (b"NOTSET", "NOTSET", b"VALID", "VALID") and \
-        not (auto_pad in (b"VALID", "VALID") and attrs.get("pads"))
+    auto_pad = attrs.get("auto_pad", b"NOTSET").decode()
+    return "output_shape" not in attrs and (auto_pad == "NOTSET" or (auto_pad == "VALID" and not attrs.get("pads")))
 
 
 def _known_types(model: ModelProto) -> dict[str, ValueInfoProto]:

@@ -11,8 +11,9 @@ import heapq
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, numpy_helper
 
 from .errors import OrtInvalidProtobuf, OrtInvalidType, OrtNoSuchFile
 
@@ -94,6 +95,20 @@ def outer_scope_names(graph: GraphProto) -> set[str]:
             used.update(outer_scope_names(sub))
     used.update(value.name for value in graph.output if value.name)
     return used - defined
+
+
+def constant_values(graph: GraphProto, outer: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """The values ``graph`` holds as constants: its initializers and standard ``Constant``
+    nodes with a tensor ``value``, over the ``outer`` scope's."""
+    values = dict(outer or {})
+    for init in graph.initializer:
+        values[init.name] = numpy_helper.to_array(init)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            for attribute in node.attribute:
+                if attribute.name == "value" and attribute.type == AttributeProto.TENSOR:
+                    values[node.output[0]] = numpy_helper.to_array(attribute.t)
+    return values
 
 
 def consumed_names(node: NodeProto) -> list[str]:

@@ -20,21 +20,11 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, NodeProto, helper, numpy_helper
 
-from ._onnx_graph import NameAllocator, all_value_names
+from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
 __all__ = ["unroll_static_sequences"]
 
 _SEQUENCE_OPS = {"SequenceConstruct", "SequenceMap", "SequenceAt", "ConcatFromSequence", "SequenceLength"}
-
-
-def _constants(model: ModelProto) -> dict[str, np.ndarray]:
-    values = {init.name: numpy_helper.to_array(init) for init in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = numpy_helper.to_array(attr.t)
-    return values
 
 
 def _attribute(node: NodeProto, name: str, default: int) -> int:
@@ -50,7 +40,7 @@ def unroll_static_sequences(model: ModelProto) -> int:
     graph = model.graph
     if not any(node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx") for node in graph.node):
         return 0
-    constants = _constants(model)
+    constants = constant_values(graph)
     names = NameAllocator(all_value_names(graph))
     elements: dict[str, list[str]] = {}        # sequence name -> its element tensors
     rewritten: list[NodeProto] = []
@@ -160,17 +150,14 @@ def _copied(body_nodes, renamed: dict[str, str], names: NameAllocator, stem: str
 
 
 def _without_unused_sequences(graph, nodes: list[NodeProto]) -> list[NodeProto]:
-    """``nodes`` less the SequenceConstruct nodes no remaining node or graph output reads."""
-    kept = list(nodes)
-    while True:
-        used = {name for node in kept for name in node.input} | {value.name for value in graph.output}
-        for node in kept:
-            for attr in node.attribute:
-                if attr.type == 5:          # a subgraph reads outer names too
-                    used |= {name for inner in attr.g.node for name in inner.input}
-        dead = [node for node in kept if node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx")
-                and not any(name in used for name in node.output)]
-        if not dead:
-            return kept
-        gone = {id(node) for node in dead}
-        kept = [node for node in kept if id(node) not in gone]
+    """``nodes`` (in order) less the sequence operators whose results nothing reads any more."""
+    needed = {value.name for value in graph.output}
+    kept = []
+    for node in reversed(nodes):
+        if node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx") and \
+                not any(name in needed for name in node.output):
+            continue
+        kept.append(node)
+        needed.update(consumed_names(node))
+    kept.reverse()
+    return kept

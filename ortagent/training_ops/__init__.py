@@ -29,9 +29,9 @@ from collections.abc import Iterable
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, helper, numpy_helper
+from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, TypeProto, helper
 
-from .._onnx_graph import NameAllocator, all_value_names, load_model, node_subgraphs
+from .._onnx_graph import NameAllocator, all_value_names, constant_values, load_model, node_subgraphs
 from ..errors import TrainingGraphError, UnsupportedTrainingOpError
 from . import activations, aten, convolution, losses, normalization, tensors  # noqa: F401  (they register)
 from ._emitter import Emitter
@@ -174,21 +174,9 @@ def _type_stock_outputs(model: ModelProto, types: dict[str, TypeProto]) -> bool:
     return added
 
 
-def _constant_values(graph: GraphProto, outer: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    values = dict(outer)
-    for init in graph.initializer:
-        values[init.name] = numpy_helper.to_array(init)
-    for node in graph.node:
-        if node.op_type == "Constant" and domain_of(node) == "" and len(node.output) == 1:
-            for attribute in node.attribute:
-                if attribute.name == "value" and attribute.type == AttributeProto.TENSOR:
-                    values[node.output[0]] = numpy_helper.to_array(attribute.t)
-    return values
-
-
 def _lower_graph(graph: GraphProto, opset: int, types: dict[str, TypeProto],
                  outer_constants: dict[str, np.ndarray], names: NameAllocator) -> None:
-    constants = _constant_values(graph, outer_constants)
+    constants = constant_values(graph, outer_constants)
     producers = {}
     for node in graph.node:
         for position, output in enumerate(node.output):
