@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from agent_driver import STATE_FORMS, Driver, orthogonal, slow_training_graph
 
 F64 = tg.TOLERANCE[np.dtype(np.float64)]
