@@ -361,7 +361,7 @@ cdef class _AgentEngine:
             self.forward_session, self.n_module_outputs + self.n_stash, forward_default)
         self.graph_output_devices = _output_devices(
             self.backward_session, self.n_graph_outputs, backward_default)
-        # the hot path's C data (forward_hot, backward_hot)
+        # the preallocating run's C data (run_forward_prepared, run_backward_prepared)
         cdef Py_ssize_t n_forward_outputs = self.n_module_outputs + self.n_stash
         self.forward_input_pos_c = <Py_ssize_t*>calloc(self.n_forward_inputs + 1, sizeof(Py_ssize_t))
         self.backward_input_pos_c = <Py_ssize_t*>calloc(self.n_backward_graph_inputs + 1, sizeof(Py_ssize_t))

@@ -258,7 +258,7 @@ class TrainingAgent(_AgentHotPath):
     def _run_forward(self, feeds_or_iobinding: Any, fetches_or_run_options: Any = None,
                      state: PartialGraphExecutionState | None = None,
                      cache: Any = None) -> tuple[list[OrtValue], int] | None:
-        """run_forward beyond the hot path (see _AgentHotPath.run_forward)."""
+        """run_forward beyond the direct path (see _AgentHotPath.run_forward): names reordered."""
         if self._closed:
             self._require_open()
         feeds_type = type(feeds_or_iobinding)
@@ -297,7 +297,7 @@ class TrainingAgent(_AgentHotPath):
 
     def _run_backward(self, feeds_or_grads: Sequence[Any], fetches_or_run_id: Any,
                       state: PartialGraphExecutionState | None = None) -> None:
-        """run_backward beyond the hot path (see _AgentHotPath.run_backward)."""
+        """run_backward beyond the direct path (see _AgentHotPath.run_backward): names reordered."""
         if self._closed:
             self._require_open()
         if type(state) is PartialGraphExecutionState and type(fetches_or_run_id) is list \
