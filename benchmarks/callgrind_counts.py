@@ -50,8 +50,8 @@ CASES = {
     "ort-run": ("onnxruntime InferenceSession.run(None, {'x': f32[1]}) on Identity", [("loop", None)]),
     "agent-tiny": ("ortagent TrainingAgent step, state API, x*w+bias f32 (forward + backward)", [
         ("loop", None),
-        ("symbol: _AgentEngine.forward_hot", "__pyx_f_8ortagent_6_agent_12_AgentEngine_forward_hot"),
-        ("symbol: _AgentEngine.backward_hot", "__pyx_f_8ortagent_6_agent_12_AgentEngine_backward_hot"),
+        ("symbol: _AgentEngine.forward_run", "__pyx_f_8ortagent_6_agent_12_AgentEngine_forward_run"),
+        ("symbol: _AgentEngine.backward_run", "__pyx_f_8ortagent_6_agent_12_AgentEngine_backward_run"),
     ]),
     "c-run": ("the C floor: OrtApi::Run on Identity f32[1] (benchmarks/c_floor, mode run)",
               [("symbol: time_calls (the timed loop)", "time_calls")]),
