@@ -36,7 +36,7 @@ from . import _common, summary
 from ._report import Group, markdown, plot
 
 # threads first: it is the one group that needs the wall clock, and so a quiet machine
-GROUPS = ("threads", "calls", "values", "agent", "startup", "torch")
+GROUPS = ("threads", "calls", "values", "agent", "startup", "torch", "torch_models")
 
 
 def machine() -> dict:

@@ -49,7 +49,8 @@ def _train(make_model, make_batch, loss_of, steps, *, lr=1e-3, exports=1):
     eager = copy.deepcopy(inner)
     optimizer = torch.optim.AdamW(bridged.parameters(), lr=lr)
     for step in range(steps):
-        eager.load_state_dict(inner.state_dict())           # the same state before each step
+        state = copy.deepcopy(inner.state_dict())
+        eager.load_state_dict(state)                        # the same state before each step
         eager.zero_grad()
         batch = make_batch(step)
         torch.manual_seed(100 + step)
@@ -59,11 +60,17 @@ def _train(make_model, make_batch, loss_of, steps, *, lr=1e-3, exports=1):
         expected = loss_of(_call(eager, batch))
         expected.backward()
         _compare_tensor(f"step {step} loss", loss.detach(), expected.detach())
+        mismatched = []
         for (name, p_eager), p_bridged in zip(eager.named_parameters(), inner.parameters()):
             if p_eager.grad is None:
                 assert p_bridged.grad is None or not p_bridged.grad.any(), name
                 continue
-            _compare_tensor(f"step {step} gradient of {name}", p_bridged.grad, p_eager.grad)
+            try:
+                _compare_tensor(f"step {step} gradient of {name}", p_bridged.grad, p_eager.grad)
+            except AssertionError:
+                mismatched.append(name)
+        if mismatched:
+            _against_float64(eager, state, batch, loss_of, step, mismatched, inner)
         for (name, b_eager), b_bridged in zip(eager.named_buffers(), inner.buffers()):
             if b_eager.is_floating_point():
                 _compare_tensor(f"step {step} buffer {name}", b_bridged, b_eager, rtol=1e-5)
@@ -74,6 +81,37 @@ def _train(make_model, make_batch, loss_of, steps, *, lr=1e-3, exports=1):
     # one export for every shape (the Python state of the module is part of the key: see BERT)
     assert bridged.exported_graphs == exports
     return bridged
+
+
+def _against_float64(eager, state, batch, loss_of, step, names, inner):
+    """Gradients that differ from eager float32's by more than RTOL, held to the float64
+    gradient instead: no farther from it than four times eager float32's own error (or RTOL).
+
+    Some training states are ill-conditioned in float32 (a BatchNorm channel of a few nearly
+    equal values after an optimizer step): there eager float32 itself is percents off the float64
+    gradient, and a difference in summation order anywhere moves the result as much."""
+    torch = _torch()
+    exact = copy.deepcopy(eager).double()
+    exact.load_state_dict(state)
+    exact.zero_grad()
+
+    def wide(value):
+        return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+    wide_batch = {k: wide(v) for k, v in batch.items()} if isinstance(batch, dict) else tuple(map(wide, batch))
+    torch.manual_seed(100 + step)
+    loss_of(_call(exact, wide_batch)).backward()
+    params = dict(exact.named_parameters())
+    eager_params = dict(eager.named_parameters())
+    bridged_params = dict(zip((n for n, _ in eager.named_parameters()), inner.parameters()))
+    for name in names:
+        reference = params[name].grad
+        scale = reference.abs().max().item()
+        eager_error = (eager_params[name].grad.double() - reference).abs().max().item()
+        error = (bridged_params[name].grad.double() - reference).abs().max().item()
+        assert error <= max(4 * eager_error, RTOL * max(scale, 1e-3)), (
+            f"step {step} gradient of {name}: max abs error {error:.3g} to float64 at scale {scale:.3g} "
+            f"(eager float32's: {eager_error:.3g})")
 
 
 def _call(model, batch):

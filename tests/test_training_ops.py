@@ -75,9 +75,12 @@ class Case:
     kernel_tol: object = None
     initializers: dict = field(default_factory=dict)
     extra_opsets: list = field(default_factory=list)
+    symbolic_inputs: tuple = ()         # inputs declared with their rank only
 
     def model(self) -> onnx.ModelProto:
-        inputs = [helper.make_tensor_value_info(n, _elem(a.dtype), list(a.shape)) for n, a in self.feeds.items()]
+        inputs = [helper.make_tensor_value_info(
+            n, _elem(a.dtype), [f"{n}_d{i}" for i in range(a.ndim)] if n in self.symbolic_inputs else list(a.shape))
+            for n, a in self.feeds.items()]
         outputs = [helper.make_tensor_value_info(n, _elem(dt), shape) for n, (dt, shape) in self.outputs.items()]
         inits = [onnx.numpy_helper.from_array(np.asarray(a), n) for n, a in self.initializers.items()]
         graph = helper.make_graph(self.nodes, self.id.replace("/", "_"), inputs, outputs, initializer=inits)
@@ -790,6 +793,11 @@ def _conv_cases():
         ("2d_stride_pad_dilation_group", (2, 4, 9, 8), (6, 2, 3, 2), [2, 3], [1, 0, 2, 1], [2, 1], 2),
         ("2d_depthwise_stride2", (1, 3, 7, 7), (3, 1, 3, 3), [2, 2], [0, 0, 0, 0], [1, 1], 3),
         ("1d_stride_dilation", (2, 3, 11), (5, 3, 3), [2], [2, 1], [2], 1),
+        ("3d_stride_pad_dilation", (2, 3, 5, 6, 4), (4, 3, 2, 3, 2), [1, 2, 1], [1, 0, 1, 0, 1, 1], [1, 1, 2], 1),
+        ("2d_depthwise_multiplier", (2, 4, 7, 6), (8, 1, 3, 3), [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        ("2d_pointwise_stride2", (3, 5, 6, 6), (7, 5, 1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),
+        ("2d_batch1_dilation_uneven", (1, 2, 8, 9), (3, 2, 3, 3), [2, 2], [2, 1, 2, 0], [2, 2], 1),
+        ("2d_groups3_stride2", (2, 6, 7, 7), (9, 2, 3, 3), [2, 2], [1, 1, 1, 1], [1, 1], 3),
     ]
     for tag, xs, ws, strides, pads, dil, group in specs:
         x = r.standard_normal(xs).astype(F32)
@@ -809,6 +817,14 @@ def _conv_cases():
                  {"dX": dx.astype(F32)}, tol=CONV)
             case(f"ConvGrad/{tag}/dX_dW", grad_node("ConvGrad", ["dY", "X", "W"], ["dX", "dW", ""], **attrs), feeds,
                  {"dX": dx.astype(F32), "dW": dw.astype(F32)}, tol=CONV)
+        if tag in ("2d_basic", "2d_stride_pad_dilation_group", "2d_depthwise_stride2", "3d_stride_pad_dilation"):
+            # no static shape anywhere (the weight gradient by correlation), and only the
+            # weight's (ORTModule's graphs: the window product with batch and positions known
+            # at run time only)
+            for suffix, symbolic in (("symbolic", ("dY", "X", "W")), ("symbolic_activations", ("dY", "X"))):
+                case(f"ConvGrad/{tag}/{suffix}", grad_node("ConvGrad", ["dY", "X", "W"], ["dX", "dW", "dB"], **attrs),
+                     feeds, {"dX": dx.astype(F32), "dW": dw.astype(F32), "dB": db.astype(F32)}, tol=CONV,
+                     symbolic_inputs=symbolic, kernel=False)
 
 
 _conv_cases()
@@ -1238,3 +1254,32 @@ def test_model_without_training_ops_is_unchanged(lower):
     assert [n.op_type for n in lowered.graph.node] == ["Relu"]
     feeds = {"x": np.array([-1.0, 2.0], F32)}
     assert np.array_equal(run_stock(lowered, feeds, ["y"])["y"], np.array([0.0, 2.0], F32))
+
+
+@pytest.mark.parametrize("group,w_shape,product", [(1, (4, 3, 3, 3), "Gemm"), (2, (6, 3, 3, 3), "MatMul")])
+def test_conv_weight_gradient_is_written_in_weight_order(lower, group, w_shape, product):
+    """With the weight's shape static, ConvGrad's dW comes out of one matrix product already in
+    W's [Cout, Cin/group, k...] order: only a Reshape (a view) follows the product, no
+    Transpose or Slice of the gradient (the correlation form transposes and cuts it)."""
+    node = grad_node("ConvGrad", ["dY", "X", "W"], ["", "dW", ""], kernel_shape=[3, 3], strides=[1, 1],
+                     pads=[1, 1, 1, 1], dilations=[1, 1], group=group)
+    x_shape, dy_shape = ("N", 3 * group, "H", "W"), ("N", w_shape[0], "H", "W")
+    graph = helper.make_graph([node], "conv_grad", [
+        helper.make_tensor_value_info("dY", TensorProto.FLOAT, list(dy_shape)),
+        helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x_shape)),
+        helper.make_tensor_value_info("W", TensorProto.FLOAT, list(w_shape))],
+        [helper.make_tensor_value_info("dW", TensorProto.FLOAT, list(w_shape))])
+    lowered = lower(helper.make_model(graph, opset_imports=OPSETS, ir_version=8))
+    producers = {out: n for n in lowered.graph.node for out in n.output}
+    last = producers["dW"]
+    assert last.op_type == "Reshape"
+    assert producers[last.input[0]].op_type == product
+    assert onnx.numpy_helper.to_array(next(
+        n for n in lowered.graph.node if last.input[1] in n.output).attribute[0].t).tolist() == list(w_shape)
+    r = rng(5)
+    x = r.standard_normal((2, 3 * group, 5, 6)).astype(F32)
+    w = r.standard_normal(w_shape).astype(F32)
+    dy = r.standard_normal((2, w_shape[0], 5, 6)).astype(F32)
+    _, dw, _ = conv_grad_ref(dy, x, w, [1, 1], [1, 1, 1, 1], [1, 1], group)
+    got = run_stock(lowered, {"dY": dy, "X": x, "W": w}, ["dW"])["dW"]
+    np.testing.assert_allclose(got, dw, rtol=1e-4, atol=1e-5)

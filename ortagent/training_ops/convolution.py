@@ -66,27 +66,88 @@ def _conv_grad(e: Emitter, node: NodeProto) -> None:
                        group=group)
         _fit_to_shape(e, partial, x, dx)
     if dw:
-        moved = [1, 0, *range(2, spatial + 2)]
-        if group == 1:
-            xt = e.op("Transpose", x, perm=moved)                    # [Cin, N, spatial]
-            dyt = e.op("Transpose", dy, perm=moved)                  # [Cout, N, out spatial]
+        static = _static_weight(e, w)
+        if kernel and static and not (group > 1 and e.shape(w)[1] == 1):
+            _weight_gradient_from_windows(e, dy, x, w, list(kernel), strides, pads, dilations, group, dw)
+        elif static:
+            # depthwise: the correlation's result is in W's order already (its transpose moves an
+            # axis of 1); the Reshape states W's static shape, which the cut cannot show
+            full = e.names.fresh(f"{e.stem}/dW")
+            _weight_gradient_by_correlation(e, dy, x, w, spatial, strides, pads, dilations, group, full)
+            e.op("Reshape", full, e.ints(e.shape(w)), out=dw)
         else:
-            # batch = input channel within its group, channels = (group, sample)
-            grouped = e.op("Concat", e.op("Shape", x, end=1), e.ints([group, -1]), e.op("Shape", x, start=2), axis=0)
-            x5 = e.op("Transpose", e.op("Reshape", x, grouped), perm=[2, 1, 0, *range(3, spatial + 3)])
-            xt = e.op("Reshape", x5, e.op("Concat", e.ints([0, -1]), e.op("Shape", x, start=2), axis=0))
-            dgrouped = e.op("Concat", e.op("Shape", dy, end=1), e.ints([group, -1]), e.op("Shape", dy, start=2),
-                            axis=0)
-            dy5 = e.op("Transpose", e.op("Reshape", dy, dgrouped), perm=[1, 2, 0, *range(3, spatial + 3)])
-            dyt = e.op("Reshape", dy5, e.op("Concat", e.ints([-1]), e.op("Shape", dy, end=1), e.op("Shape", dy, start=2),
-                                             axis=0))
-        correlated = e.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=pads, group=group)
-        full = e.op("Transpose", correlated, perm=moved)             # [Cout, Cin/group, >= kernel]
-        if kernel:
-            ends = e.ints(list(kernel))
-        else:
-            ends = e.op("Shape", w, start=2)
-        e.op("Slice", full, e.ints([0] * spatial), ends, e.ints(range(2, spatial + 2)), out=dw)
+            _weight_gradient_by_correlation(e, dy, x, w, spatial, strides, pads, dilations, group, dw)
+
+
+def _static_weight(e: Emitter, w: str) -> bool:
+    shape = e.shape(w)
+    return shape is not None and None not in shape and all(dim > 0 for dim in shape)
+
+
+def _weight_gradient_from_windows(e: Emitter, dy: str, x: str, w: str, kernel: list[int], strides: list[int],
+                                  pads: list[int], dilations: list[int], group: int, out: str) -> None:
+    """dW as one matrix product per group, written in W's own [Cout, Cin/group, k...] order:
+    dW[o, (c, k)] = sum over (sample, output position) of dY[o] * (the input window at k).
+
+    The windows come from one Conv of each input plane with an identity kernel (output channel
+    k picks kernel position k, with the forward's strides, pads and dilations), so the window
+    matrix has the forward's output positions exactly. Only the activations are rearranged
+    (sample next to position); the gradient itself, which is Cout*Cin*k values however small
+    the activations are, is produced in place by a Gemm (one group) or a batched MatMul."""
+    cout, per_group = e.shape(w)[0], e.shape(w)[1]
+    taps = int(np.prod(kernel))
+    identity = np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel)
+    planes = e.op("Reshape", x, e.op("Concat", e.ints([-1, 1]), e.op("Shape", x, start=2), axis=0))
+    windows = e.op("Conv", planes, e.cast_like(e.const(identity), x), strides=strides, pads=pads,
+                   dilations=dilations)                            # [N*Cin, taps, out spatial]
+    samples = e.op("Shape", dy, end=1)
+    positions = e.op("ReduceProd", e.op("Shape", dy, start=2), keepdims=1)
+    if group == 1:
+        # [N, Cin*taps, P] -> [Cin*taps, N*P]; [N, Cout, P] -> [Cout, N*P]
+        columns = e.op("Reshape", windows, e.op("Concat", samples, e.ints([per_group * taps]), positions, axis=0))
+        columns = e.op("Reshape", e.op("Transpose", columns, perm=[1, 0, 2]), e.ints([per_group * taps, -1]))
+        rows = e.op("Reshape", dy, e.op("Concat", samples, e.ints([cout]), positions, axis=0))
+        rows = e.op("Reshape", e.op("Transpose", rows, perm=[1, 0, 2]), e.ints([cout, -1]))
+        flat = e.op("Gemm", rows, columns, transB=1)                # [Cout, Cin*taps]
+    else:
+        # [N, G, Cin/G*taps, P] -> [G, N*P, Cin/G*taps]; [N, G, Cout/G, P] -> [G, Cout/G, N*P]
+        columns = e.op("Reshape", windows, e.op("Concat", samples, e.ints([group, per_group * taps]), positions,
+                                                axis=0))
+        columns = e.op("Reshape", e.op("Transpose", columns, perm=[1, 2, 0, 3]), e.ints([group, per_group * taps, -1]))
+        columns = e.op("Transpose", columns, perm=[0, 2, 1])         # (onnxruntime folds it into the product)
+        rows = e.op("Reshape", dy, e.op("Concat", samples, e.ints([group, cout // group]), positions, axis=0))
+        rows = e.op("Reshape", e.op("Transpose", rows, perm=[1, 2, 0, 3]), e.ints([group, cout // group, -1]))
+        flat = e.op("MatMul", rows, columns)                        # [G, Cout/G, Cin/G*taps]
+    e.op("Reshape", flat, e.ints(e.shape(w)), out=out)
+
+
+def _weight_gradient_by_correlation(e: Emitter, dy: str, x: str, w: str, spatial: int, strides: list[int],
+                                    pads: list[int], dilations: list[int], group: int, out: str) -> None:
+    """dW as a Conv of the input (samples as channels) with the output gradient as its kernel:
+    needs no static shape, but gives [Cin/group, Cout, >= k...], transposed and cut to W's
+    shape afterwards (a copy of the whole gradient unless Cin/group is 1)."""
+    kernel = e.attr("kernel_shape")
+    moved = [1, 0, *range(2, spatial + 2)]
+    if group == 1:
+        xt = e.op("Transpose", x, perm=moved)                    # [Cin, N, spatial]
+        dyt = e.op("Transpose", dy, perm=moved)                  # [Cout, N, out spatial]
+    else:
+        # batch = input channel within its group, channels = (group, sample)
+        grouped = e.op("Concat", e.op("Shape", x, end=1), e.ints([group, -1]), e.op("Shape", x, start=2), axis=0)
+        x5 = e.op("Transpose", e.op("Reshape", x, grouped), perm=[2, 1, 0, *range(3, spatial + 3)])
+        xt = e.op("Reshape", x5, e.op("Concat", e.ints([0, -1]), e.op("Shape", x, start=2), axis=0))
+        dgrouped = e.op("Concat", e.op("Shape", dy, end=1), e.ints([group, -1]), e.op("Shape", dy, start=2),
+                        axis=0)
+        dy5 = e.op("Transpose", e.op("Reshape", dy, dgrouped), perm=[1, 2, 0, *range(3, spatial + 3)])
+        dyt = e.op("Reshape", dy5, e.op("Concat", e.ints([-1]), e.op("Shape", dy, end=1), e.op("Shape", dy, start=2),
+                                         axis=0))
+    correlated = e.op("Conv", xt, dyt, strides=dilations, dilations=strides, pads=pads, group=group)
+    full = e.op("Transpose", correlated, perm=moved)             # [Cout, Cin/group, >= kernel]
+    if kernel:
+        ends = e.ints(list(kernel))
+    else:
+        ends = e.op("Shape", w, start=2)
+    e.op("Slice", full, e.ints([0] * spatial), ends, e.ints(range(2, spatial + 2)), out=out)
 
 
 def _forward_pool(e: Emitter, op_type: str) -> NodeProto | None:

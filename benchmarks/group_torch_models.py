@@ -1,0 +1,157 @@
+"""Group 7, torch model families: ``ortagent.torch.ORTModule`` against torch eager on models
+built from configs (random weights, nothing downloaded), interleaved in the same rounds.
+
+Per model: the training step (``zero_grad(set_to_none=True)``, forward, loss, ``backward()``; no
+optimizer), the forward alone (forward and loss; the graph is dropped unused), and the backward
+as their difference; the first call's time split into the export (discovery included), the
+training-graph build (autodiff, lowering, passes) and the session creation (the agent's two
+sessions), by thread CPU time. Torch runs with one thread, onnxruntime with 1 intra-op and 1
+inter-op thread (the session settings of every group).
+
+Models: torchvision ResNet-18 and MobileNetV3-small on 2x3x64x64 (``--quick``: ResNet-18
+only), transformers GPT-2 (2 layers, d64, 4 heads, vocabulary 128) on 2x16 tokens with its LM
+loss. The bridge's gradients are checked against eager's before timing. Skipped, with the
+reason, when torch, torchvision, transformers or onnxscript is missing. This group times the
+CPU; a CUDA run is not part of it yet (noted in the group when a CUDA device exists).
+Peak memory against eager's is not measured yet.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from . import _common
+from ._harness import PyCalls, run_rounds
+from ._report import Group, Row
+
+ROUNDS_FULL, ROUNDS_QUICK = 15, 5
+
+
+def _models(torch, quick: bool):
+    import torchvision
+
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    square = lambda out: out.square().mean()  # noqa: E731
+    cases = [("resnet18", "ResNet-18 2x3x64x64", lambda: torchvision.models.resnet18(num_classes=10),
+              (images,), {}, square)]
+    if quick:
+        return cases
+    cases.append(("mobilenet_v3", "MobileNetV3-small 2x3x64x64",
+                  lambda: torchvision.models.mobilenet_v3_small(num_classes=10), (images,), {}, square))
+    import transformers
+
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cases.append(("gpt2", "GPT-2 2 layers d64 2x16", lambda: transformers.GPT2LMHeadModel(config), (),
+                  {"input_ids": ids, "labels": ids}, lambda out: out.loss))
+    return cases
+
+
+class _FirstCall:
+    """Thread CPU seconds spent in the export, the graph build and the session creation of the
+    calls made while it is active."""
+
+    def __init__(self) -> None:
+        self.spans: dict[str, float] = {}
+
+    def __enter__(self):
+        from ortagent import agent
+        from ortagent.torch import _bridge, _module
+
+        self._patched = []
+        for owner, attr, key in ((_module, "discover", "export"), (_module, "export", "export"),
+                                 (_bridge.GraphRunner, "_training_graph", "graph build"),
+                                 (agent, "TrainingAgent", "sessions")):
+            original = getattr(owner, attr)
+            self._patched.append((owner, attr, original))
+            setattr(owner, attr, self._timed(original, key))
+        return self
+
+    def _timed(self, original, key):
+        def timed(*args, **kwargs):
+            started = time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.spans[key] = self.spans.get(key, 0.0) + time.thread_time() - started
+        return timed
+
+    def __exit__(self, *exc):
+        for owner, attr, original in self._patched:
+            setattr(owner, attr, original)
+
+
+def run(settings) -> Group:
+    started = time.perf_counter()
+    rounds = settings.rounds.get("torch_models", ROUNDS_QUICK if settings.quick else ROUNDS_FULL)
+    group = Group("torch_models", "7. torch model families: ORTModule vs torch eager (ms)",
+                  rounds=rounds, burst_s=settings.burst_s, clock=settings.clock)
+    try:
+        import onnxscript  # noqa: F401
+        import torch
+        import torchvision  # noqa: F401
+        if not settings.quick:
+            import transformers  # noqa: F401
+    except ImportError as exc:
+        group.skipped = f"{exc.name} is not installed (make bench TORCH=1 installs the torch extras)"
+        return group
+    from ortagent.torch import ORTModule
+
+    torch.set_num_threads(1)
+    if torch.cuda.is_available():
+        group.notes.append("a CUDA device exists; this group times the CPU only (CUDA runs are not part of it yet)")
+    blocks, labels = [], {}
+    for tag, title, make, args, kwargs, loss_of in _models(torch, settings.quick):
+        torch.manual_seed(0)
+        eager = make().train()
+        bridged = ORTModule(copy.deepcopy(eager), session_options=_common.ortagent_options())
+
+        def forward(model, args=args, kwargs=kwargs, loss_of=loss_of):
+            model.zero_grad(set_to_none=True)
+            return loss_of(model(*args, **kwargs))
+
+        def step(model, forward=forward):
+            forward(model).backward()
+
+        wall = time.perf_counter()
+        with _FirstCall() as first:
+            step(bridged)
+        wall = time.perf_counter() - wall
+        step(eager)
+        worst = 0.0
+        for pe, pb in zip(eager.parameters(), bridged.module.parameters()):
+            if pe.grad is None:
+                continue
+            scale = max(pe.grad.abs().max().item(), 1e-2)
+            worst = max(worst, (pe.grad - pb.grad).abs().max().item() / scale)
+        if worst > 1e-3:
+            raise AssertionError(f"{tag}: the bridge's gradients differ from eager's ({worst:.2g} relative)")
+        split = ", ".join(f"{key} {seconds:.2f} s" for key, seconds in first.spans.items())
+        group.notes.append(f"{title}: first call {wall:.2f} s wall ({split}, thread CPU); largest gradient "
+                           f"difference to eager {worst:.1e}")
+        labels[tag] = title
+        blocks.append([PyCalls(f"{tag}/eager", f"{title}: eager step", "torch", step, eager),
+                       PyCalls(f"{tag}/bridge", f"{title}: ORTModule step", "ortagent", step, bridged),
+                       PyCalls(f"{tag}/eager_fw", f"{title}: eager forward", "torch", forward, eager),
+                       PyCalls(f"{tag}/bridge_fw", f"{title}: ORTModule forward", "ortagent", forward, bridged)])
+    samples = run_rounds(blocks, rounds, settings.burst_s, desc="7 torch models", seed=settings.seed,
+                         clock=settings.clock)
+    for tag, title in labels.items():
+        for kind, what in (("", "step"), ("_fw", "forward")):
+            group.rows.append(Row(f"{tag}/eager{kind}", f"{title}: eager {what}", "torch",
+                                  samples[f"{tag}/eager{kind}"], unit="ms", other=samples.other[f"{tag}/eager{kind}"]))
+            group.rows.append(Row(f"{tag}/bridge{kind}", f"{title}: ORTModule {what}", "ortagent",
+                                  samples[f"{tag}/bridge{kind}"], ref=f"{tag}/eager{kind}", ref_name="torch eager",
+                                  unit="ms", other=samples.other[f"{tag}/bridge{kind}"]))
+        backward = {side: [s - f for s, f in zip(samples[f"{tag}/{side}"], samples[f"{tag}/{side}_fw"])]
+                    for side in ("eager", "bridge")}
+        group.rows.append(Row(f"{tag}/eager_bw", f"{title}: eager backward (step - forward)", "torch",
+                              backward["eager"], unit="ms"))
+        group.rows.append(Row(f"{tag}/bridge_bw", f"{title}: ORTModule backward (step - forward)", "ortagent",
+                              backward["bridge"], ref=f"{tag}/eager_bw", ref_name="torch eager", unit="ms"))
+    group.ratio_target("torch_resnet18", "ORTModule ResNet-18 step within 1.0x of eager's",
+                       "resnet18/bridge", "resnet18/eager", 1.0)
+    group.seconds = time.perf_counter() - started
+    return group
