@@ -19,7 +19,7 @@ from ortagent._values cimport OrtValue, SpareOutputs
 from ortagent._options cimport RunOptions
 from ortagent._session cimport InferenceSession, FixedOutput, init_call
 from ortagent._run_core cimport (
-    RunArrays, RunStack, RunCall, HOLD_CREATED, OUT_ORT, OUT_SPARE, OUT_DEVICE, run_arrays_init,
+    RunArrays, RunStack, RunCall, HOLD_CREATED, HOLD_BY_CALLER, OUT_ORT, OUT_SPARE, OUT_DEVICE, run_arrays_init,
     run_arrays_release, set_output, hold_value, hold_output, release_feeds, release_outputs, run_core,
 )
 from ortagent.errors import OrtInvalidArgument
@@ -55,6 +55,8 @@ cdef list _run_hot(InferenceSession session, RunArrays* a, Py_ssize_t n_in, Py_s
     cdef bint preallocating = owned and preallocate[0]
     cdef RunCall call
     cdef OrtValue value
+    for i in range(n_in):
+        a.in_hold[i] = HOLD_BY_CALLER           # the engine holds the feeds and lets them go
     for i in range(n_out):
         set_output(a, i, a.out_names[i], slots[i], OUT_ORT)
         if preallocating:
