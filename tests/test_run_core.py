@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent.errors import OrtFail, OrtInvalidArgument
 
 
