@@ -4,9 +4,10 @@ from ortagent._values cimport OrtValue, SpareOutputs
 from ortagent._session cimport InferenceSession
 from ortagent._run_core cimport RunArrays
 
-# Whether the run preallocated every output at `positions`.
+# Whether the run preallocated every output at `positions` (their policy is OUT_SPARE).
 cdef bint _all_preallocated(RunArrays* a, list positions) noexcept
-# OrtApi::Run with arrays the caller filled (the state API's hot path); outputs as OrtValues.
+# The run core with arrays the caller filled and holds (the state API's hot path); outputs
+# as OrtValues.
 # `owned`: the run holds its half's preallocation (the agent's _Preallocation claim), so it
 # may read and change the session's FixedOutput states and *preallocate. Preallocated outputs
 # come from `spares` (by session output slot) when one was given back, else from `allocator`,
@@ -19,9 +20,9 @@ cdef tuple _shape_of(OrtValue value, bint on_cpu)
 # Whether a gradient has the element type and shape its module output needs.
 cdef bint _gradient_fits(OrtValue gradient, int elem_type, bint full_shape, tuple shape) except -1
 cdef bint _broadcasts_to(object shape, object target)
-# One half on the CPU: OrtApi::Run with the feeds and the named outputs (some preallocated).
+# One half on the CPU: the run core with the feeds and the named outputs (some the caller's).
 cdef list _run(InferenceSession session, char** input_names, list feeds, int* input_types,
                char** output_names, Py_ssize_t n_out, object preallocated, object run_options)
-# One half through an OrtIoBinding: outputs to devices or caller buffers (`targets`).
+# One half through an OrtIoBinding made for the call: outputs to devices or caller buffers.
 cdef list _run_bound(InferenceSession session, char** input_names, list feeds, int* input_types,
                      char** output_names, list targets, object run_options)

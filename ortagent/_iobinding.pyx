@@ -1,10 +1,11 @@
 # cython: language_level=3
 """IOBinding: inputs and outputs bound to a session once and reused across runs, with the
-names and behaviour of onnxruntime's IOBinding. A run goes through the session layer's run core
-(run_binding_nogil, end_run_call); InferenceSession.run_with_iobinding calls run_in here.
+names and behaviour of onnxruntime's IOBinding. A run goes through the run core (_run_core.run_core,
+with this binding and its retry rule); InferenceSession.run_with_iobinding calls run_in here.
 """
 
 cimport cython
+from cpython.object cimport PyObject
 from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
@@ -17,8 +18,8 @@ from ortagent._tensors cimport tensor_data
 from ortagent._values cimport OrtValue, value_to_numpy, keep_aliased_feeds_alive, bound_output_values
 from ortagent._containers cimport check_feedable
 from ortagent._options cimport RunOptions, _encode, _require_value
-from ortagent._session cimport InferenceSession, SessionBinding
-from ortagent._run_core cimport run_binding_nogil, end_run_call
+from ortagent._session cimport InferenceSession, SessionBinding, init_call
+from ortagent._run_core cimport RunArrays, RunStack, RunCall, run_arrays_init, run_core
 from ortagent._values import output_target
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, ObjectClosedError
 
@@ -34,6 +35,12 @@ _SYNC_DISABLED_KEY = "disable_synchronize_execution_providers"
 cdef bint _disables_sync(object run_options):
     return (run_options is not None
             and (<RunOptions>run_options)._config_entries.get(_SYNC_DISABLED_KEY) == "1")
+
+
+cdef int _rebind_device_outputs(object binding) except -1:
+    """The run core's retry for an IOBinding: fresh buffers for the outputs bound to devices."""
+    (<IOBinding>binding).rebind_device_outputs(True)
+    return 0
 
 
 @cython.final
@@ -314,9 +321,11 @@ cdef class IOBinding(SessionBinding):
                 raise OrtInvalidArgument(f"required inputs {unbound} are not bound to this IOBinding")
             bound.inputs_verified = True
         cdef bint rebound = bound.rebind_device_outputs(False)
-        cdef ort.OrtIoBinding* binding = bound.handle
-        cdef ort.OrtStatus* status = NULL
-        cdef bint registered = False
+        cdef RunStack stack
+        cdef RunArrays a
+        cdef RunCall call
+        cdef bint kept_device = not rebound and bound.has_device_outputs()
+        run_arrays_init(&a, &stack, 0, 0)       # nothing in the arrays: all is in the binding
         session.begin_run(False)
         cdef tuple used
         try:
@@ -325,19 +334,13 @@ cdef class IOBinding(SessionBinding):
             session.end_run(False)
             raise
         try:
-            while True:
-                run_options_c = interruptible_begin(run_options_c, &registered)
-                status = run_binding_nogil(session.handle, run_options_c, binding, False)
-                end_run_call(run_options_c, registered, status)
-                if (status != NULL and not rebound and bound.has_device_outputs()
-                        and ort.GetErrorCode(status) == ort.ORT_INVALID_ARGUMENT):
-                    # An output kept from the last run may no longer fit (a data-dependent
-                    # output shape): give the device outputs fresh buffers and run again.
-                    ort.ReleaseStatus(status)
-                    rebound = bound.rebind_device_outputs(True)
-                    continue
-                break
-            check(status)
+            init_call(&call, session, run_options_c, 0, 0)
+            call.binding = bound.handle
+            if kept_device:
+                # device buffers kept from the last run: the retry rule gives them fresh ones
+                call.rebind = _rebind_device_outputs
+                call.rebind_owner = <PyObject*>bound
+            run_core(session, &call, &a)
         finally:
             bound.end_run(used)
             session.end_run(False)

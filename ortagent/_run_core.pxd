@@ -1,6 +1,8 @@
 # cython: language_level=3
 from cpython.object cimport PyObject
 from ortagent cimport _capi as ort
+from libc.stdint cimport int64_t
+from ortagent._dtypes cimport MAX_INLINE_DIMS
 from ortagent._tensors cimport FeedView
 
 
@@ -48,37 +50,113 @@ cdef enum:
     RUN_STACK_SLOTS = 16
 
 
+# How the run holds feed i, and so what release_feeds does for it once the run is over.
+cdef enum FeedHold:
+    HOLD_BORROWED = 0      # the caller's OrtValue (in_refs[i]): begin_use'd, end_use'd after
+    HOLD_CREATED = 1       # a tensor made for this run: released after
+    HOLD_CACHED = 2        # the lane's feed view of input in_slots[i]: release_feed_view after
+    HOLD_BY_CALLER = 3     # the core's caller holds it and lets it go (the agent's hot path)
+
+
+# Where output i is written: the one allocation policy per output that run_core carries out.
+cdef enum OutputPolicy:
+    OUT_ORT = 0            # onnxruntime allocates it; returned as an OrtValue
+    OUT_NEW_ARRAY = 1      # into a new NumPy array (out_objects[i]) through a tensor over it
+    OUT_SCRATCH = 2        # into the lane's scratch tensor, copied into a new NumPy array after
+    OUT_SPARE = 3          # into a tensor from the spares (else the pool), which it goes back to
+    OUT_CALLER = 4         # into the caller's OrtValue (out_objects[i]), returned as is
+    OUT_DEVICE = 5         # bound to a device in the call's IoBinding: onnxruntime allocates there
+
+
+# An output whose element type and shape the model fixes. A run lets onnxruntime write it
+# into a buffer of ours (OUT_NEW_ARRAY, OUT_SCRATCH, OUT_SPARE) once a run has produced
+# exactly that shape.
+cdef struct FixedOutput:
+    int elem_type                  # ONNX element type; -1: not fixed, onnxruntime allocates it
+    bint confirmed                 # a run produced this type and shape
+    int ndim
+    int64_t dims[MAX_INLINE_DIMS]
+    size_t nbytes
+
+
 # A run's C arrays, per input and per output, in one place: on the stack for small runs,
 # else one heap block (`heap`). run_arrays_init sets them up, run_arrays_release frees them.
+# Each field means one thing for every caller.
 cdef struct RunArrays:
     const char** in_names
     ort.OrtValue** in_values
-    Py_ssize_t* in_created         # per input: what the run did for it (FEED_* in _session.pyx)
-    PyObject** in_refs             # a reference of ours to each feed while the GIL is released
-    void** in_data                 # each feed tensor's data pointer (to spot outputs aliasing it)
-    PyObject** in_holders          # what owns each feed's memory
+    FeedHold* in_hold              # per feed: how the run holds it (FeedHold)
+    Py_ssize_t* in_slots           # per feed: its input position in the session
+    PyObject** in_refs             # per feed: a reference the run holds to the caller's object
+    void** in_data                 # per feed: its tensor's data pointer (to spot outputs aliasing it)
+    PyObject** in_holders          # per feed: what owns its memory (borrowed)
     const char** out_names
     ort.OrtValue** out_values
-    Py_ssize_t* out_positions      # per requested output: its position in the model
-    PyObject** out_arrays          # per output: the NumPy array written into, or NULL
+    Py_ssize_t* out_slots          # per output: its position in the session's outputs
+    OutputPolicy* out_policy       # per output: where it is written (OutputPolicy)
+    PyObject** out_objects         # per output: a reference the run holds to the object it is
+                                   # written into (OUT_NEW_ARRAY, OUT_SCRATCH: the array;
+                                   # OUT_CALLER: the caller's OrtValue), else NULL
     void* heap
 
 
 cdef struct RunStack:
     const char* in_names[RUN_STACK_SLOTS]
     ort.OrtValue* in_values[RUN_STACK_SLOTS]
-    Py_ssize_t in_created[RUN_STACK_SLOTS]
+    FeedHold in_hold[RUN_STACK_SLOTS]
+    Py_ssize_t in_slots[RUN_STACK_SLOTS]
     PyObject* in_refs[RUN_STACK_SLOTS]
     void* in_data[RUN_STACK_SLOTS]
     PyObject* in_holders[RUN_STACK_SLOTS]
     const char* out_names[RUN_STACK_SLOTS]
     ort.OrtValue* out_values[RUN_STACK_SLOTS]
-    Py_ssize_t out_positions[RUN_STACK_SLOTS]
-    PyObject* out_arrays[RUN_STACK_SLOTS]
+    Py_ssize_t out_slots[RUN_STACK_SLOTS]
+    OutputPolicy out_policy[RUN_STACK_SLOTS]
+    PyObject* out_objects[RUN_STACK_SLOTS]
+
+
+# One call of run_core: the session's C data, how to call onnxruntime, and what the output
+# policies need. The caller fills it (see InferenceSession.init_call) and the RunArrays.
+cdef struct RunCall:
+    ort.OrtSession* session
+    ort.OrtRunOptions* options     # the caller's run options, or NULL
+    Py_ssize_t n_in                # feeds in the arrays
+    Py_ssize_t n_out               # outputs in the arrays
+    # the session's feedable inputs (names and ONNX element types), for error messages
+    char** input_names
+    const int* input_types
+    Py_ssize_t n_inputs
+    FixedOutput* fixed             # per session output: type and shape of our buffers
+    RunLane* lane                  # the run's lane (OUT_SCRATCH, the lane's binding), or NULL
+    bint lane_binding              # the lane's IoBinding may run this call (see lane_binding_ready)
+    Py_ssize_t n_feedable          # the session's feedable inputs (the lane's size)
+    PyObject* spares               # SpareOutputs for OUT_SPARE (borrowed), or NULL
+    ort.OrtAllocator* allocator    # OUT_SPARE's allocator when no spare is there
+    bint* preallocate              # the caller's flag, cleared when a retry shows our buffers refused
+    bint outputs_on_cpu            # OUT_ORT outputs are host memory (described as such)
+    # An IoBinding the caller bound (its own, or one made for the call): RunWithBinding on it.
+    ort.OrtIoBinding* binding
+    bint synchronize               # SynchronizeBoundOutputs after a bound run
+    bint bound_results             # read the bound outputs back as the results (in out_* order)
+    # The binding holds device buffers from an earlier run (OUT_DEVICE): the retry gives it
+    # fresh ones through rebind(rebind_owner).
+    int (*rebind)(object) except -1
+    PyObject* rebind_owner
 
 
 cdef int run_arrays_init(RunArrays* arrays, RunStack* stack, Py_ssize_t n_in, Py_ssize_t n_out) except -1
 cdef void run_arrays_release(RunArrays* arrays) noexcept
+# Hold feed i of the arrays: an OrtValue of the caller (HOLD_BORROWED: begin_use, a reference).
+cdef int hold_value(RunArrays* a, Py_ssize_t i, object value) except -1
+# Let go of feeds [0, n) as their FeedHold says (lane: the run's lane, for HOLD_CACHED).
+cdef void release_feeds(RunArrays* a, Py_ssize_t n, RunLane* lane) noexcept
+# The run: the output policies carried out, the call (Run or RunWithBinding) with the GIL
+# released between interruptible_begin and end, the retry rule, error remapping, outputs
+# owned and kept alias-safe. Returns the outputs (None where onnxruntime gave none); on
+# error, raises with everything the run made released. `owner` is the InferenceSession.
+cdef list run_core(object owner, RunCall* call, RunArrays* a)
+# The retry rule (one for every caller): see the module docstring.
+cdef bint retry_wanted(ort.OrtStatus* status, Py_ssize_t n_ours, bint kept_device) noexcept
 # OrtApi::Run with the GIL released, between interruptible_begin and end_run_call.
 cdef ort.OrtStatus* run_nogil(ort.OrtSession* session, ort.OrtRunOptions* options, RunArrays* arrays,
                               Py_ssize_t n_in, Py_ssize_t n_out) noexcept
@@ -94,3 +172,17 @@ cdef RunLane* lane_new(Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept
 cdef void lane_drop_binding(RunLane* lane) noexcept
 # Release what the lane holds (its first n_feedable feed caches, n_out scratch tensors) and it.
 cdef void lane_free(RunLane* lane, Py_ssize_t n_feedable, Py_ssize_t n_out) noexcept
+
+
+# Output i of the arrays: its name, session position and policy, nothing written yet.
+cdef inline void set_output(RunArrays* a, Py_ssize_t i, const char* name, Py_ssize_t slot,
+                            OutputPolicy policy) noexcept:
+    a.out_names[i] = name
+    a.out_slots[i] = slot
+    a.out_policy[i] = policy
+    a.out_values[i] = NULL
+    a.out_objects[i] = NULL
+# Output i is written into the caller's OrtValue `value` (OUT_CALLER): begin_use, a reference.
+cdef int hold_output(RunArrays* a, Py_ssize_t i, object value) except -1
+# Let go of what the arrays hold for outputs [0, n) (after a failure before run_core).
+cdef void release_outputs(RunArrays* a, Py_ssize_t n, RunLane* lane, PyObject* spares) noexcept

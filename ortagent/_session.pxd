@@ -5,24 +5,8 @@ from libc.stdint cimport int64_t
 from ortagent._dtypes cimport MAX_INLINE_DIMS
 from ortagent._values cimport OrtValue
 from ortagent._tensors cimport FeedView
-from ortagent._run_core cimport RunArrays, RunLane, MAX_RUN_LANES
+from ortagent._run_core cimport RunArrays, RunLane, RunCall, FixedOutput, MAX_RUN_LANES
 from ortagent._options cimport SessionOptions, RunOptions
-
-
-# An output whose element type and shape the model fixes. run() lets onnxruntime write it
-# straight into a new NumPy array once a run has produced exactly that shape.
-cdef struct FixedOutput:
-    int elem_type                  # ONNX element type; -1: not fixed, onnxruntime allocates it
-    bint confirmed                 # a run produced this type and shape
-    int ndim
-    int64_t dims[MAX_INLINE_DIMS]
-    size_t nbytes
-
-
-# check(status); where onnxruntime refuses an OrtValue feed's type without naming the input,
-# raise naming it (`names` and `feeds`: the feeds given, in any order).
-cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, object names,
-                          object feeds) except -1
 
 
 cdef enum FeedKind:
@@ -85,22 +69,39 @@ cdef class InferenceSession:
     cdef int _read_io_metadata(self) except -1
     cdef _create_with_fallback(self, list requested)
     cdef int _plan_fixed_output(self, Py_ssize_t position, object arg, int elem) except -1
-    cdef Py_ssize_t _preallocate_outputs(self, RunLane* lane, const Py_ssize_t* positions,
-                                         Py_ssize_t n_out, bint distinct, ort.OrtValue** values,
-                                         PyObject** arrays) except -1
-    cdef int _take_scratch_outputs(self, RunLane* lane, RunArrays* a, Py_ssize_t n_out,
-                                   bint copy) except -1
     cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1
     cdef void _release_handle(self) noexcept
     # Release `closing` (the session's handle, already detached) and the lanes' bindings of it.
     cdef void _release_session(self, ort.OrtSession* closing) noexcept
-    # Whether the lane's binding holds exactly this run's feeds and outputs, binding them if the
-    # run is eligible (every feed a feed view's tensor, every output a scratch tensor).
-    cdef bint _run_binding_ready(self, RunLane* lane, RunArrays* a, Py_ssize_t n_in,
-                                 Py_ssize_t n_out) except -1
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy)
 
 
 # What run_with_iobinding runs (ortagent._iobinding.IOBinding implements run_in).
 cdef class SessionBinding:
     cdef int run_in(self, InferenceSession session, object run_options) except -1
+
+
+# A RunCall (see _run_core) for a run of `session`: its handle and facts, every output policy's
+# extra off (no lane, spares, binding or retry hook); the caller sets what its run uses.
+cdef inline void init_call(RunCall* call, InferenceSession session, ort.OrtRunOptions* options,
+                           Py_ssize_t n_in, Py_ssize_t n_out) noexcept:
+    call.session = session.handle
+    call.options = options
+    call.n_in = n_in
+    call.n_out = n_out
+    call.input_names = session.input_names_c
+    call.input_types = session.input_elem_types
+    call.n_inputs = session.n_feedable
+    call.fixed = session.fixed_outputs
+    call.lane = NULL
+    call.lane_binding = False
+    call.n_feedable = session.n_feedable
+    call.spares = NULL
+    call.allocator = NULL
+    call.preallocate = NULL
+    call.outputs_on_cpu = False
+    call.binding = NULL
+    call.synchronize = False
+    call.bound_results = False
+    call.rebind = NULL
+    call.rebind_owner = NULL

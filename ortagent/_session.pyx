@@ -34,8 +34,9 @@ from ortagent._tensors cimport (
     new_output_array, new_array_from,
 )
 from ortagent._run_core cimport (
-    RunArrays, RunStack, RunLane, MAX_RUN_LANES, run_arrays_init, run_arrays_release,
-    run_nogil, run_binding_nogil, end_run_call, lane_new, lane_drop_binding, lane_free,
+    RunArrays, RunStack, RunLane, RunCall, MAX_RUN_LANES, HOLD_CREATED, HOLD_CACHED, OUT_ORT, OUT_SCRATCH,
+    OUT_NEW_ARRAY, run_arrays_init, run_arrays_release, set_output, hold_value, release_feeds, run_core,
+    lane_new, lane_drop_binding, lane_free,
 )
 from ortagent._values cimport (
     OrtValue, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
@@ -77,11 +78,6 @@ cdef enum:
     # and one memcpy into a new array: on Identity f32[1] that is ~1,200 instructions a run less
     # than a new tensor over each new array (CreateTensorWithDataAsOrtValue + ReleaseValue).
     COPY_OUT_MAX_BYTES = 1024
-    # What run() did for each feed: borrowed the caller's OrtValue, created a tensor it must
-    # release, or used the feed view cached for input (value - FEED_CACHED).
-    FEED_BORROWED = -2
-    FEED_CREATED = -1
-    FEED_CACHED = 0
 
 
 # ---- metadata ------------------------------------------------------------------------------------
@@ -121,28 +117,6 @@ cdef bint _absent_optional(object feed) except -1:
         (<OrtValue>feed).require_handle()
         check(ort.HasValue((<OrtValue>feed).handle, &present))
     return not present
-
-
-cdef int check_run_status(ort.OrtStatus* status, InferenceSession session, object names,
-                          object feeds) except -1:
-    if status == NULL:
-        return 0
-    cdef OrtValue value
-    try:
-        check(status)
-    except OrtInvalidArgument as exc:
-        for name, feed in zip(names, feeds):
-            position = session.input_index.get(name)
-            if type(feed) is not OrtValue or position is None:
-                continue
-            value = feed
-            value.describe()
-            expected = session.input_elem_types[<Py_ssize_t>position]
-            if expected >= 0 and value.is_tensor_value and value.elem_type != expected:
-                raise OrtInvalidArgument(f"input {name!r} expects {tensor_type_name(expected)}, got an "
-                                         f"OrtValue of {tensor_type_name(value.elem_type)}") from exc
-        raise
-    return 0
 
 
 # ---- InferenceSession ----------------------------------------------------------------------------
@@ -475,121 +449,6 @@ cdef class InferenceSession:
             i += 1
         return <int>i
 
-    cdef Py_ssize_t _preallocate_outputs(self, RunLane* lane, const Py_ssize_t* positions,
-                                         Py_ssize_t n_out, bint distinct, ort.OrtValue** values,
-                                         PyObject** arrays) except -1:
-        """For each requested output whose type and shape the model fixes and a run confirmed,
-        a new NumPy array (into `arrays`, a reference the caller owns) and a tensor over it
-        (into `values`) for onnxruntime to write the output into; or, for a small output, the
-        lane's scratch tensor (into `values`, `arrays` left NULL: see _take_scratch_outputs).
-        Names asked for twice get none. Returns how many outputs were preallocated."""
-        cdef Py_ssize_t i, n = 0, position
-        cdef FixedOutput* fixed
-        cdef ort.OrtAllocator* allocator = NULL
-        for i in range(n_out):
-            position = positions[i]
-            fixed = &self.fixed_outputs[position]
-            if fixed.elem_type < 0 or not fixed.confirmed:
-                continue
-            if not distinct and _asked_twice(positions, n_out, i):
-                continue
-            if fixed.nbytes <= COPY_OUT_MAX_BYTES:
-                if lane.scratch[position] == NULL:
-                    check(ort.GetAllocatorWithDefaultOptions(&allocator))
-                    check(ort.CreateTensorAsOrtValue(allocator, fixed.dims, <size_t>fixed.ndim,
-                                                     <ort.ONNXTensorElementDataType>fixed.elem_type,
-                                                     &lane.scratch[position]))
-                    check(ort.GetTensorMutableData(lane.scratch[position], &lane.scratch_data[position]))
-                values[i] = lane.scratch[position]
-                n += 1
-                continue
-            array = new_output_array(fixed.elem_type, fixed.ndim, fixed.dims, &values[i])
-            Py_INCREF(array)
-            arrays[i] = <PyObject*>array
-            n += 1
-        return n
-
-    cdef int _take_scratch_outputs(self, RunLane* lane, RunArrays* a, Py_ssize_t n_out,
-                                   bint copy) except -1:
-        """After a run: give back the scratch tensors the run used (their out_values entries go
-        NULL) and, when `copy`, copy each into a new NumPy array (into out_arrays)."""
-        cdef Py_ssize_t i, position
-        cdef FixedOutput* fixed
-        for i in range(n_out):
-            if a.out_values[i] == NULL or a.out_arrays[i] != NULL:
-                continue
-            position = a.out_positions[i]
-            if a.out_values[i] != lane.scratch[position]:
-                continue
-            fixed = &self.fixed_outputs[position]
-            a.out_values[i] = NULL
-            if copy:
-                array = new_array_from(fixed.elem_type, fixed.ndim, fixed.dims, lane.scratch_data[position],
-                                       fixed.nbytes)
-                Py_INCREF(array)
-                a.out_arrays[i] = <PyObject*>array
-        return 0
-
-    cdef bint _run_binding_ready(self, RunLane* lane, RunArrays* a, Py_ssize_t n_in,
-                                 Py_ssize_t n_out) except -1:
-        """Whether RunWithBinding on the lane's binding runs exactly this run: in sync when it
-        holds this run's feed-view tensors (same positions, same serials) and scratch outputs
-        (same positions, same order). Out of sync, an eligible run binds afresh: every feed a
-        feed view's tensor and every output a scratch tensor. Binding stops for good when a bind
-        fails or binds stop paying (more than one bind per four bound runs: a caller changing
-        arrays or output names from call to call)."""
-        cdef Py_ssize_t i, position
-        cdef bint in_sync = n_in == lane.n_bound_inputs and n_out == lane.n_bound_outputs
-        for i in range(n_in):
-            if a.in_created[i] < FEED_CACHED:
-                return False
-            position = a.in_created[i] - FEED_CACHED
-            if lane.bound_serials[position] != lane.feed_views[position].serial:
-                in_sync = False
-        for i in range(n_out):
-            if a.out_arrays[i] != NULL or a.out_values[i] == NULL:
-                return False
-            if in_sync and lane.bound_outputs[i] != a.out_positions[i]:
-                in_sync = False
-        if in_sync:
-            lane.n_bound_runs += 1
-            return True
-        if lane.binding_refused:
-            return False
-        if lane.n_binds >= 4 and lane.n_binds * 4 > lane.n_bound_runs:
-            lane.binding_refused = True
-            lane_drop_binding(lane)
-            return False
-        cdef ort.OrtStatus* status = NULL
-        lane.n_bound_inputs = -1
-        if lane.binding == NULL:
-            status = ort.CreateIoBinding(self.handle, &lane.binding)
-        else:
-            ort.ClearBoundInputs(lane.binding)
-            ort.ClearBoundOutputs(lane.binding)
-        memset(lane.bound_serials, 0, <size_t>self.n_feedable * sizeof(unsigned long long))
-        i = 0
-        while status == NULL and i < n_in:
-            status = ort.BindInput(lane.binding, a.in_names[i], a.in_values[i])
-            position = a.in_created[i] - FEED_CACHED
-            lane.bound_serials[position] = lane.feed_views[position].serial
-            i += 1
-        i = 0
-        while status == NULL and i < n_out:
-            status = ort.BindOutput(lane.binding, a.out_names[i], a.out_values[i])
-            lane.bound_outputs[i] = a.out_positions[i]
-            i += 1
-        if status != NULL:
-            ort.ReleaseStatus(status)
-            lane.binding_refused = True
-            lane_drop_binding(lane)
-            return False
-        lane.n_binds += 1
-        lane.n_bound_runs += 1
-        lane.n_bound_inputs = n_in
-        lane.n_bound_outputs = n_out
-        return True
-
     cdef int _confirm_fixed_output(self, FixedOutput* fixed, OrtValue value) except -1:
         """After a run where onnxruntime allocated a fixed output: preallocate it from now on
         if it came out with exactly the declared type and shape, never again if not. (Runs of
@@ -639,6 +498,8 @@ cdef class InferenceSession:
         return self._run(output_names, input_dict, run_options, False)
 
     cdef list _run(self, object output_names, object input_feed, object run_options, bint as_numpy):
+        """run() and run_with_ort_values(): the feeds held and the output policies chosen here,
+        the run itself in _run_core.run_core."""
         if not isinstance(input_feed, dict):
             raise OrtInvalidType(f"input_feed must be a dict of name -> array, got "
                                  f"{type(input_feed).__name__}")
@@ -663,18 +524,16 @@ cdef class InferenceSession:
         cdef Py_ssize_t n_out_capacity = self.n_outputs if output_names is None else len(output_names)
         cdef RunStack stack
         cdef RunArrays a
-        cdef object item_object
+        cdef RunCall call
         cdef Py_ssize_t kept
         cdef bint from_cache = False
-        cdef bint registered = False
-        cdef bint bound = False
-        cdef Py_ssize_t n_preallocated = 0
+        cdef bint preallocating
         cdef FixedOutput* fixed
-        cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, n_held = 0, cursor = 0
-        cdef ort.OrtStatus* status = NULL
+        cdef Py_ssize_t i, n_ready = 0, n_out = 0, n_required = 0, cursor = 0
         cdef PyObject* key = NULL
         cdef PyObject* item = NULL
         cdef PyObject* position
+        cdef object feed
         cdef list keep = None
         cdef list results
         cdef OrtValue value
@@ -691,8 +550,7 @@ cdef class InferenceSession:
         a.heap = NULL
         try:
             run_arrays_init(&a, &stack, n_in, n_out_capacity)
-            # Every feed is held by a reference of ours while the GIL is released, so another
-            # thread changing the caller's dict cannot free an array ORT is reading.
+            # Feed holding (see _run_core): each feed's FeedHold, a reference to it in in_refs.
             while n_ready < n_in and PyDict_Next(input_feed, &cursor, &key, &item):
                 # Callers usually pass the same key objects in the same order: compare the key
                 # with the one seen at this place last time before looking the name up.
@@ -709,146 +567,87 @@ cdef class InferenceSession:
                         Py_XDECREF(lane.feed_keys[n_ready])
                         lane.feed_keys[n_ready] = key
                         lane.feed_key_positions[n_ready] = i
-                if self.feed_kinds[i] == FEED_OPTIONAL and _absent_optional(<object>item):
+                feed = <object>item                 # a reference of ours from here on
+                if self.feed_kinds[i] == FEED_OPTIONAL and _absent_optional(feed):
                     continue                    # onnxruntime's None: the input is left out
                 if i < self.n_inputs and self.feed_kinds[i] != FEED_OPTIONAL:
                     n_required += 1
                 a.in_names[n_ready] = self.input_names_c[i]
-                Py_INCREF(<object>item)
-                a.in_refs[n_held] = item
-                n_held += 1
-                if type(<object>item) is OrtValue:
-                    if not (<OrtValue>item).is_tensor_value:
-                        (<OrtValue>item).describe()      # once: afterwards a tensor skips this
-                        if not (<OrtValue>item).is_tensor_value:
-                            check_feedable(<OrtValue>item, <object>key)
-                    (<OrtValue>item).begin_use()        # close() waits for this run
-                    a.in_values[n_ready] = (<OrtValue>item).handle
-                    a.in_created[n_ready] = FEED_BORROWED
-                    a.in_holders[n_ready] = item
-                elif (self.feed_kinds[i] != FEED_PLAIN or type(<object>item) is list or type(<object>item) is tuple
-                        or <object>item is None):
-                    # a list, a sequence, a map, an optional, a string tensor: converted
-                    if keep is None:
-                        keep = []
-                    kept = len(keep)
-                    a.in_values[n_ready] = value_for_feed(<object>item, self._input_descs[i], <object>key, keep)
-                    a.in_created[n_ready] = FEED_CREATED
-                    a.in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
+                a.in_slots[n_ready] = i
+                if type(feed) is OrtValue:
+                    if not (<OrtValue>feed).is_tensor_value:
+                        (<OrtValue>feed).describe()      # once: afterwards a tensor skips this
+                        if not (<OrtValue>feed).is_tensor_value:
+                            check_feedable(<OrtValue>feed, <object>key)
+                    hold_value(&a, n_ready, feed)
                 else:
                     if keep is None:
                         keep = []
                     kept = len(keep)
-                    if claimed:
-                        a.in_values[n_ready] = feed_view(&lane.feed_views[i], <object>item, <object>key,
+                    if (self.feed_kinds[i] != FEED_PLAIN or type(feed) is list or type(feed) is tuple
+                            or feed is None):
+                        # a list, a sequence, a map, an optional, a string tensor: converted
+                        a.in_values[n_ready] = value_for_feed(feed, self._input_descs[i], <object>key, keep)
+                        from_cache = False
+                    elif claimed:
+                        a.in_values[n_ready] = feed_view(&lane.feed_views[i], feed, <object>key,
                                                          self.input_elem_types[i], keep, &from_cache)
                     else:
-                        a.in_values[n_ready] = tensor_for_feed(<object>item, <object>key,
-                                                               self.input_elem_types[i], keep)
+                        a.in_values[n_ready] = tensor_for_feed(feed, <object>key, self.input_elem_types[i], keep)
                         from_cache = False
-                    a.in_created[n_ready] = FEED_CACHED + i if from_cache else FEED_CREATED
-                    # what owns the memory the tensor describes: the array, or its copy (kept
+                    a.in_hold[n_ready] = HOLD_CACHED if from_cache else HOLD_CREATED
+                    Py_INCREF(feed)
+                    a.in_refs[n_ready] = <PyObject*>feed
+                    # what owns the memory the tensor describes: the feed, or its copy (kept
                     # alive by `keep` until this call returns)
-                    a.in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else item
+                    a.in_holders[n_ready] = <PyObject*>keep[len(keep) - 1] if len(keep) > kept else <PyObject*>feed
                 n_ready += 1
             if n_required < self.n_required_inputs:
                 self._raise_missing_inputs(input_feed)
-            n_out = self.output_positions(output_names, a.out_names, a.out_positions, n_out_capacity)
+            # Output policies: a small fixed output (type and shape confirmed by a run) goes
+            # through the lane's scratch tensor, a larger one into a new array; the rest, and
+            # names asked for twice, are onnxruntime's to allocate.
+            n_out = self.output_positions(output_names, a.out_names, a.out_slots, n_out_capacity)
+            preallocating = claimed and as_numpy and self.cpu_only and self.preallocate_outputs
             for i in range(n_out):
-                a.out_values[i] = NULL
-                a.out_arrays[i] = NULL
-            if claimed and as_numpy and self.cpu_only and self.preallocate_outputs:
-                n_preallocated = self._preallocate_outputs(lane, a.out_positions, n_out, output_names is None,
-                                                           a.out_values, a.out_arrays)
+                set_output(&a, i, a.out_names[i], a.out_slots[i], OUT_ORT)
+                if preallocating:
+                    fixed = &self.fixed_outputs[a.out_slots[i]]
+                    if (fixed.elem_type >= 0 and fixed.confirmed
+                            and (output_names is None or not _asked_twice(a.out_slots, n_out, i))):
+                        a.out_policy[i] = OUT_SCRATCH if fixed.nbytes <= COPY_OUT_MAX_BYTES else OUT_NEW_ARRAY
+            init_call(&call, self, run_options_c, n_ready, n_out)
+            call.lane = lane
+            call.outputs_on_cpu = self.cpu_only
+            call.preallocate = &self.preallocate_outputs
             # (RunWithBinding leaves out the parameters of the LoRA adapters active in the run
             # options, which onnxruntime's C Run adds as feeds: such runs take Run.)
-            bound = (claimed and n_preallocated == n_out
-                     and (run_options is None or not (<RunOptions>run_options)._adapters)
-                     and self._run_binding_ready(lane, &a, n_ready, n_out))
-            run_options_c = interruptible_begin(run_options_c, &registered)
-            if bound:
-                status = run_binding_nogil(self.handle, run_options_c, lane.binding, False)
-                if status != NULL:
-                    lane.n_bound_inputs = -1            # bind afresh next time
-            else:
-                status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
-            if n_preallocated > 0:
+            call.lane_binding = claimed and (run_options is None or not (<RunOptions>run_options)._adapters)
+            results = run_core(self, &call, &a)
+            if claimed and self.cpu_only:
                 for i in range(n_out):
-                    if a.out_arrays[i] != NULL:
-                        ort.ReleaseValue(a.out_values[i])
-                        a.out_values[i] = NULL
-                self._take_scratch_outputs(lane, &a, n_out, status == NULL)
-                if status != NULL:
-                    # Run again the plain way: if that works, the model's declared output types
-                    # or shapes do not hold, and this session stops preallocating. (onnxruntime
-                    # reports a refused preallocated output as an invalid argument, like a bad
-                    # feed; a bad feed fails again, in validation, before any node runs.)
-                    ort.ReleaseStatus(status)
-                    for i in range(n_out):
-                        Py_XDECREF(a.out_arrays[i])
-                        a.out_arrays[i] = NULL
-                    n_preallocated = 0
-                    status = run_nogil(self.handle, run_options_c, &a, n_ready, n_out)
-                    if status == NULL:
-                        with cython.critical_section(self):     # lanes of other threads read it
-                            self.preallocate_outputs = False
-            # Own every output before anything can raise, so none leaks.
-            results = PyList_New(n_out)
-            for i in range(n_out):
-                item_object = wrap_value(a.out_values[i], None, self) if a.out_values[i] != NULL else None
-                Py_INCREF(item_object)
-                PyList_SET_ITEM(results, i, item_object)
-                a.out_values[i] = NULL
-            if status == NULL:
-                if self.cpu_only:
-                    for i in range(n_out):
-                        if results[i] is not None:
-                            value = results[i]
-                            value.describe_as(MEMORY_CPU)
-                            fixed = &self.fixed_outputs[a.out_positions[i]]
-                            if claimed and fixed.elem_type >= 0 and not fixed.confirmed:
-                                self._confirm_fixed_output(fixed, value)
-                if n_preallocated < n_out:      # preallocated outputs never share a feed's memory
-                    for i in range(n_ready):
-                        a.in_data[i] = tensor_data(a.in_values[i])
-                    keep_aliased_feeds_alive_c(results, a.in_data, a.in_holders, n_ready, self, None)
-            end_run_call(run_options_c, registered, status)
-            if status != NULL:
-                check_run_status(status, self, list(input_feed), list(input_feed.values()))
+                    fixed = &self.fixed_outputs[a.out_slots[i]]
+                    if fixed.elem_type >= 0 and not fixed.confirmed and a.out_policy[i] == OUT_ORT \
+                            and results[i] is not None:
+                        self._confirm_fixed_output(fixed, <OrtValue>results[i])
             if as_numpy:
                 for i in range(n_out):
-                    if a.out_arrays[i] != NULL:
-                        _list_replace(results, i, <object>a.out_arrays[i])
+                    if a.out_policy[i] != OUT_ORT:
+                        continue                    # a new array already
+                    value = results[i]
+                    value.describe()
+                    if not value.is_tensor_value:
+                        _list_replace(results, i, python_from_value(value))
+                    elif value.memory_owner is not None:
+                        # an alias of a feed (a graph input that is also an output, an
+                        # Identity of one): a copy, as onnxruntime's run() returns, so that
+                        # the caller's later writes to the feed do not change the result
+                        _list_replace(results, i, value_to_numpy(value, False).copy())
                     else:
-                        value = results[i]
-                        value.describe()
-                        if not value.is_tensor_value:
-                            _list_replace(results, i, python_from_value(value))
-                        elif value.memory_owner is not None:
-                            # an alias of a feed (a graph input that is also an output, an
-                            # Identity of one): a copy, as onnxruntime's run() returns, so that
-                            # the caller's later writes to the feed do not change the result
-                            _list_replace(results, i, value_to_numpy(value, False).copy())
-                        else:
-                            _list_replace(results, i, value_to_numpy(value, False))
+                        _list_replace(results, i, value_to_numpy(value, False))
             return results
         finally:
-            if n_preallocated > 0:
-                self._take_scratch_outputs(lane, &a, n_out, False)     # after an error: give them back
-            for i in range(n_ready):
-                if a.in_created[i] == FEED_CREATED:
-                    ort.ReleaseValue(a.in_values[i])
-                elif a.in_created[i] >= FEED_CACHED:
-                    release_feed_view(&lane.feed_views[a.in_created[i] - FEED_CACHED])
-                else:                                   # FEED_BORROWED: the caller's OrtValue
-                    (<OrtValue>a.in_holders[i]).end_use()
-            for i in range(n_held):
-                Py_DECREF(<object>a.in_refs[i])
-            for i in range(n_out):
-                if a.out_arrays[i] != NULL:
-                    if a.out_values[i] != NULL:
-                        ort.ReleaseValue(a.out_values[i])
-                    Py_DECREF(<object>a.out_arrays[i])
+            release_feeds(&a, n_ready, lane)
             run_arrays_release(&a)
             if claimed and PyList_GET_SIZE(keep):
                 del keep[:]                         # the copies made for this run's feeds
