@@ -33,6 +33,12 @@ graphs keep symbolic batch and sequence dimensions, also inside the function bod
 expands (``SoftmaxCrossEntropyLoss``); a strided slice (``x[::2]``, ``flip``) scatters the
 gradient rows back to the positions they were read from. Axes and steps must be constants.
 
+Two more are extended: ``Pow``, whose integer exponent (torch writes ``x ** 2`` with an int64
+one) onnx-ad tried to differentiate and refused for float32 bases; and ``AveragePool`` with
+``ceil_mode=1`` (its last windows may overhang the input), whose gradient spreads the output
+gradient, divided by onnxruntime's own divisor per window, back over each window's elements
+inside the input (see :func:`_ceil_average_pool_reverse`).
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
@@ -43,6 +49,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import onnx
 from onnx import ModelProto, ValueInfoProto
 
@@ -311,6 +318,101 @@ def _symbolic_slice_reverse(ctx, node, grads):
     return [padded] + [None] * (len(node.input) - 1)
 
 
+def _pow_reverse_or_integer(rule):
+    """onnx-ad's Pow rule builds the exponent's derivative (``y log a``) even where no
+    gradient is asked of the exponent, and refuses it when the exponent is of another type
+    than the base (torch writes ``x ** 2`` with an int64 exponent): then only the base's
+    gradient ``b a^(b-1)`` is built, the integer exponent cast to the base's type."""
+    def reverse(ctx, node, grads):
+        exponent = node.input[1]
+        if ctx.is_float(exponent) and ctx.shapes.dtype(exponent) == ctx.shapes.dtype(node.input[0]) \
+                and ctx.asked_for(exponent):
+            return rule(ctx, node, grads)
+        from onnx_ad.rules import _pow_d_base
+
+        seeded = ctx.b.op("Mul", [grads[0], ctx.lift(_pow_d_base(ctx, node))], stem="pow_base")
+        return [ctx.unbroadcast(seeded, ctx.rank(node.output[0]), node.input[0]), None]
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _average_pool_reverse_or_ceil(rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import attribute
+
+        if not attribute(node, "ceil_mode", 0):
+            return rule(ctx, node, grads)
+        return _ceil_average_pool_reverse(ctx, node, grads)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _ceil_average_pool_reverse(ctx, node, grads):
+    """The gradient of an AveragePool with ``ceil_mode=1``, whose last windows may overhang
+    the input (and its padding), which onnx-ad refuses. The pooling is linear,
+    ``y[o] = W(x)[o] / d[o]`` with ``W`` the sum over each window's elements inside the input
+    and ``d[o]`` a divisor fixed by the position alone, so ``dx = W^T(dy / d)``:
+
+    * ``1 / d`` is read off the node itself: AveragePool of ones (one image of one channel)
+      divided by the window sum of the same ones, both with the node's own attributes (so
+      the divisor is onnxruntime's, whatever its rule for padding and overhang);
+    * ``W`` is a Conv with a kernel of ones and the end padding grown by stride - 1, enough
+      zeros for every overhanging window (its surplus last windows, where the ceil rule drops
+      a window that would start past the input, are sliced off to y's shape);
+    * ``W^T`` is the matching ConvTranspose without end padding, cut or zero-extended to the
+      input's extent, on the channels folded into the batch.
+
+    Batch, channel and spatial extents may all be symbolic."""
+    from onnx_ad._build import UnsupportedOperator, attribute
+
+    x, y = node.input[0], node.output[0]
+    auto_pad = attribute(node, "auto_pad", "NOTSET")
+    pads = attribute(node, "pads", None)
+    if auto_pad not in ("NOTSET", "VALID") or (auto_pad == "VALID" and pads and any(pads)):
+        raise UnsupportedOperator(f"AveragePool with auto_pad={auto_pad} and ceil_mode=1 is not differentiated")
+    kernel = list(attribute(node, "kernel_shape"))
+    spatial = len(kernel)
+    strides = list(attribute(node, "strides", None) or [1] * spatial)
+    dilations = list(attribute(node, "dilations", None) or [1] * spatial)
+    pads = list(pads or [0] * (2 * spatial))
+    dtype = ctx.dtype(x)
+    ones_kernel = ctx.b.constant(np.ones([1, 1, *kernel]), dtype, [1, 1, *kernel])
+    axes = ctx.b.ints(list(range(2, 2 + spatial)))
+    window = dict(strides=strides, dilations=dilations)
+
+    def extents(name, stem):
+        return ctx.b.op("Gather", [ctx.b.op("Shape", [name]), axes], axis=0, stem=stem)
+
+    # 1/d from one image of one channel of ones: AveragePool (the node's attributes) over
+    # the window sums
+    in_extents = ctx.b.op("Gather", [ctx.shape_of(x), axes], axis=0, stem="avgpool_in_extents")
+    image = ctx.b.op("Concat", [ctx.b.ints([1, 1]), in_extents], axis=0, stem="avgpool_one_image")
+    ones = ctx.b.op("ConstantOfShape", [image], value=onnx.helper.make_tensor("one", dtype, [1], [1]),
+                    stem="avgpool_ones")
+    averaged = ctx.b.op("AveragePool", [ones], stem="avgpool_of_ones",
+                        **{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+    grown = pads[:spatial] + [end + stride - 1 for end, stride in zip(pads[spatial:], strides)]
+    counted = ctx.b.op("Conv", [ones, ones_kernel], pads=grown, kernel_shape=kernel, stem="avgpool_counts", **window)
+    counted = ctx.b.op("Slice", [counted, ctx.b.ints([0] * spatial), extents(averaged, "avgpool_out_extents"), axes],
+                       stem="avgpool_counts_kept")
+    reciprocal = ctx.b.op("Div", [averaged, counted], stem="avgpool_reciprocal")
+
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="avgpool_grad")
+    scaled = ctx.b.op("Mul", [g, reciprocal], stem="avgpool_scaled")
+    folded = ctx.b.op("Reshape", [scaled, ctx.b.op("Concat", [ctx.b.ints([-1, 1]), extents(scaled, "avgpool_g_extents")],
+                                                  axis=0)], stem="avgpool_folded")
+    spread = ctx.b.op("ConvTranspose", [folded, ones_kernel], pads=pads[:spatial] + [0] * spatial,
+                      stem="avgpool_spread", **window)
+    spread = ctx.b.op("Slice", [spread, ctx.b.ints([0] * spatial), in_extents, axes], stem="avgpool_spread_cut")
+    short = ctx.b.op("Sub", [in_extents, extents(spread, "avgpool_spread_extents")], stem="avgpool_short")
+    widths = ctx.b.op("Concat", [ctx.b.ints([0] * (2 + spatial + 2)), short], axis=0, stem="avgpool_widths")
+    dx = ctx.b.op("Pad", [spread, widths], mode="constant", stem="avgpool_dx_folded")
+    dx = ctx.b.op("Reshape", [dx, ctx.shape_of(x)], stem="avgpool_dx")
+    return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -330,6 +432,8 @@ def _register() -> None:
                 rules.FORWARD[op_type] = forward
         rules.REVERSE["Slice"] = _slice_reverse_or_symbolic(rules.REVERSE["Slice"])
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
+        rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
+        rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
         _registered = True
 
 
