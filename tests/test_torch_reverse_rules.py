@@ -116,3 +116,74 @@ def test_power_with_an_integer_exponent_in_float32():
 
     torch.manual_seed(3)
     _check(lambda x, y: (x ** 2) * y + torch.pow(y, 3), torch.randn(4, 5), torch.randn(4, 5))
+
+
+# -- SplitToSequence (torch.split, unbind, chunk) ----------------------------------------------
+
+@pytest.mark.parametrize("case", ["split_short_last", "split_sizes", "unbind", "unbind_last", "chunk"])
+def test_split_and_unbind_sequences(case):
+    """torch exports these as SplitToSequence + SequenceAt; the unrolling cuts the pieces with
+    one Split (known sizes) or a Slice per element (a symbolic extent)."""
+    import torch
+
+    functions = {
+        "split_short_last": lambda x: [piece * (i + 1) for i, piece in enumerate(torch.split(x, 2, dim=1))],
+        "split_sizes": lambda x: torch.split(x, [1, 3, 1], dim=1)[1].sin(),
+        "unbind": lambda x: [row * (i + 1) for i, row in enumerate(torch.unbind(x, 0))],
+        "unbind_last": lambda x: torch.unbind(x, 1)[-1] * 2 + torch.unbind(x, 1)[0],
+        "chunk": lambda x: torch.chunk(x, 3, dim=-1)[2].exp(),
+    }
+    torch.manual_seed(4)
+    _check(functions[case], torch.randn(4, 5))
+
+
+@pytest.mark.parametrize("split, keepdims, positions", [
+    (2, 1, [0, 1, 2]),          # pieces of 2, 2 and the short 1, on a symbolic extent
+    (None, 0, [0, -1]),          # unbind, counted from the end
+    ([1, 3, 1], 1, [1, -1]),     # explicit sizes
+])
+def test_split_to_sequence_on_symbolic_shapes(split, keepdims, positions):
+    """The unrolled SplitToSequence on a symbolic split axis (one training graph for every
+    extent): each piece and each gradient against numpy."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    import training_graphs as tg
+    from ortagent.graph_split import split_training_graph
+    from ortagent.training import build_training_graph
+
+    nodes, inputs = [], ["x"]
+    if split is not None:
+        nodes.append(helper.make_node("Constant", [], ["split"], value=numpy_helper.from_array(np.array(split, np.int64))))
+        inputs.append("split")
+    nodes.append(helper.make_node("SplitToSequence", inputs, ["pieces"], axis=1, keepdims=keepdims))
+    outputs = []
+    for index, position in enumerate(positions):
+        nodes.append(helper.make_node("Constant", [], [f"p{index}"], value=numpy_helper.from_array(np.array(position, np.int64))))
+        nodes.append(helper.make_node("SequenceAt", ["pieces", f"p{index}"], [f"y{index}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{index}", TensorProto.DOUBLE, None))
+    forward = tg.make_model(nodes, [tg.tensor("x", np.float64, [3, "width"])], outputs, [], ms_domain=False)
+    training = build_training_graph(forward, [], input_gradients=["x"])
+    assert not any(node.op_type.startswith("Sequence") or node.op_type == "SplitToSequence"
+                   for node in training.graph.node)
+    runner = tg.SplitRunner(split_training_graph(training))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 5))
+    if split is None:
+        pieces = [x[:, i] for i in range(5)]
+    else:
+        sizes = split if isinstance(split, list) else [2, 2, 1]
+        bounds = np.cumsum([0] + sizes)
+        pieces = [x[:, bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
+    expected = [pieces[position] for position in positions]
+    grads = [rng.standard_normal(piece.shape) for piece in expected]
+    ys, (dx,) = runner.run({"x": x}, grads)
+    expected_dx = np.zeros_like(x)
+    for y, piece, grad, position in zip(ys, expected, grads, positions):
+        np.testing.assert_array_equal(y, piece)
+        if split is None:
+            expected_dx[:, position] += grad
+        else:
+            start = int(np.cumsum([0] + (split if isinstance(split, list) else [2, 2, 1]))[position % len(pieces)])
+            expected_dx[:, start:start + piece.shape[1]] += grad
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-12, atol=1e-12)
