@@ -39,6 +39,10 @@ one) onnx-ad tried to differentiate and refused for float32 bases; and ``Average
 gradient, divided by onnxruntime's own divisor per window, back over each window's elements
 inside the input (see :func:`_ceil_average_pool_reverse`).
 
+``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
+specification's function body, in which it cannot place its seed axis): see
+:func:`_nll_loss_reverse`.
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
@@ -413,6 +417,58 @@ def _ceil_average_pool_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
 
 
+def _nll_loss_forward(ctx, node, tangents):
+    from onnx_ad._build import UnsupportedOperator
+
+    raise UnsupportedOperator("NegativeLogLikelihoodLoss is differentiated in reverse mode only")
+
+
+def _nll_loss_reverse(ctx, node, grads):
+    """The gradient of NegativeLogLikelihoodLoss (torch's nll_loss, also inside the
+    SoftmaxCrossEntropyLoss body), which onnx-ad expands into the specification's function body
+    and then cannot place its seed axis in. With ``c[n, d] = w[t[n, d]]`` (1 without weights)
+    on the targets that are not ``ignore_index`` and 0 on those that are, the loss is
+    ``-x[n, t[n, d], d] * c[n, d]``, summed or divided by ``sum(c)`` (mean); so the input's
+    gradient is ``-g' c`` scattered to the target class of each position and 0 elsewhere, with
+    ``g'`` the output gradient (none), broadcast (sum), or divided by ``sum(c)`` (mean). The
+    weights get no gradient (torch does not differentiate them either)."""
+    from onnx_ad._build import UnsupportedOperator, attribute
+
+    x, target = node.input[0], node.input[1]
+    weight = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if weight is not None and ctx.asked_for(weight):
+        raise UnsupportedOperator("NegativeLogLikelihoodLoss is not differentiated in its weights")
+    if not ctx.asked_for(x):
+        return [None] * len(node.input)
+    reduction = attribute(node, "reduction", "mean")
+    ignore_index = attribute(node, "ignore_index", None)
+    dtype = ctx.dtype(x)
+    target = ctx.b.op("Cast", [target], to=onnx.TensorProto.INT64, stem="nll_target")
+    if ignore_index is not None:
+        ignored = ctx.b.op("Equal", [target, ctx.b.constant(ignore_index, onnx.TensorProto.INT64, ())], stem="nll_ignored")
+        target = ctx.b.op("Where", [ignored, ctx.b.constant(0, onnx.TensorProto.INT64, ()), target], stem="nll_safe_target")
+    zero, one = ctx.constant(0.0, dtype), ctx.constant(1.0, dtype)
+    if weight is not None:
+        coefficient = ctx.b.op("Gather", [weight, target], axis=0, stem="nll_weights")
+    else:
+        coefficient = ctx.b.op("Expand", [one, ctx.b.op("Shape", [target])], stem="nll_ones")
+    if ignore_index is not None:
+        coefficient = ctx.b.op("Where", [ignored, zero, coefficient], stem="nll_kept")
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="nll_grad")
+    if reduction == "mean":
+        g = ctx.b.op("Div", [g, ctx.b.op("ReduceSum", [coefficient], keepdims=0, stem="nll_total_weight")],
+                     stem="nll_mean_grad")
+    elif reduction not in ("sum", "none"):
+        raise UnsupportedOperator(f"NegativeLogLikelihoodLoss with reduction={reduction!r} is not differentiated")
+    scale = ctx.b.op("Neg", [ctx.b.op("Mul", [g, coefficient])], stem="nll_scale")
+    zeros = ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [x])],
+                     value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem="nll_zeros")
+    axis = ctx.b.ints([1])
+    dx = ctx.b.op("ScatterElements", [zeros, ctx.b.op("Unsqueeze", [target, axis]),
+                                      ctx.b.op("Unsqueeze", [scale, axis])], axis=1, stem="nll_dx")
+    return [_with_seed_axis(ctx, dx, "nll_adjoint")] + [None] * (len(node.input) - 1)
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -434,6 +490,10 @@ def _register() -> None:
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
+        # (a forward rule too: onnx-ad expands an operator without one into its function body)
+        if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
+            rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse
+            rules.FORWARD.setdefault("NegativeLogLikelihoodLoss", _nll_loss_forward)
         _registered = True
 
 

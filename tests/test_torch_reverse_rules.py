@@ -187,3 +187,31 @@ def test_split_to_sequence_on_symbolic_shapes(split, keepdims, positions):
             start = int(np.cumsum([0] + (split if isinstance(split, list) else [2, 2, 1]))[position % len(pieces)])
             expected_dx[:, start:start + piece.shape[1]] += grad
     np.testing.assert_allclose(dx, expected_dx, rtol=1e-12, atol=1e-12)
+
+
+# -- NegativeLogLikelihoodLoss ---------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction, weighted, ignore, spatial", [
+    ("none", False, False, False), ("sum", True, True, False), ("mean", True, True, True),
+    ("mean", False, False, False), ("none", True, True, True), ("mean", True, False, False),
+])
+def test_nll_loss(reduction, weighted, ignore, spatial):
+    """nll_loss (and cross_entropy, whose SoftmaxCrossEntropyLoss body calls it): the gradient
+    is the output gradient scattered to each target class, weighted, 0 at ignored targets."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(6)
+    shape, target_shape = ((4, 5, 3, 2), (4, 3, 2)) if spatial else ((6, 5), (6,))
+    x = torch.randn(*shape)
+    target = torch.randint(0, 5, target_shape)
+    if ignore:
+        target.view(-1)[::3] = 2
+    weight = torch.rand(5) + 0.5
+    options = dict(reduction=reduction, ignore_index=2 if ignore else -100)
+
+    def loss(x, target, weight):
+        return (F.nll_loss(F.log_softmax(x, 1), target, weight=weight if weighted else None, **options),
+                F.cross_entropy(x * 2, target, weight=weight if weighted else None, **options))
+
+    _check(loss, x, target, weight, grad_inputs={0})
