@@ -39,7 +39,9 @@ one) onnx-ad tried to differentiate and refused for float32 bases; and ``Average
 gradient, divided by onnxruntime's own divisor per window, back over each window's elements
 inside the input (see :func:`_ceil_average_pool_reverse`).
 
-``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
+``ScatterElements`` with ``reduction`` mul, min or max (torch's ``scatter_reduce`` prod, amin,
+amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
+:func:`_reducing_scatter_reverse`). ``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
 specification's function body, in which it cannot place its seed axis): see
 :func:`_nll_loss_reverse`.
 
@@ -469,6 +471,79 @@ def _nll_loss_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, dx, "nll_adjoint")] + [None] * (len(node.input) - 1)
 
 
+def _scatter_elements_reverse_or_reducing(rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import attribute
+
+        if attribute(node, "reduction", "none") not in ("mul", "min", "max"):
+            return rule(ctx, node, grads)
+        return _reducing_scatter_reverse(ctx, node, grads)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _reducing_scatter_reverse(ctx, node, grads):
+    """The gradient of ScatterElements with ``reduction`` mul, min or max (torch's
+    ``scatter_reduce`` prod / amin / amax), which onnx-ad refuses as not linear. ``y[p]`` is
+    ``data[p]`` combined with every update ``u[i]`` whose index points at ``p``:
+
+    * min / max, as torch: the gradient is shared equally between the candidates equal to
+      ``y[p]`` (``data[p]`` and the updates), ``g[p] / count[p]`` each;
+    * mul: ``d data[p] = g[p] * prod(u[i] -> p)``, computed as the same scatter over ``data``
+      with its zeros replaced by 1, divided by that data; ``d u[i] = g[p] * y[p] / u[i]``,
+      except for an update that is the only zero among those at ``p``, whose gradient is
+      ``g[p]`` times the scatter with that zero replaced by 1 (exact at zeros, as torch).
+
+    One tie differs from torch: with ``include_self=False`` torch still counts the data it
+    left out among the candidates when it equals the result (the updates then get half the
+    gradient); the graph here no longer holds that data, and the updates get all of it."""
+    from onnx_ad._build import attribute
+
+    data, indices, updates = node.input[0], node.input[1], node.input[2]
+    y = node.output[0]
+    reduction = attribute(node, "reduction")
+    axis = attribute(node, "axis", 0)
+    dtype = ctx.dtype(data)
+    zero, one = ctx.constant(0.0, dtype), ctx.constant(1.0, dtype)
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="scatter_grad")
+
+    def zeros_like(name):
+        return ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [name])],
+                        value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem="scatter_zeros")
+
+    def scatter(target, values, how):
+        return ctx.b.op("ScatterElements", [target, indices, values], axis=axis, reduction=how, stem="scatter_acc")
+
+    def gather(values):
+        return ctx.b.op("GatherElements", [values, indices], axis=axis, stem="scatter_gathered")
+
+    def as_float(condition):
+        return ctx.b.op("Cast", [condition], to=dtype, stem="scatter_mask")
+
+    if reduction in ("min", "max"):
+        data_wins = as_float(ctx.b.op("Equal", [data, y]))
+        update_wins = as_float(ctx.b.op("Equal", [updates, gather(y)]))
+        count = ctx.b.op("Add", [data_wins, scatter(zeros_like(y), update_wins, "add")], stem="scatter_ties")
+        share = ctx.b.op("Div", [g, ctx.b.op("Max", [count, one])], stem="scatter_share")
+        to_data = ctx.b.op("Mul", [data_wins, share], stem="scatter_to_data")
+        to_updates = ctx.b.op("Mul", [update_wins, gather(share)], stem="scatter_to_updates")
+    else:
+        data_zero = ctx.b.op("Equal", [data, zero])
+        data_or_one = ctx.b.op("Where", [data_zero, one, data], stem="scatter_data_nonzero")
+        others = ctx.b.op("Div", [scatter(data_or_one, updates, "mul"), data_or_one], stem="scatter_update_product")
+        to_data = ctx.b.op("Mul", [g, others], stem="scatter_to_data")
+        update_zero = ctx.b.op("Equal", [updates, zero])
+        zeros_at = scatter(zeros_like(y), as_float(update_zero), "add")
+        single = ctx.b.op("And", [update_zero, ctx.b.op("Equal", [gather(zeros_at), one])], stem="scatter_single_zero")
+        without_it = scatter(data, ctx.b.op("Where", [single, one, updates]), "mul")
+        plain = ctx.b.op("Div", [gather(ctx.b.op("Mul", [g, y])), ctx.b.op("Where", [update_zero, one, updates])])
+        to_updates = ctx.b.op("Where", [single, gather(ctx.b.op("Mul", [g, without_it])), plain],
+                              stem="scatter_to_updates")
+    return [_with_seed_axis(ctx, to_data, "scatter_adjoint") if ctx.asked_for(data) else None, None,
+            _with_seed_axis(ctx, to_updates, "scatter_adjoint") if ctx.asked_for(updates) else None]
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -490,6 +565,7 @@ def _register() -> None:
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
+        rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
         if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
             rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse

@@ -215,3 +215,32 @@ def test_nll_loss(reduction, weighted, ignore, spatial):
                 F.cross_entropy(x * 2, target, weight=weight if weighted else None, **options))
 
     _check(loss, x, target, weight, grad_inputs={0})
+
+
+# -- ScatterElements with reduction mul / min / max ----------------------------------------------
+
+@pytest.mark.parametrize("reduce", ["prod", "amin", "amax"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_with_ties_and_zeros(reduce, include_self):
+    """scatter_reduce prod/amin/amax: ties between candidates share the gradient (as torch);
+    a product's zeros (one, and two at one position) get the exact gradient."""
+    import torch
+
+    torch.manual_seed(7)
+    x = torch.randn(4, 3)
+    index = torch.tensor([[0, 1, 2], [0, 1, 2], [3, 1, 0], [3, 3, 0], [2, 2, 2]])
+    src = torch.randn(5, 3)
+    src[1, 0] = src[0, 0]               # a tie at [0, 0]
+    extreme = 5.0 if reduce == "amax" else -5.0
+    src[2, 1] = src[0, 1] = extreme      # two updates tie at [1, 1]
+    if include_self:
+        x[3, 1] = src[3, 1] = extreme    # the data ties with an update at [3, 1]
+        # (not without include_self: torch then still counts the data it left out among the
+        # ties and gives the update half the gradient; ortagent gives it all)
+    if reduce == "prod":
+        src[2, 2] = 0.0                 # the only zero at [0, 2]
+        src[3, 2] = 0.0                 # a second one there
+        src[4, 0] = 0.0                 # the only zero at [2, 0]
+        x[1, 1] = 0.0                   # a zero in the data
+    _check(lambda x, index, src: x.scatter_reduce(0, index, src, reduce, include_self=include_self),
+           x, index, src, grad_inputs={0, 2})
