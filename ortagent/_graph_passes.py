@@ -16,7 +16,11 @@
   added in another order); a graph output reached through views only is written by the node
   that computes it (onnxruntime would copy the view into the output).
 
-Both work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
+* :func:`explicit_gru_biases` (forward, before differentiation, always): a ``GRU`` with
+  ``linear_before_reset=1`` and no bias gets a zero bias, without which onnx-ad's unrolling of
+  the node computes another candidate state (see there).
+
+The first two work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
 bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
 value or a symbol, and two dimensions with one symbol are equal. A rewrite whose new shape has
 symbolic dimensions computes it at run time (``Shape`` and ``Gather``); a decision that needs a
@@ -36,7 +40,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, consumed_names
 
-__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes"]
+__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes", "explicit_gru_biases"]
 
 Dims = list  # of int (a static size) or str (a symbol)
 
@@ -418,3 +422,37 @@ def _drop_dead(graph, nodes, keep) -> int:
         graph.initializer.extend(kept_inits)
     return dropped
 
+
+
+def explicit_gru_biases(model: ModelProto) -> int:
+    """Give every ``GRU`` with ``linear_before_reset=1`` and no bias operand a zero bias, in
+    place; returns how many. onnx-ad unrolls a GRU into a Scan over its equations and applies
+    ``linear_before_reset`` only where the node has a bias: without one it computes the
+    candidate state from ``(r * h) R`` instead of ``r * (h R)`` -- torch's ``nn.GRU(bias=False)``
+    exports exactly that node, and its outputs and gradients differed. With a zero bias the
+    unrolled equations are the node's own; the values are unchanged."""
+    graph = model.graph
+    names = NameAllocator(all_value_names(graph))
+    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
+    types.update({init.name: init.data_type for init in graph.initializer})
+    given = 0
+    for node in graph.node:
+        if node.op_type != "GRU" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if not attrs.get("linear_before_reset") or (len(node.input) > 3 and node.input[3]):
+            continue
+        hidden = attrs.get("hidden_size")
+        elem_type = types.get(node.input[0]) or types.get(node.input[1])
+        if not hidden or not elem_type:
+            continue
+        directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+        bias = names.fresh(f"{node.name or 'gru'}_zero_bias")
+        zeros = np.zeros((directions, 6 * hidden), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
+        graph.initializer.append(numpy_helper.from_array(zeros, bias))
+        inputs = list(node.input) + [""] * (4 - len(node.input))
+        inputs[3] = bias
+        del node.input[:]
+        node.input.extend(inputs)
+        given += 1
+    return given

@@ -244,3 +244,27 @@ def test_scatter_reduce_with_ties_and_zeros(reduce, include_self):
         x[1, 1] = 0.0                   # a zero in the data
     _check(lambda x, index, src: x.scatter_reduce(0, index, src, reduce, include_self=include_self),
            x, index, src, grad_inputs={0, 2})
+
+
+# -- GRU ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    dict(num_layers=2, bias=False),                        # linear_before_reset without a bias
+    dict(num_layers=1, bias=True, batch_first=True),
+    dict(num_layers=1, bias=False, bidirectional=True),
+])
+def test_gru(options):
+    """nn.GRU exports an ONNX GRU with linear_before_reset=1, which onnx-ad unrolls; without a
+    bias its unrolling computed another candidate state (the outputs differed) until the pass
+    gives the node a zero bias. Outputs, the input's and every weight's gradient."""
+    import torch
+
+    torch.manual_seed(8)
+    gru = torch.nn.GRU(3, 4, **options)
+    weights = [parameter.detach().clone() for parameter in gru.parameters()]
+
+    def run(x, *weights):
+        state = dict(zip((name for name, _ in gru.named_parameters()), weights))
+        return torch.func.functional_call(gru, state, (x,))
+
+    _check(run, torch.randn(5, 2, 3), *weights)

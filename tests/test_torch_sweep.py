@@ -59,7 +59,7 @@ def test_module_db_sample_matches_or_is_refused():
     outcomes = list(sweep.module_outcomes(sweep.module_infos(MODULES_FIXED), samples=2))
     _assert_no_silent_difference(outcomes)
     by_name = {o.name: o.status for o in outcomes}
-    assert by_name["GRU"] == "refused" and by_name["Embedding"] == "match"
+    assert by_name["GRU"] == "match" and by_name["Embedding"] == "match"
 
 
 def test_the_sweep_sees_a_wrong_translation(monkeypatch):
