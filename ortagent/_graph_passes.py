@@ -19,6 +19,9 @@
 * :func:`explicit_gru_biases` (forward, before differentiation, always): a ``GRU`` with
   ``linear_before_reset=1`` and no bias gets a zero bias, without which onnx-ad's unrolling of
   the node computes another candidate state (see there).
+* :func:`promote_mixed_arithmetic` (forward, before differentiation, always): an arithmetic
+  node with a floating-point and an integer operand (torch's exporter writes some) gets the
+  integer one cast to the floating type, as torch promotes it.
 
 The first two work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
 bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
@@ -40,7 +43,8 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, consumed_names
 
-__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes", "explicit_gru_biases"]
+__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes", "explicit_gru_biases",
+           "promote_mixed_arithmetic"]
 
 Dims = list  # of int (a static size) or str (a symbol)
 
@@ -456,3 +460,45 @@ def explicit_gru_biases(model: ModelProto) -> int:
         node.input.extend(inputs)
         given += 1
     return given
+
+
+_PROMOTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Mod"})
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+                            onnx.TensorProto.INT64, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                          onnx.TensorProto.BFLOAT16})
+
+
+def promote_mixed_arithmetic(model: ModelProto) -> int:
+    """Cast the integer operand of an arithmetic node whose other operand is floating point to
+    that type, in place (main graph); returns how many operands. ONNX arithmetic wants one
+    type, and torch's exporter writes some decompositions with an integer count (``masked.var``
+    divides by a count summed from int64 ones), which onnxruntime refuses to load; torch
+    promotes the integer to the floating type, as this does."""
+    graph = model.graph
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        return 0
+    types = {value.name: value.type.tensor_type.elem_type
+             for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
+    types.update({init.name: init.data_type for init in graph.initializer})
+    names = NameAllocator(all_value_names(graph))
+    nodes: list = []
+    promoted = 0
+    for node in graph.node:
+        if node.op_type in _PROMOTING and node.domain in ("", "ai.onnx") and len(node.input) == 2:
+            kinds = [types.get(name, 0) for name in node.input]
+            floating = [kind for kind in kinds if kind in _FLOAT_TYPES]
+            if floating and any(kind in _INTEGER_TYPES for kind in kinds) and len(set(floating)) == 1:
+                for position, kind in enumerate(kinds):
+                    if kind in _INTEGER_TYPES:
+                        cast = names.fresh(f"{node.input[position]}_as_float")
+                        nodes.append(helper.make_node("Cast", [node.input[position]], [cast], to=floating[0]))
+                        node.input[position] = cast
+                        promoted += 1
+        nodes.append(node)
+    if promoted:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return promoted

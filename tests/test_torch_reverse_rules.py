@@ -54,11 +54,11 @@ def _check(function, *inputs, grad_inputs=None):
     outputs, grads = run(ORTModule(Wrapped()))
     assert len(outputs) == len(expected_outputs)
     for actual, expected in zip(outputs, expected_outputs):
-        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
     for actual, expected in zip(grads, expected_grads):
         if expected is None:
             expected = torch.zeros_like(actual)
-        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
 
 
 # -- AveragePool with ceil_mode, divisor_override ------------------------------------------------
@@ -268,3 +268,17 @@ def test_gru(options):
         return torch.func.functional_call(gru, state, (x,))
 
     _check(run, torch.randn(5, 2, 3), *weights)
+
+
+# -- integer operands of floating-point arithmetic ------------------------------------------------
+
+def test_masked_variance_divides_by_an_integer_count():
+    """torch.masked.var/std export a Div of a float sum by an int64 count (onnxruntime refused
+    the graph); the pass casts the count as torch promotes it."""
+    import torch
+
+    torch.manual_seed(9)
+    x = torch.randn(4, 5, 3)
+    mask = torch.rand(4, 5, 3) > 0.3
+    _check(lambda x, mask: (torch.masked.var(x, 1, mask=mask), torch.masked.std(x, None)), x, mask,
+           grad_inputs={0})
