@@ -31,7 +31,9 @@ Where it refuses so, ortagent's rule computes the padding in the graph (``Shape`
 the starts clamped as Slice clamps them, the slice's length from its gradient), so backward
 graphs keep symbolic batch and sequence dimensions, also inside the function bodies onnx-ad
 expands (``SoftmaxCrossEntropyLoss``); a strided slice (``x[::2]``, ``flip``) scatters the
-gradient rows back to the positions they were read from. Axes and steps must be constants.
+gradient rows back to the positions they were read from. Axes and steps must be constants;
+without axes, starts of a length shape inference cannot tell (computed in a loop body, as in
+torch's embedding_bag) slice the first that many axes, counted at run time.
 
 Two more are extended: ``Pow``, whose integer exponent (torch writes ``x ** 2`` with an int64
 one) onnx-ad tried to differentiate and refused for float32 bases; and ``AveragePool`` with
@@ -299,16 +301,25 @@ def _symbolic_slice_reverse(ctx, node, grads):
     steps = ctx.integers(node.input[4]) if len(node.input) > 4 and node.input[4] else None
     if len(node.input) > 4 and node.input[4] and steps is None:
         raise UnsupportedOperator("Slice is differentiable only with a constant 'steps' operand")
+    seeded = ctx.full(grads[0], node.output[0])
+    axes_value = None
     if count is None:
         width = ctx.shapes.shape(starts)
         if width is None or len(width) != 1 or not isinstance(width[0], int):
-            raise UnsupportedOperator("Slice without axes is differentiable only with starts of a known length")
-        count = list(range(width[0]))
+            if steps is not None:
+                raise UnsupportedOperator("Slice without axes is differentiable only with starts of a known length")
+            # the first len(starts) axes, counted at run time (starts computed in a loop body)
+            axes_value = ctx.b.op("Range", [ctx.b.constant(0, onnx.TensorProto.INT64, ()),
+                                            ctx.b.op("Size", [starts], stem="slice_count"),
+                                            ctx.b.constant(1, onnx.TensorProto.INT64, ())], stem="slice_axes")
+            count = []
+        else:
+            count = list(range(width[0]))
     axes = [a % rank for a in count]
-    seeded = ctx.full(grads[0], node.output[0])
     if steps is not None and any(step != 1 for step in steps):
         return [_strided_slice_reverse(ctx, data, starts, axes, steps, seeded)] + [None] * (len(node.input) - 1)
-    axes_value = ctx.b.ints(axes)
+    if axes_value is None:
+        axes_value = ctx.b.ints(axes)
     extents = ctx.b.op("Gather", [ctx.shape_of(data), axes_value], axis=0, stem="slice_extents")
     lengths = ctx.b.op("Gather", [ctx.b.op("Shape", [seeded], stem="slice_grad_shape"), axes_value],
                        axis=0, stem="slice_lengths")
@@ -316,7 +327,8 @@ def _symbolic_slice_reverse(ctx, node, grads):
     begin = _slice_start(ctx, begin, extents, extents)
     after = ctx.b.op("Sub", [ctx.b.op("Sub", [extents, begin]), lengths], stem="slice_after")
     # pads for rank + 1 axes (the trailing seed axis is not padded): befores, then afters
-    positions = ctx.b.ints(axes + [rank + 1 + a for a in axes])
+    positions = ctx.b.op("Concat", [axes_value, ctx.b.op("Add", [axes_value, ctx.b.ints([rank + 1])])], axis=0,
+                         stem="slice_pad_positions")
     pads = ctx.b.op("ScatterElements", [ctx.b.ints([0] * (2 * (rank + 1))), positions,
                                         ctx.b.op("Concat", [begin, after], axis=0)],
                     axis=0, stem="slice_pads")

@@ -18,6 +18,14 @@ extent), else, for a symbolic extent, one ``Slice`` per position read (``unbind`
 a ``Squeeze``; negative positions only where no size is given). Sequences built by loops are
 left alone, and onnx-ad's refusal of them stands. Pure Python over ``onnx``; the rewrite is
 exact (it moves no element).
+
+A sequence a ``Loop`` builds by appending one tensor per iteration (``SequenceEmpty`` before
+the loop, ``SequenceInsert`` at the end in its body) and that is only concatenated after it
+(``ConcatFromSequence`` on axis 0: torch's ``embedding_bag`` stacks its bags so) becomes a scan
+output of the loop, which stacks the same tensors on a new leading axis (onnx-ad differentiates
+loops with scan outputs): the concatenation is then that stack with its two leading axes
+merged (``new_axis=0``) or the stack itself (``new_axis=1``). The tensors must then all have one
+shape, which onnxruntime checks.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from ._onnx_graph import NameAllocator, all_value_names, constant_values, consum
 __all__ = ["unroll_static_sequences"]
 
 _SEQUENCE_OPS = {"SequenceConstruct", "SequenceMap", "SequenceAt", "ConcatFromSequence", "SequenceLength",
-                 "SplitToSequence"}
+                 "SplitToSequence", "SequenceEmpty"}
 _INT64_MAX = 2**63 - 1
 
 
@@ -47,6 +55,11 @@ def unroll_static_sequences(model: ModelProto) -> int:
     graph = model.graph
     if not any(node.op_type in _SEQUENCE_OPS and node.domain in ("", "ai.onnx") for node in graph.node):
         return 0
+    stacked = _stack_loop_sequences(graph)
+    if stacked:
+        kept = _without_unused_sequences(graph, list(graph.node))
+        del graph.node[:]
+        graph.node.extend(kept)
     constants = constant_values(graph)
     names = NameAllocator(all_value_names(graph))
     elements: dict[str, list[str]] = {}        # sequence name -> its element tensors
@@ -122,10 +135,81 @@ def unroll_static_sequences(model: ModelProto) -> int:
             continue
         rewritten.append(node)
     if not replaced:
-        return 0
+        return stacked
     del graph.node[:]
     graph.node.extend(_without_unused_sequences(graph, rewritten))
-    return replaced
+    return replaced + stacked
+
+
+def _attribute_graph(node: NodeProto, name: str):
+    return next((attr.g for attr in node.attribute if attr.name == name), None)
+
+
+def _stack_loop_sequences(graph) -> int:
+    """Turn the sequences Loops build by appending into scan outputs (see the module's
+    docstring), in place; returns how many."""
+    producers = {name: node for node in graph.node for name in node.output}
+    readers: dict[str, list[NodeProto]] = {}
+    for node in graph.node:
+        for name in consumed_names(node):
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    names = NameAllocator(all_value_names(graph))
+    changed = 0
+    for loop in list(graph.node):
+        if loop.op_type != "Loop" or loop.domain not in ("", "ai.onnx"):
+            continue
+        body = _attribute_graph(loop, "body")
+        carried = len(loop.input) - 2
+        for j in reversed(range(carried)):
+            initial, final = loop.input[2 + j], loop.output[j]
+            start = producers.get(initial)
+            users = readers.get(final, [])
+            if start is None or start.op_type != "SequenceEmpty" or readers.get(initial) != [loop] \
+                    or final in outputs or len(users) != 1 or users[0].op_type != "ConcatFromSequence" \
+                    or _attribute(users[0], "axis", 0) != 0:
+                continue
+            inner_in, inner_out = body.input[2 + j].name, body.output[1 + j].name
+            insert = next((node for node in body.node if inner_out in node.output), None)
+            inner_readers = [node for node in body.node if inner_in in consumed_names(node)]
+            if insert is None or insert.op_type != "SequenceInsert" or len(insert.input) != 2 \
+                    or insert.input[0] != inner_in or inner_readers != [insert] \
+                    or any(value.name in (inner_in, inner_out) for value in body.output if value.name != inner_out) \
+                    or sum(value.name == inner_out for value in body.output) != 1:
+                continue
+            element_type = body.output[1 + j].type.sequence_type.elem_type.tensor_type.elem_type or \
+                next((attr.i for attr in start.attribute if attr.name == "dtype"), 1)
+            row = names.fresh(f"{inner_out}_row")
+            kept = [node for node in body.node if node is not insert]
+            kept.append(helper.make_node("Identity", [insert.input[1]], [row]))
+            del body.node[:]
+            body.node.extend(kept)
+            del body.input[2 + j]
+            del body.output[1 + j]
+            body.output.append(helper.make_tensor_value_info(row, element_type, None))
+            stack = names.fresh(f"{final}_stacked")
+            del loop.input[2 + j]
+            del loop.output[j]
+            loop.output.append(stack)
+            concat = users[0]
+            position = list(graph.node).index(concat)
+            if _attribute(concat, "new_axis", 0):
+                made = [helper.make_node("Identity", [stack], [concat.output[0]], name=concat.name)]
+            else:
+                shape, tail, minus_one, target = (names.fresh(f"{stack}_{part}") for part in
+                                                  ("shape", "tail", "minus_one", "target"))
+                made = [helper.make_node("Shape", [stack], [shape]),
+                        helper.make_node("Constant", [], [minus_one],
+                                         value=numpy_helper.from_array(np.array([-1], np.int64))),
+                        helper.make_node("Shape", [stack], [tail], start=2),
+                        helper.make_node("Concat", [minus_one, tail], [target], axis=0),
+                        helper.make_node("Reshape", [stack, target], [concat.output[0]], name=concat.name)]
+                del made[0]
+            del graph.node[position]
+            for offset, node in enumerate(made):
+                graph.node.insert(position + offset, node)
+            changed += 1
+    return changed
 
 
 class _Pieces:

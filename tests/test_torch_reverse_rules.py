@@ -282,3 +282,27 @@ def test_masked_variance_divides_by_an_integer_count():
     mask = torch.rand(4, 5, 3) > 0.3
     _check(lambda x, mask: (torch.masked.var(x, 1, mask=mask), torch.masked.std(x, None)), x, mask,
            grad_inputs={0})
+
+
+# -- sequences built in loops (embedding_bag) ---------------------------------------------------
+
+@pytest.mark.parametrize("mode, weighted", [("sum", True), ("sum", False), ("mean", False), ("max", False)])
+def test_embedding_bag(mode, weighted):
+    """F.embedding_bag exports a Loop that appends one row per bag to a sequence, concatenated
+    after it; the unrolling makes the rows a scan output of the loop, which onnx-ad
+    differentiates (its Slice with starts computed in the body gets its axes at run time).
+    An empty bag included; the weight's and the per-sample weights' gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(10)
+    weight = torch.randn(10, 4)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 3, 3, 6])           # bag 1 is empty
+    per_sample = torch.rand(8) + 0.5
+
+    if weighted:
+        _check(lambda w, i, o, p: F.embedding_bag(i, w, o, mode=mode, per_sample_weights=p),
+               weight, indices, offsets, per_sample, grad_inputs={0, 3})
+    else:
+        _check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode), weight, indices, offsets, grad_inputs={0})
