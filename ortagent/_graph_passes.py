@@ -22,6 +22,8 @@
 * :func:`promote_mixed_arithmetic` (forward, before differentiation, always): an arithmetic
   node with a floating-point and an integer operand (torch's exporter writes some) gets the
   integer one cast to the floating type, as torch promotes it.
+* :func:`batch_unbatched_losses` (forward, before differentiation, always): cross-entropy and
+  NLL losses of one unbatched score vector get a batch of one (ONNX defines them batched).
 
 The first two work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
 bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
@@ -44,7 +46,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ._onnx_graph import NameAllocator, all_value_names, consumed_names
 
 __all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes", "explicit_gru_biases",
-           "promote_mixed_arithmetic"]
+           "promote_mixed_arithmetic", "batch_unbatched_losses"]
 
 Dims = list  # of int (a static size) or str (a symbol)
 
@@ -502,3 +504,48 @@ def promote_mixed_arithmetic(model: ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(nodes)
     return promoted
+
+
+def batch_unbatched_losses(model: ModelProto) -> int:
+    """Give ``SoftmaxCrossEntropyLoss`` / ``NegativeLogLikelihoodLoss`` nodes whose scores are
+    one vector ``[C]`` (torch's cross_entropy of one unbatched sample) a batch of one, in
+    place; returns how many. ONNX defines these losses for ``[N, C, ...]`` only (onnxruntime
+    cannot run the unbatched node, and onnx-ad cannot type its function body): the scores and
+    the target get a leading axis of 1, and unreduced results lose it again. The values are
+    unchanged (a mean over one sample is that sample)."""
+    graph = model.graph
+    nodes = [node for node in graph.node if node.op_type in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
+             and node.domain in ("", "ai.onnx")]
+    if not nodes:
+        return 0
+    shapes = known_shapes(model)
+    names = NameAllocator(all_value_names(graph))
+    axis, axis_init = _constant(names, "ortagent_batch_axis", [0])
+    rewritten: list = []
+    batched = 0
+    for node in graph.node:
+        shape, target = shapes.get(node.input[0]), shapes.get(node.input[1]) if len(node.input) > 1 else None
+        if node not in nodes or shape is None or len(shape) != 1 or target is None or len(target) != 0:
+            rewritten.append(node)
+            continue
+        for position in (0, 1):
+            lifted = names.fresh(f"{node.input[position]}_batched")
+            rewritten.append(helper.make_node("Unsqueeze", [node.input[position], axis], [lifted]))
+            node.input[position] = lifted
+        reduction = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "reduction"), b"mean")
+        squeezed = [0] if reduction in (b"none", "none") else []
+        if len(node.output) > 1 and node.output[1]:
+            squeezed.append(1)          # SoftmaxCrossEntropyLoss's log_prob
+        finals = []
+        for index in squeezed:
+            inner = names.fresh(f"{node.output[index]}_batched")
+            finals.append(helper.make_node("Squeeze", [inner, axis], [node.output[index]]))
+            node.output[index] = inner
+        rewritten.append(node)
+        rewritten.extend(finals)
+        batched += 1
+    if batched:
+        graph.initializer.append(axis_init)
+        del graph.node[:]
+        graph.node.extend(rewritten)
+    return batched

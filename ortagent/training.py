@@ -32,7 +32,9 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 
 from . import _ad_rules
 from ._static_sequences import unroll_static_sequences
-from ._graph_passes import explicit_gru_biases, flatten_batched_matmuls, promote_mixed_arithmetic, simplify_copies
+from ._graph_passes import (
+    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, promote_mixed_arithmetic, simplify_copies,
+)
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
 )
@@ -233,6 +235,7 @@ def build_training_graph(
     unroll_static_sequences(model)      # (onnx-ad has no rules for sequence operators)
     explicit_gru_biases(model)          # (onnx-ad's GRU unrolling needs one for linear_before_reset)
     promote_mixed_arithmetic(model)     # (the exporter writes float / int64 where torch promotes)
+    batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
     try:
         adjoint = onnx_ad.reverse(

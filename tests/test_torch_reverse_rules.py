@@ -306,3 +306,17 @@ def test_embedding_bag(mode, weighted):
                weight, indices, offsets, per_sample, grad_inputs={0, 3})
     else:
         _check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode), weight, indices, offsets, grad_inputs={0})
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_of_one_unbatched_sample(reduction):
+    """cross_entropy / nll_loss of one score vector [C] and a 0-d target: ONNX defines the
+    losses batched only, so the pass gives them a batch of one."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(11)
+    scores, target = torch.randn(5), torch.tensor(3)
+    _check(lambda x, t: (F.cross_entropy(x, t, reduction=reduction),
+                         F.nll_loss(F.log_softmax(x * 3, 0), t, reduction=reduction)),
+           scores, target, grad_inputs={0})
