@@ -471,20 +471,24 @@ _FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.
                           onnx.TensorProto.BFLOAT16})
 
 
-def promote_mixed_arithmetic(model: ModelProto) -> int:
+def promote_mixed_arithmetic(model: ModelProto, types: dict[str, int] | None = None) -> int:
     """Cast the integer operand of an arithmetic node whose other operand is floating point to
     that type, in place (main graph); returns how many operands. ONNX arithmetic wants one
     type, and torch's exporter writes some decompositions with an integer count (``masked.var``
     divides by a count summed from int64 ones), which onnxruntime refuses to load; torch
-    promotes the integer to the floating type, as this does."""
+    promotes the integer to the floating type, as this does. ``types`` (value name -> element
+    type, from an earlier shape inference of the model) saves inferring them again."""
     graph = model.graph
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:
+    if not any(node.op_type in _PROMOTING for node in graph.node):
         return 0
-    types = {value.name: value.type.tensor_type.elem_type
-             for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
-    types.update({init.name: init.data_type for init in graph.initializer})
+    if types is None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:
+            return 0
+        types = {value.name: value.type.tensor_type.elem_type
+                 for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
+    types = {**types, **{init.name: init.data_type for init in graph.initializer}}
     names = NameAllocator(all_value_names(graph))
     nodes: list = []
     promoted = 0

@@ -234,7 +234,7 @@ def build_training_graph(
         flatten_batched_matmuls(model, _default_opset(model))
     unroll_static_sequences(model)      # (onnx-ad has no rules for sequence operators)
     explicit_gru_biases(model)          # (onnx-ad's GRU unrolling needs one for linear_before_reset)
-    promote_mixed_arithmetic(model)     # (the exporter writes float / int64 where torch promotes)
+    promote_mixed_arithmetic(model, inferred)   # (the exporter writes float / int64 where torch promotes)
     batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
     try:
