@@ -2,7 +2,8 @@
 #   make test    build the extension and run the test suite (what .ci/run calls)
 #   make demo    train a small classifier end to end with TrainingAgent
 #   make demo-torch  train a small char-level GPT through ortagent.torch.ORTModule next to eager
-#   make bench   run the benchmarks side by side with onnxruntime and the C floor
+#   make bench   run the benchmarks side by side with onnxruntime and the C floor (results in
+#                build/bench: latest.json, latest.md, latest.png)
 #   make test-ft / bench-ft  the suite / the threads benchmark on a free-threaded CPython with
 #                the GIL off (skipped when none is found; FT_PYTHON names one)
 #   make test-torch-ops  the whole differential sweep of ORTModule over torch's op_db and
@@ -102,18 +103,20 @@ asan: venv refagent
 		$(abspath $(PY)) -m pytest -q -ra -p no:cacheprovider $(ASAN_TESTS) --ignore=tests/test_typing.py $(PYTEST_ARGS)
 	cd $(ASAN_DIR) && PYTHONPATH=$(abspath $(ASAN_DIR)) $(abspath $(PY)) tests/lsan_check.py
 
-# benchmarks/bench.py; BENCH_ARGS passes options (e.g. BENCH_ARGS="--groups calls,values").
+# python -m benchmarks.bench (the benchmarks package, from the repository root); results go to
+# build/bench (latest.json, latest.md, latest.png). BENCH_ARGS passes options (e.g.
+# BENCH_ARGS="--groups calls,values").
 bench bench-quick: build refagent
 	@$(PY) -c "import tqdm, matplotlib" 2>/dev/null || \
 		$(PY) -m pip install -q --disable-pip-version-check tqdm matplotlib
-	$(PY) benchmarks/bench.py $(if $(filter bench-quick,$@),--quick) $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench $(if $(filter bench-quick,$@),--quick) $(BENCH_ARGS)
 
 # Free-threaded CPython (3.13t+) with the GIL off: ortagent built in a copy of the tree (FT_DIR;
 # the in-place build is left alone) for FT_PYTHON, in a venv of its own (FT_VENV: numpy, onnx and
 # onnxruntime's cp313t wheels, pytest, hypothesis; wheels only, pinned in FT_PACKAGES to releases
 # that ship cp313t wheels: newer onnx and hypothesis build from source there, which needs CMake
 # downloads and a Rust toolchain). test-ft runs the suite there with
-# PYTHON_GIL=0, bench-ft the threads group (results in FT_DIR/results). Without a free-threaded
+# PYTHON_GIL=0, bench-ft the threads group (results in FT_DIR/build/bench). Without a free-threaded
 # interpreter (none on PATH, none at /opt/py313t) both say so and succeed.
 FT_PYTHON ?= $(firstword $(shell command -v python3.14t python3.13t 2>/dev/null) $(wildcard /opt/py313t/bin/python3.13t))
 FT_DIR ?= build/ft
@@ -141,8 +144,8 @@ test-ft: ft-build
 		-p no:cacheprovider tests $(PYTEST_ARGS); fi
 
 bench-ft: ft-build
-	@if [ -f $(FT_READY) ]; then cd $(FT_DIR) && PYTHON_GIL=0 $(abspath $(FT_VENV))/bin/python benchmarks/bench.py \
-		--groups threads --no-plot --out results $(FT_BENCH_ARGS); fi
+	@if [ -f $(FT_READY) ]; then cd $(FT_DIR) && PYTHON_GIL=0 $(abspath $(FT_VENV))/bin/python -m benchmarks.bench \
+		--groups threads --no-plot $(FT_BENCH_ARGS); fi
 
 # The demo's own packages (scikit-learn ships the digits data: nothing is downloaded at run time).
 # DEMO_ARGS passes options to demo/train_digits.py, e.g. DEMO_ARGS="--device cuda --epochs 40".

@@ -11,17 +11,14 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
-
-# ortagent from this checkout even when it is not installed (built in place), and the test
-# helpers (training graph builders, the reference agent's locator).
-for _path in (str(REPO_ROOT / "tests"), str(REPO_ROOT)):
-    if _path not in sys.path:
-        sys.path.insert(1, _path)
+# where `make bench` leaves its results (latest.json, latest.md, latest.png): a build artefact
+RESULTS_DIR = REPO_ROOT / "build" / "bench"
 
 # NumPy's OpenBLAS starts a worker thread per extra CPU, which spins at times (perf: ~5% of the
 # samples of two threads running tiny models on 2 CPUs). Nothing timed here calls BLAS, and on a
 # small machine that worker takes CPU time from the threads being measured; set before any
-# benchmark imports NumPy (this module comes first; a value set by the caller wins).
+# benchmark imports NumPy (every entry point -- bench, callgrind_counts, threads_probe -- imports
+# this module first; a value set by the caller wins).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The same session settings everywhere: C floor, ortagent, onnxruntime's Python, 1.19.2 agent.
@@ -86,7 +83,7 @@ def wait_quiet(limit_s: float, busy_limit: float = 0.3) -> float | None:
 
 
 def load_module(name: str, path: Path):
-    """Import a file as a module (the benchmark helpers live outside any package)."""
+    """Import a file that lives outside any package as a module (the demos)."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -97,7 +94,9 @@ def load_module(name: str, path: Path):
 
 
 def c_floor():
-    return load_module("ortagent_bench_c_floor", BENCH_DIR / "c_floor" / "build.py")
+    from .c_floor import build
+
+    return build
 
 
 def ortagent_options():

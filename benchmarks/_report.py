@@ -4,7 +4,7 @@ A :class:`Row` holds one contender's per-round samples (ns per call) and how to 
 ``ref`` names the row its *ratio* is taken against (per round, then the median), ``peer`` the
 row of the *vs* column (ortagent against onnxruntime or the 1.19.2 agent). ``speedup`` rows
 (threads) show ``ref / self`` (throughput) instead of ``self / ref``.
-A :class:`Target` is one of the issue's goals, evaluated on the same run: PASS, MISS, or n/a
+A :class:`Target` is one of the project's performance targets (benchmarks/README.md), evaluated on the same run: PASS, MISS, or n/a
 when its contenders could not run here.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from _harness import paired, quartiles, summary
+from ._harness import paired, quartiles, summary
 
 
 @dataclass

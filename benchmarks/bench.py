@@ -1,21 +1,27 @@
 """Run ortagent's benchmarks side by side with onnxruntime, the C floor and the 1.19.2 agent.
 
-    python benchmarks/bench.py [--quick] [--groups calls,values,agent,threads,startup,torch]
+    python -m benchmarks.bench [--quick] [--groups calls,values,agent,threads,startup,torch]
                                [--out DIR] [--rounds-scale F] [--burst-ms MS] [--no-plot]
+
+(from the repository root: ``benchmarks`` and the model builders of ``ortagent_testkit`` are
+packages there, and an in-place build of ortagent is found the same way).
 
 ``make bench`` (``make bench-quick`` for ``--quick``) sets up the environments and runs this.
 Each group interleaves its contenders in rounds of short bursts within one process (the C
 floor and the onnxruntime-training 1.19.2 agent run in helper processes that time their own
 bursts and wait idle in between), so every figure in a table comes from the same minutes of
 the same machine. A table per group is printed (median per call, q1-q3 over rounds, ratios
-paired per round), then the targets with PASS/MISS. Results go to ``DIR/latest.json`` and
-``DIR/latest.png`` (default DIR: benchmarks/results). See benchmarks/README.md.
+paired per round), then the targets with PASS/MISS. Results go to ``DIR/latest.json``,
+``DIR/latest.md`` (the tables), ``DIR/summary.md`` (the short table, see summary.py) and
+``DIR/latest.png`` (default DIR: build/bench, a build artefact: nothing here is committed).
+See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -26,8 +32,8 @@ import time
 import traceback
 from pathlib import Path
 
-import _common  # noqa: F401  (sets up sys.path)
-from _report import Group, markdown, plot
+from . import _common, summary
+from ._report import Group, markdown, plot
 
 # threads first: it is the one group that needs the wall clock, and so a quiet machine
 GROUPS = ("threads", "calls", "values", "agent", "startup", "torch")
@@ -82,7 +88,7 @@ def machine() -> dict:
 
 
 def _run_group(name: str, settings) -> Group:
-    module = __import__(f"group_{name}")
+    module = importlib.import_module(f".group_{name}", __package__)
     load_before = os.getloadavg()[0]
     try:
         group = module.run(settings)
@@ -99,8 +105,9 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer, shorter rounds: a fast look")
     parser.add_argument("--groups", default=",".join(GROUPS),
                         help=f"comma-separated subset of {','.join(GROUPS)}")
-    parser.add_argument("--out", type=Path, default=_common.BENCH_DIR / "results",
-                        help="where latest.json and latest.png go (default benchmarks/results)")
+    parser.add_argument("--out", type=Path, default=_common.RESULTS_DIR,
+                        help="where latest.json, latest.md, summary.md and latest.png go "
+                             "(default build/bench)")
     parser.add_argument("--rounds-scale", type=float, default=1.0,
                         help="multiply every group's number of rounds")
     parser.add_argument("--burst-ms", type=float, default=None,
@@ -113,9 +120,6 @@ def main(argv=None) -> int:
                         help="before the threads group, wait up to S seconds for other processes "
                              "to leave both CPUs free (default 180, 0 with --quick)")
     parser.add_argument("--no-plot", action="store_true", help="skip latest.png")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="also put the tables into benchmarks/README.md (between its "
-                             "results markers)")
     args = parser.parse_args(argv)
     names = [g.strip() for g in args.groups.split(",") if g.strip()]
     unknown = sorted(set(names) - set(GROUPS))
@@ -180,17 +184,9 @@ def main(argv=None) -> int:
         + (f" with uncommitted changes in {', '.join(info['uncommitted'])}"
            if info.get("uncommitted") else "") + "."))
     print(f"wrote {md_path}")
-    if args.update_readme:
-        readme = _common.BENCH_DIR / "README.md"
-        text = readme.read_text()
-        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-        if begin in text and end in text:
-            head, rest = text.split(begin, 1)
-            tail = rest.split(end, 1)[1]
-            readme.write_text(f"{head}{begin}\n{md_path.read_text()}{end}{tail}")
-            print(f"updated {readme}")
-        else:
-            print(f"{readme} has no results markers; not updated", file=sys.stderr)
+    summary_path = args.out / "summary.md"
+    summary_path.write_text(summary.markdown(result))
+    print(f"wrote {summary_path} (the short table of benchmarks/README.md)")
     if not args.no_plot:
         png_path = args.out / "latest.png"
         title = (f"ortagent benchmarks, {result['created']}: {info.get('cpu_model', '?')}, "

@@ -2,8 +2,10 @@
 benchmarks (on a shared, noisy machine a time moves by 2x between runs, an instruction count
 by a few instructions).
 
-    .venv/bin/python benchmarks/callgrind_counts.py              # every case
-    .venv/bin/python benchmarks/callgrind_counts.py --cases run,agent-tiny --calls 4000
+    .venv/bin/python -m benchmarks.callgrind_counts              # every case
+    .venv/bin/python -m benchmarks.callgrind_counts --cases run,agent-tiny --calls 4000
+
+(from the repository root: ``benchmarks`` is a package, and ortagent_testkit sits next to it).
 
 Each case runs in a child process under ``valgrind --tool=callgrind`` (PYTHONHASHSEED=0), which
 warms up with a plain loop and then makes ``--calls`` calls as
@@ -32,6 +34,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import _common  # isort: skip  (first: it sets OPENBLAS_NUM_THREADS before NumPy loads)
+from .c_floor import build as c_floor
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WARMUP = 50
@@ -45,8 +50,8 @@ CASES = {
     "ort-run": ("onnxruntime InferenceSession.run(None, {'x': f32[1]}) on Identity", [("loop", None)]),
     "agent-tiny": ("ortagent TrainingAgent step, state API, x*w+bias f32 (forward + backward)", [
         ("loop", None),
-        ("symbol: _AgentEngine.forward_hot", "__pyx_f_8ortagent_6_agent_12_AgentEngine_forward_hot"),
-        ("symbol: _AgentEngine.backward_hot", "__pyx_f_8ortagent_6_agent_12_AgentEngine_backward_hot"),
+        ("symbol: _AgentEngine.forward_run", "__pyx_f_8ortagent_6_agent_12_AgentEngine_forward_run"),
+        ("symbol: _AgentEngine.backward_run", "__pyx_f_8ortagent_6_agent_12_AgentEngine_backward_run"),
     ]),
     "c-run": ("the C floor: OrtApi::Run on Identity f32[1] (benchmarks/c_floor, mode run)",
               [("symbol: time_calls (the timed loop)", "time_calls")]),
@@ -61,15 +66,13 @@ CASES = {
 # ---- the child: builds one case and runs it --------------------------------------------------------
 
 def _identity_bytes() -> bytes:
-    sys.path.insert(0, str(HERE))
-    import models
+    from ortagent_testkit import bench_models as models
+
     return models.identity().SerializeToString()
 
 
 def _step(case: str):
     import numpy as np
-    sys.path.insert(0, str(HERE))
-    import _common
     if case in ("run", "serving"):
         import ortagent
         session = ortagent.InferenceSession(_identity_bytes(), _common.ortagent_options())
@@ -85,8 +88,7 @@ def _step(case: str):
         feed = {"x": np.ones(1, np.float32)}
         return lambda run=session.run: run(None, feed)
     if case == "agent-tiny":
-        sys.path.insert(0, str(ROOT / "tests"))
-        import training_graphs
+        from ortagent_testkit import training_graphs
         from ortagent import OrtDevice, OrtValue, PartialGraphExecutionState, TrainingAgent
         tc = training_graphs.mul_add_case(np.float32)
         rng = np.random.default_rng(0)
@@ -122,11 +124,9 @@ def child(case: str, calls: int) -> None:
 
 def _c_floor_command(case: str, calls: int, tmp: str) -> list[str]:
     """ort_floor timing `calls` calls once (no warm-up: its count is exactly the calls')."""
-    sys.path.insert(0, str(HERE / "c_floor"))
-    import build
     model = Path(tmp) / "identity.onnx"
     model.write_bytes(_identity_bytes())
-    return [str(build.build()), str(model), "--lib", str(build.default_library()), "--threads", "1",
+    return [str(c_floor.build()), str(model), "--lib", str(c_floor.default_library()), "--threads", "1",
             "--inter-threads", "1", "--opt-level", "all", "--modes", case[2:], "--iterations",
             str(calls), "--repeat", "1", "--warmup", "0"]
 
@@ -137,9 +137,9 @@ def _ref_agent_count(calls: int) -> tuple[float, dict]:
     import json
 
     import numpy as np
-    sys.path.insert(0, str(ROOT / "tests"))
-    import training_graphs
-    from reference_agent.client import reference_python
+
+    from ortagent_testkit import training_graphs
+    from ortagent_testkit.reference_agent.client import reference_python
     python = reference_python()
     if python is None:
         raise SystemExit("ref-agent-tiny: no .venv-refagent (make refagent)")
@@ -177,7 +177,7 @@ def _count(case: str, symbol: str | None, calls: int) -> float:
         if case.startswith("c-"):
             target = _c_floor_command(case, calls, tmp)
         else:
-            target = [sys.executable, str(Path(__file__).resolve()), "--child", case, str(calls)]
+            target = [sys.executable, "-m", "benchmarks.callgrind_counts", "--child", case, str(calls)]
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
                    f"--toggle-collect={symbol or 'deque_extend'}", *target]
         env = dict(os.environ, PYTHONHASHSEED="0",

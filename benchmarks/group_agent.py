@@ -2,11 +2,11 @@
 TrainingAgent vs one run of the same graph without its YieldOp vs onnxruntime-training 1.19.2's
 own agent.
 
-Cases: the tiny graph ``out = x * w + bias`` (tests/training_graphs.py ``mul_add_case``,
+Cases: the tiny graph ``out = x * w + bias`` (``ortagent_testkit.training_graphs.mul_add_case``,
 float32), an MLP 784-512-10 at batch 64 (forward MatMul/Add/Relu/MatMul/Add, training graph
 from ``ortagent.training.build_training_graph``), and two training graphs written by
 onnxruntime-training 1.19.2's own ORTModule graph builder (an MLP 784-512-10 and a transformer
-layer, benchmarks/models.py), whose training-only ops ortagent lowers to standard ops while the
+layer, ``ortagent_testkit.bench_models``), whose training-only ops ortagent lowers to standard ops while the
 1.19.2 agent runs them with its training kernels. Contenders per case, every round, random order:
 
 * ortagent ``TrainingAgent``, state API: ``run_forward(feeds, fetches, state)`` then
@@ -34,17 +34,17 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-import _common
-from _harness import BurstServer, PyCalls, Served, run_rounds
-from _report import Group, Row
+from . import _common
+from ._harness import BurstServer, PyCalls, Served, run_rounds
+from ._report import Group, Row
 
 MLP_SIZES = (64, 784, 512, 10)          # batch, in, hidden, out
 
 
 def mlp_training_graph(seed: int = 0) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The training graph and the parameters' initial values (tests/training_graphs.py's MLP
+    """The training graph and the parameters' initial values (ortagent_testkit.training_graphs's MLP
     forward, at MNIST's sizes)."""
-    import training_graphs
+    from ortagent_testkit import training_graphs
     from ortagent.training import build_training_graph
 
     batch, n_in, hidden, n_out = MLP_SIZES
@@ -105,7 +105,7 @@ def cut_yield(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _cases(settings):
-    import training_graphs
+    from ortagent_testkit import training_graphs
 
     tiny = training_graphs.mul_add_case(np.float32)
     rng = np.random.default_rng(settings.seed)
@@ -130,8 +130,8 @@ def _ortmodule_cases(settings):
     """Training graphs written by onnxruntime-training 1.19.2's ORTModule graph builder (training
     ops: ReluGrad; LayerNormalizationGrad, SoftmaxGrad_13, GeluGrad, ConcatTraining), which
     ortagent lowers to standard ops. Built in .venv-refagent; none without it."""
-    import models
-    from reference_agent.client import build_ortmodule_training_graph, reference_python
+    from ortagent_testkit import bench_models as models
+    from ortagent_testkit.reference_agent.client import build_ortmodule_training_graph, reference_python
 
     if reference_python() is None:
         return []
@@ -260,7 +260,7 @@ def _contenders(tag, title, model, feeds, grads, settings, servers, checks):
          single_key, None),
     ]
 
-    from reference_agent.client import reference_python
+    from ortagent_testkit.reference_agent.client import reference_python
 
     python = reference_python()
     if python is not None:
@@ -359,8 +359,8 @@ def run(settings) -> Group:
                       f"{statistics.median(group.samples('tiny/c-halves')) / 1e3:.2f} µs, "
                       f"1.19.2 agent: {statistics.median(samples['tiny/ref']) / 1e3:.2f} µs"
                       if "tiny/ref" in samples else "")
-    # issue 15's target: 0.9x the real agent's step (by instructions, benchmarks/callgrind_counts.py
-    # --cases agent-tiny,ref-agent-tiny, it is 0.89x at 0b3c0c7; the time is noisier)
+    # the target: 0.9x the real agent's step (by instructions, python -m benchmarks.callgrind_counts
+    # --cases agent-tiny,ref-agent-tiny, 0.89x; the time is noisier: see benchmarks/README.md)
     group.ratio_target("tiny_vs_ref_agent",
                        "ortagent tiny step (state API) <= 0.9x the 1.19.2 agent's step",
                        "tiny/oa-state", "tiny/ref", 0.9, detail=floor_note)

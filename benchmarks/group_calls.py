@@ -1,6 +1,6 @@
 """Group 1, call overhead: one inference on tiny models, C floor vs ortagent vs onnxruntime.
 
-Models (benchmarks/models.py): Identity float32[1], Add float32[16], 10 inputs + 10 outputs,
+Models (``ortagent_testkit.bench_models``): Identity float32[1], Add float32[16], 10 inputs + 10 outputs,
 MLP 3x256 batch 32. For each model, in every round and in a random order:
 
 * the C floor (``ort_floor --serve``, one process per model kept alive and idle between
@@ -27,10 +27,11 @@ import time
 
 import numpy as np
 
-import _common
-import models
-from _harness import BurstServer, PyCalls, Served, run_rounds
-from _report import Group, Row
+from ortagent_testkit import bench_models as models
+
+from . import _common
+from ._harness import BurstServer, PyCalls, Served, run_rounds
+from ._report import Group, Row
 
 MODEL_ORDER = ("identity", "multi_io", "add", "mlp")
 MODEL_TITLES = {"identity": "Identity f32[1]", "multi_io": "10 in/10 out", "add": "Add f32[16]",

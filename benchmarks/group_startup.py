@@ -16,9 +16,9 @@ from __future__ import annotations
 import statistics
 import time
 
-import _common
-from _harness import FreshProcess, run_rounds
-from _report import Group, Row, Target
+from . import _common
+from ._harness import FreshProcess, run_rounds
+from ._report import Group, Row, Target
 
 _TEMPLATE = """\
 import sys, time

@@ -28,10 +28,11 @@ import sys
 import sysconfig
 import time
 
-import _common
-import models
-from _harness import Threaded, run_rounds
-from _report import Group, Row
+from ortagent_testkit import bench_models as models
+
+from . import _common
+from ._harness import Threaded, run_rounds
+from ._report import Group, Row
 
 MODELS = (("identity", "Identity f32[1]"), ("add", "Add f32[16]"), ("mlp", "MLP 3x256 b32"))
 # On a free-threaded CPython (3.13t+) with the GIL off, also 4 threads with a session each.

@@ -19,9 +19,9 @@ from __future__ import annotations
 import copy
 import time
 
-import _common
-from _harness import PyCalls, run_rounds
-from _report import Group, Row
+from . import _common
+from ._harness import PyCalls, run_rounds
+from ._report import Group, Row
 
 ROUNDS_FULL, ROUNDS_QUICK = 21, 5
 

@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from _harness import PyCalls, run_rounds
-from _report import Group, Row, Target
+from ._harness import PyCalls, run_rounds
+from ._report import Group, Row, Target
 
 SIZES = (("4 B", 1), ("64 MiB", 16 * 1024 * 1024))          # float32 elements
 O1_LIMIT = 1.5      # "O(1)": the 64 MiB call within 1.5x of the 4 B call (same round)

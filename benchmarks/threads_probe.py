@@ -2,7 +2,7 @@
 same breath: on a shared 2-core machine the threads group of bench.py moves with whatever else
 runs, and this says for each run whether two CPUs were free.
 
-    PYTHON_GIL=0 python benchmarks/threads_probe.py identity --calls 20000 --rounds 11
+    PYTHON_GIL=0 python -m benchmarks.threads_probe identity --calls 20000 --rounds 11
 
 In each round, in this order: 1 and 2 threads hashing 256 KiB (GIL-free: the headroom), 1 and 2
 threads hashing 2 KiB (the GIL released for ~1 µs a call: what handing it over costs), then
@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import statistics
 import sys
 import threading
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+from . import _common  # isort: skip  (first: it sets OPENBLAS_NUM_THREADS before NumPy loads)
 
-import _common  # noqa: E402
-import models  # noqa: E402
+from ortagent_testkit import bench_models as models
 
 
 def burst(workers, calls: int) -> float:

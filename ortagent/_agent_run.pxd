@@ -7,7 +7,7 @@ from ortagent._run_core cimport RunArrays
 # Whether the run preallocated every output at `positions`.
 cdef bint _all_preallocated(RunArrays* a, list positions) noexcept
 # OrtApi::Run with arrays the caller filled (the state API's hot path); outputs as OrtValues.
-# `owned`: the run holds the session's first lane of caches (begin_run(True) returned 1), so it
+# `owned`: the run holds its half's preallocation (the agent's _Preallocation claim), so it
 # may read and change the session's FixedOutput states and *preallocate. Preallocated outputs
 # come from `spares` (by session output slot) when one was given back, else from `allocator`,
 # and go back to `spares` when their last owner drops them.

@@ -66,8 +66,8 @@ cdef class InferenceSession:
     cdef bint replacing                         # set_providers() is replacing the handle
     # The run caches, one lane per concurrent run (see RunLane): lanes[:n_lanes] are made.
     # Which lanes are busy changes inside the critical section; a lane's contents belong to the
-    # run holding it. The fixed outputs' type and shape, preallocate_outputs, and the agent's
-    # preallocation flags are the business of the run holding lane 0.
+    # run holding it. The fixed outputs' type and shape change inside the critical section (a
+    # run holding a lane, or an agent run holding its half's _agent._Preallocation, confirms them).
     cdef RunLane* lanes[MAX_RUN_LANES]
     cdef int n_lanes
     # Per lane: the copies its run's feeds needed (a list made once, not per call), emptied as

@@ -146,7 +146,6 @@ class TrainingAgent(_AgentHotPath):
         self._lock = threading.Lock()
         self._runs: dict[int, PartialGraphExecutionState] = {}
         self._run_ids = itertools.count(1)
-        self._closed = False
         form = named["_form"]
         graph_inputs = split.graph_input_names
         module_outputs = split.module_output_names
@@ -242,6 +241,11 @@ class TrainingAgent(_AgentHotPath):
         """Run ids whose forward ran and whose backward has not (run-id API)."""
         return len(self._runs)
 
+    @property
+    def _closed(self) -> bool:
+        """The agent's one closed flag is its engine's."""
+        return self._engine.closed
+
     def _require_open(self) -> None:
         if self._closed:
             raise ObjectClosedError("this TrainingAgent has been closed")
@@ -254,13 +258,13 @@ class TrainingAgent(_AgentHotPath):
     def _run_forward(self, feeds_or_iobinding: Any, fetches_or_run_options: Any = None,
                      state: PartialGraphExecutionState | None = None,
                      cache: Any = None) -> tuple[list[OrtValue], int] | None:
-        """run_forward beyond the hot path (see _AgentHotPath.run_forward)."""
+        """run_forward beyond the direct path (see _AgentHotPath.run_forward): names reordered."""
         if self._closed:
             self._require_open()
         feeds_type = type(feeds_or_iobinding)
         if (feeds_type is list or feeds_type is tuple) and type(state) is PartialGraphExecutionState \
                 and type(fetches_or_run_options) is list:
-            # the state API's hot path: plain lists, names in graph order
+            # the state API with plain lists (reordered here when the names ask for it)
             if self._feeds_in_order and len(feeds_or_iobinding) == len(self._feed_positions):
                 graph_inputs = feeds_or_iobinding if feeds_type is list else list(feeds_or_iobinding)
             else:
@@ -293,14 +297,14 @@ class TrainingAgent(_AgentHotPath):
 
     def _run_backward(self, feeds_or_grads: Sequence[Any], fetches_or_run_id: Any,
                       state: PartialGraphExecutionState | None = None) -> None:
-        """run_backward beyond the hot path (see _AgentHotPath.run_backward)."""
+        """run_backward beyond the direct path (see _AgentHotPath.run_backward): names reordered."""
         if self._closed:
             self._require_open()
         if type(state) is PartialGraphExecutionState and type(fetches_or_run_id) is list \
                 and type(feeds_or_grads) is list and self._grads_in_order:
-            # the state API's hot path
-            fetches_or_run_id[:] = self._engine.backward(state, feeds_or_grads, self._output_positions,
-                                                         self._output_devices, None)
+            # the state API, gradients in order (what run_backward's direct path explains)
+            fetches_or_run_id[:] = self._engine._backward_planned(state, feeds_or_grads,
+                                                                  self._plan_of_state_api(), None)
             return
         if state is None and not isinstance(fetches_or_run_id, list):
             self._run_backward_by_id(feeds_or_grads, fetches_or_run_id)
@@ -312,7 +316,7 @@ class TrainingAgent(_AgentHotPath):
         if not isinstance(fetches, list):
             raise OrtInvalidType(f"fetches must be a list (filled in place), got {type(fetches).__name__}")
         gradients = self._ordered_gradients(feeds_or_grads)
-        fetches[:] = self._engine.backward(state, gradients, self._output_positions, self._output_devices, None)
+        fetches[:] = self._engine._backward_planned(state, gradients, self._plan_of_state_api(), None)
 
     # -- state API helpers ---------------------------------------------------------------------------
 
@@ -405,12 +409,12 @@ class TrainingAgent(_AgentHotPath):
         state = self._take_run(run_id)
         binding: TrainingIOBinding = state.binding
         try:
-            positions, targets = binding._output_plan()
+            plan = binding._output_plan()
             if type(grads) is not list or not self._grads_in_order:
                 grads = self._ordered_gradients(grads)
-            outputs = self._engine.backward(state, grads, positions, targets, None)
+            outputs = self._engine._backward_planned(state, grads, plan, None)
         except BaseException:
-            if state.status == "waiting for its backward":
+            if state.waiting_for_backward:
                 with self._lock:
                     self._runs[run_id] = state      # still resumable
             raise
@@ -422,14 +426,14 @@ class TrainingAgent(_AgentHotPath):
 
     def close(self) -> None:
         """Release every pending run and both sessions."""
-        if self._closed:
+        if not self._engine.close():        # closed before (the flag is set once, atomically)
             return
-        self._closed = True
+        # a forward of the run-id API registers its run under the lock only while the engine is
+        # open, so every run it registered is here
         with self._lock:
             runs, self._runs = list(self._runs.values()), {}
         for state in runs:
             state.release()
-        self._engine.close()
 
     def __enter__(self):
         return self
@@ -453,7 +457,7 @@ class TrainingIOBinding:
         self._results: list[OrtValue] = []
         # what runs need, rebuilt only when a binding changes
         self._input_plan: list | None = None
-        self._output_plan_cache: tuple[list[int], list] | None = None
+        self._output_plan_cache = None      # the engine's plan of the bound outputs
 
     def _graph_input_type(self, name: str) -> int | None:
         split = self._agent._split
@@ -557,14 +561,17 @@ class TrainingIOBinding:
             self._input_plan = [self._inputs.get(name) for name in split.graph_input_names]
         return self._input_plan
 
-    def _output_plan(self) -> tuple[list[int], list]:
+    def _output_plan(self):
+        """Where a backward's outputs go: the engine's plan for the bound outputs (all graph
+        outputs, where onnxruntime produces them, when none are bound)."""
         if self._output_plan_cache is None:
             index = self._agent._split.graph_output_names.index
             if not self._outputs:
                 count = len(self._agent._split.graph_output_names)
-                self._output_plan_cache = (list(range(count)), [None] * count)
+                positions, targets = list(range(count)), [None] * count
             else:
-                self._output_plan_cache = ([index(name) for name in self._outputs], list(self._outputs.values()))
+                positions, targets = [index(name) for name in self._outputs], list(self._outputs.values())
+            self._output_plan_cache = self._agent._engine._plan_outputs(positions, targets)
         return self._output_plan_cache
 
     def _set_results(self, outputs: list) -> None:

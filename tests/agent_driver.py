@@ -197,7 +197,7 @@ def slow_training_graph(size: int = 256):
     """
     from onnx import TensorProto, helper, numpy_helper
 
-    import training_graphs as tg
+    from ortagent_testkit import training_graphs as tg
 
     def info(name, elem, shape):
         return helper.make_tensor_value_info(name, elem, shape)

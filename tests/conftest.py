@@ -10,14 +10,15 @@ import sys
 
 import pytest
 
+# The model builders the tests share with the benchmarks are the ortagent_testkit package at the
+# repository root, found through pyproject.toml's pytest ``pythonpath``; this folder's own helpers
+# (agent_driver, reliability, ...) through pytest's rootdir-relative import of this conftest.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if TESTS_DIR not in sys.path:
-    sys.path.insert(0, TESTS_DIR)
 
 
 def load_file_module(name: str, path):
-    """Import a Python file that lives outside any package (tests/abi_check, benchmarks/), once."""
+    """Import a Python file that lives outside any package (tests/abi_check, demo/), once."""
     import importlib.util
 
     if name in sys.modules:
@@ -73,7 +74,7 @@ def cuda_unavailable_reason() -> str | None:
     previous = ortagent.get_default_logger_severity()
     ortagent.set_default_logger_severity(4)   # the probe's failure is reported here, not logged
     try:
-        import onnx_models
+        from ortagent_testkit import onnx_models
 
         with ortagent.strict_providers():
             ortagent.InferenceSession(onnx_models.identity().SerializeToString(),

@@ -20,10 +20,11 @@ import traceback
 import numpy as np
 from onnx import TensorProto, helper
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the repository root: ortagent_testkit (and an in-place build of ortagent) live there
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import ortagent  # noqa: E402  (after the path: training_graphs lives next to this file)
-import training_graphs as tg  # noqa: E402
+import ortagent  # noqa: E402  (after the path)
+from ortagent_testkit import training_graphs as tg  # noqa: E402
 
 
 def _add_model() -> bytes:

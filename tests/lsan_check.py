@@ -23,16 +23,16 @@ import re
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def workload() -> None:
     import numpy as np
 
-    import onnx_models as models
     import ortagent
-    import training_graphs as tg
     from ortagent import OrtValue
+    from ortagent_testkit import onnx_models as models
+    from ortagent_testkit import training_graphs as tg
 
     session = ortagent.InferenceSession(models.mlp())
     x = np.ones((2, 16), np.float32)
@@ -74,7 +74,7 @@ def workload() -> None:
 
 
 def run_rounds(rounds: int) -> None:
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, ROOT)      # ortagent_testkit's model builders
     for _ in range(rounds):
         workload()
     gc.collect()

@@ -2,7 +2,7 @@
 
 Each :class:`ZooEntry` is a small forward ONNX model built with ``onnx.helper`` (IR version 8,
 opset 17, com.microsoft 1 where needed -- what ``torch.onnx.export(opset_version=17,
-training=TRAINING)`` writes) whose parameters are initializers. ``reference_agent/client.py``'s
+training=TRAINING)`` writes) whose parameters are initializers. ``ortagent_testkit/reference_agent/client.py``'s
 :func:`build_ortmodule_training_graph` runs onnxruntime-training 1.19.2's ORTModule graph builder
 on it (parameters lifted to graph inputs after the user inputs, other initializers turned into
 ``Constant`` nodes, as ORTModule's export gives them) and returns the training graph, which

@@ -18,9 +18,9 @@ import os
 
 import numpy as np
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 
 # AddressSanitizer in this process (make asan preloads it): its allocator aborts on allocations
 # it cannot serve instead of failing them, so checks that ask for petabytes skip under it.

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from agent_driver import (
     DEVICE_SPELLINGS,
     FORMS,

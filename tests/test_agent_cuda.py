@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from agent_driver import FORMS, STATE_FORMS, Driver, graph_names, make_agent, orthogonal, slow_training_graph
 from gil_ticks import assert_releases_gil
 

@@ -1,6 +1,6 @@
 """TrainingAgent misuse and bad input: a typed ortagent exception naming what is wrong, where
 onnxruntime-training 1.19.2's own agent crashes, aborts or silently computes garbage
-(reference_agent/FINDINGS.md). After every error the agent keeps working -- the next valid
+(ortagent_testkit/reference_agent/FINDINGS.md). After every error the agent keeps working -- the next valid
 call succeeds and gives the right numbers -- and no ORT handle is left behind (``no_leaks``).
 """
 
@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent.graph_split import split_training_graph
 from conftest import cuda_unavailable_reason
 from agent_driver import FORMS, STATE_FORMS, Driver, device_info, graph_names, make_agent

@@ -1,6 +1,6 @@
 """ortagent's TrainingAgent against onnxruntime-training 1.19.2's own TrainingAgent.
 
-The real agent runs in its own environment through ``reference_agent/client.py`` (these tests
+The real agent runs in its own environment through ``ortagent_testkit/reference_agent/client.py`` (these tests
 skip, saying why, when there is none). Same graph, same feeds, same output gradients, same
 graph optimization level on both sides; the forward outputs and every gradient must be
 bit-identical, through each of ortagent's constructor forms. The tolerance policy is the one of
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from agent_driver import FORMS, Driver
-from reference_agent.client import reference_python, run_reference_agent
+from ortagent_testkit.reference_agent.client import reference_python, run_reference_agent
 
 pytestmark = pytest.mark.skipif(
     reference_python() is None,

@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 import runtimes
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from conftest import REPO_ROOT, TESTS_DIR
 from ortagent import (
     DLPackError, ObjectClosedError, OrtFail, OrtInvalidArgument, OrtInvalidGraph, OrtInvalidProtobuf,

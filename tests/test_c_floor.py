@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import api_newest, load_file_module
+from benchmarks.c_floor import build as floor
+from conftest import api_newest
+from ortagent_testkit import bench_models as models
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 MODES = ["run", "run-read", "run-prealloc", "binding", "binding-prealloc", "is-tensor", "noop"]
 
 
-floor = load_file_module("ortagent_bench_c_floor", REPO_ROOT / "benchmarks" / "c_floor" / "build.py")
-models = load_file_module("ortagent_bench_models", REPO_ROOT / "benchmarks" / "models.py")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 from ortagent import OrtDevice, OrtValue
 

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 from conftest import REPO_ROOT
 from ortagent import DLPackError, OrtValue

@@ -32,9 +32,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 from onnx import AttributeProto, TensorProto, helper
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent import OrtValue
 from reliability import F64, KW1192_NAMES, STATE7_NAMES, World, changed, live, settled
 

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-import training_graphs as tg
-from training_graphs import check_against_reference, check_finite_differences
+from ortagent_testkit import training_graphs as tg
+from ortagent_testkit.training_graphs import check_against_reference, check_finite_differences
 from ortagent.errors import OrtInvalidProtobuf, OrtInvalidType, OrtNoSuchFile, TrainingGraphError
 from ortagent.graph_split import TensorInfo, TrainingGraphSplit, split_training_graph
 

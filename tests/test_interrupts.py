@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from agent_driver import orthogonal, slow_training_graph
 from conftest import REPO_ROOT
 
@@ -235,7 +235,7 @@ def test_ctrl_c_during_an_agent_backward_leaves_the_run_resumable(tmp_path, api)
 
 def test_ctrl_c_with_the_callers_run_options_leaves_them_usable(tmp_path):
     result = _run_script(tmp_path, f"""
-        import onnx_models as models
+        from ortagent_testkit import onnx_models as models
         slow = ortagent.InferenceSession(models.slow_loop(iterations={FOREVER}, size=64))
         quick = ortagent.InferenceSession(models.slow_loop(iterations=2, size=64))
         x = np.eye(64, dtype=np.float32)
@@ -256,7 +256,7 @@ def test_ctrl_c_while_a_worker_thread_runs(tmp_path):
     """SIGINT reaches the main thread (waiting in join); the worker's run is not stopped by it
     (runs on other threads are left alone) but by its own RunOptions; the process exits cleanly."""
     result = _run_script(tmp_path, f"""
-        import onnx_models as models
+        from ortagent_testkit import onnx_models as models
         slow = ortagent.InferenceSession(models.slow_loop(iterations={FOREVER}, size=64))
         options = ortagent.RunOptions()
         outcome, done = [], threading.Event()

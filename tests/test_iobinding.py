@@ -8,7 +8,7 @@ import gc
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 from conftest import reference_session
 

@@ -20,9 +20,9 @@ import statistics
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent import OrtValue
 from reliability import KW1192_NAMES, UNDER_ASAN, changed, live, rss_bytes, settled
 

@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 from conftest import REPO_ROOT
 
@@ -83,9 +83,8 @@ def test_options_and_run_options_are_counted(no_leaks):
 
 def test_interpreter_exit_with_live_objects_is_quiet(tmp_path):
     script = textwrap.dedent("""
-        import numpy as np, ortagent, sys
-        sys.path.insert(0, sys.argv[1])
-        import onnx_models as models
+        import numpy as np, ortagent
+        from ortagent_testkit import onnx_models as models
         session = ortagent.InferenceSession(models.mlp())
         options = ortagent.SessionOptions()
         run_options = ortagent.RunOptions()
@@ -99,7 +98,7 @@ def test_interpreter_exit_with_live_objects_is_quiet(tmp_path):
     path = tmp_path / "exit_alive.py"
     path.write_text(script)
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-    result = subprocess.run([sys.executable, str(path), os.path.join(REPO_ROOT, "tests")],
+    result = subprocess.run([sys.executable, str(path)],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "done\n"

@@ -31,7 +31,7 @@ import pytest
 
 import agent_driver as ad
 import ortmodule_zoo as zoo
-from reference_agent.client import (
+from ortagent_testkit.reference_agent.client import (
     GRAPH_CACHE,
     SCRIPT,
     ReferenceAgentError,

@@ -32,7 +32,7 @@ import pytest
 from onnx import helper
 
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent._cpu_pool import _pool_counts as counts
 from ortagent import _cpu_pool
 from ortagent._cpu_pool import _pooled_tensor

@@ -1,6 +1,6 @@
 """The split halves on stock onnxruntime against onnxruntime-training 1.19.2's real TrainingAgent.
 
-The real agent runs in its own environment (see ``reference_agent/client.py``); these tests skip
+The real agent runs in its own environment (see ``ortagent_testkit/reference_agent/client.py``); these tests skip
 when there is none. Both sides use the same graph optimization level, so the same kernels run and
 the results must be bit-identical -- except double-precision Tanh and Sigmoid, whose CPU kernels
 changed between 1.19.2 and 1.31 (up to a few ulp on their own, in a plain InferenceSession too).
@@ -12,9 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent.graph_split import split_training_graph
-from reference_agent.client import ReferenceAgentError, reference_python, run_reference_agent
+from ortagent_testkit.reference_agent.client import ReferenceAgentError, reference_python, run_reference_agent
 
 pytestmark = pytest.mark.skipif(
     reference_python() is None,

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 from conftest import reference_session
 from gil_ticks import assert_releases_gil
@@ -343,8 +343,8 @@ def test_ctrl_c_during_a_long_run_raises_keyboard_interrupt_promptly(tmp_path, a
         import os, signal, sys, threading
         # as in an interactive interpreter (a CI job may start Python with SIGINT ignored)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.path.insert(0, {os.path.join(REPO_ROOT, 'tests')!r})
-        import numpy as np, ortagent, onnx_models as models
+        import numpy as np, ortagent
+        from ortagent_testkit import onnx_models as models
         session = ortagent.InferenceSession(models.slow_loop(iterations=1_000_000))
         x = np.eye(256, dtype=np.float32)
         threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()

@@ -15,12 +15,12 @@ import textwrap
 
 import pytest
 
-from conftest import REPO_ROOT, TESTS_DIR
+from conftest import REPO_ROOT
 
 SETUP = """
 import gc, sys, threading
-sys.path.insert(0, {tests!r})
-import numpy as np, ortagent, onnx_models as models, training_graphs as tg
+import numpy as np, ortagent
+from ortagent_testkit import onnx_models as models, training_graphs as tg
 from ortagent import OrtValue
 
 def everything():
@@ -111,7 +111,7 @@ ready.wait()
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_exit_with_live_objects_is_quiet(tmp_path, scenario):
     script = tmp_path / f"exit_{scenario}.py"
-    script.write_text(SETUP.format(tests=TESTS_DIR) + textwrap.dedent(SCENARIOS[scenario]) + "\nprint('done')\n")
+    script.write_text(SETUP.format() + textwrap.dedent(SCENARIOS[scenario]) + "\nprint('done')\n")
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, PYTHONWARNINGS="error", PYTHONDEVMODE="1")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     expected_stdout = "" if scenario == "sys_exit" else "done\n"

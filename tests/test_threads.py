@@ -19,9 +19,9 @@ import threading
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
-import training_graphs as tg
+from ortagent_testkit import training_graphs as tg
 from ortagent import OrtValue
 from reliability import KW1192_NAMES, changed, live, settled
 

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-import training_graphs as tg
-from training_graphs import check_against_reference, check_finite_differences
+from ortagent_testkit import training_graphs as tg
+from ortagent_testkit.training_graphs import check_against_reference, check_finite_differences
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 from ortagent.graph_split import split_training_graph
 from ortagent.training import build_training_graph

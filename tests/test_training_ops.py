@@ -27,7 +27,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from reference_agent.client import reference_python
+from ortagent_testkit.reference_agent.client import reference_python
 
 MS = "com.microsoft"
 ATEN = "org.pytorch.aten"

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-import onnx_models as models
+from ortagent_testkit import onnx_models as models
 import ortagent
 from ortagent import OrtValue
 

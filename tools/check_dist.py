@@ -69,6 +69,13 @@ def main() -> int:
                 raise SystemExit(f"the wheel lacks {required}")
         if not any(name.startswith("ortagent/_session.") and name.endswith(".so") for name in wheel_names):
             raise SystemExit("the wheel lacks the compiled extension modules")
+        # the support of tests and benchmarks (ortagent_testkit, benchmarks/) ships in neither; the
+        # wheel holds the package alone (setuptools' sdist adds tests/test*.py by default, as ever)
+        stray = [name for name in wheel_names if not name.startswith(("ortagent/", "ortagent-"))]
+        stray += [name for name in names
+                  if name.split("/", 2)[1:2] and name.split("/", 2)[1] in ("ortagent_testkit", "benchmarks")]
+        if stray:
+            raise SystemExit(f"the sdist or the wheel carries files outside the package: {stray[:10]}")
         print(f"sdist {os.path.basename(sdist)}: {len(names)} files; wheel {os.path.basename(wheel)}: "
               f"{len(wheel_names)} files")
 

@@ -3,7 +3,7 @@
 Usage: python tools/zoo_ops.py [--out /tmp/zoo_ops.md] [--run-reference] [ENTRY ...]
 
 For each zoo entry: builds its training graph with onnxruntime-training 1.19.2's ORTModule graph
-builder (``tests/reference_agent/client.py``; cached under .cache/ortmodule_graphs), lists the ops
+builder (``ortagent_testkit/reference_agent/client.py``; cached under .cache/ortmodule_graphs), lists the ops
 it contains as ``domain:op``, marks those stock onnxruntime (the one installed here) has no schema
 for, and says which ops the entry was written to draw out but did not get. With
 ``--run-reference`` it also runs each graph through the real 1.19.2 TrainingAgent (random feeds
@@ -21,10 +21,11 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))     # ortmodule_zoo, the tests' ORTModule zoo
+sys.path.insert(0, ROOT)                            # ortagent_testkit
 
 import ortmodule_zoo as zoo  # noqa: E402
-from reference_agent.client import (  # noqa: E402
+from ortagent_testkit.reference_agent.client import (  # noqa: E402
     ReferenceAgentError,
     build_ortmodule_training_graph,
     run_reference_agent,

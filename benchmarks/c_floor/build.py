@@ -1,7 +1,7 @@
 """Build and run ort_floor, the C benchmark floor (see ort_floor.c).
 
-    python benchmarks/c_floor/build.py [--out PATH]          build, print the program's path
-    python benchmarks/c_floor/build.py --run MODEL [ARGS...]  build, then run it on MODEL
+    python -m benchmarks.c_floor.build [--out PATH]          build, print the program's path
+    python -m benchmarks.c_floor.build --run MODEL [ARGS...]  build, then run it on MODEL
 
 From Python: ``build()`` returns the program's path (rebuilt when a source is newer);
 ``run(model, *args)`` returns its JSON lines as dicts; ``default_library()`` finds the
@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         return 1
     if argv and argv[0] == "--run":
         if len(argv) < 2:
-            print("usage: build.py [--out PATH] --run MODEL [ARGS...]", file=sys.stderr)
+            print("usage: python -m benchmarks.c_floor.build [--out PATH] --run MODEL [ARGS...]", file=sys.stderr)
             return 2
         cmd = [str(program), *argv[1:]]
         library = default_library()

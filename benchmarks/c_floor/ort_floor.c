@@ -31,7 +31,7 @@
  * exits with status 1 (2 for usage errors).
  *
  * --serve keeps the session for a driver that interleaves the floor with other contenders
- * (benchmarks/bench.py): after set-up it prints one line {"ready": true, ...} and then answers
+ * (python -m benchmarks.bench): after set-up it prints one line {"ready": true, ...} and then answers
  * commands read from stdin, one per line, until "quit" or end of input:
  *   MODE N    time N consecutive calls of MODE; answers
  *             {"mode": ..., "iterations": N, "ns": T, "cpu_ns": C} where T is the elapsed time

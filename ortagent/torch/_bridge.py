@@ -320,7 +320,7 @@ class ORTFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
         state = ctx.state
-        if state is None or state.status != "waiting for its backward":
+        if state is None or not state.waiting_for_backward:
             raise RunStateError("ORTModule: the backward of this forward already ran (retain_graph "
                                 "and a second backward through the same forward are not supported)")
         plan: AgentPlan = ctx.plan

@@ -14,7 +14,7 @@ and ``transformer_layer`` (pre-norm, 4 heads, d 128, batch 8, sequence 32).
 
 `MODELS` maps those names to builders; ``save_all(folder)`` writes ``<name>.onnx`` files;
 ``feeds(model)`` makes float32 inputs for a model. Run as a script to write the files:
-``python benchmarks/models.py OUT_DIR``.
+``python -m ortagent_testkit.bench_models OUT_DIR``.
 """
 
 from __future__ import annotations
@@ -215,6 +215,6 @@ def feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python benchmarks/models.py OUT_DIR")
+        sys.exit("usage: python -m ortagent_testkit.bench_models OUT_DIR")
     for name, path in save_all(Path(sys.argv[1])).items():
         print(name, path)

@@ -2,7 +2,7 @@
 
 Runs with any Python (it only starts subprocesses)::
 
-    python tests/reference_agent/run_probes.py [--json OUT.json] [PROBE ...]
+    python ortagent_testkit/reference_agent/run_probes.py [--json OUT.json] [PROBE ...]
 
 The reference environment is the one ``client.reference_python()`` finds. For each probe it
 prints the exit status (or the signal that killed it), the last step reached and the probe's

@@ -1,0 +1,247 @@
+"""The README's architecture section against the real imports of ortagent's modules.
+
+The section's "layers" block lists every module of ``ortagent/`` in one layer, bottom to top, and
+the few imports that go up a layer (at Python level, on first use). This test reads the imports
+themselves -- ``cimport`` / ``import`` / ``include`` lines of the ``.pyx``/``.pxd`` files (a
+``.pxd`` and its ``.pyx`` are one module; an included file counts as part of its includer), the
+``ast`` of the ``.py`` files -- and checks that:
+
+* every module of the package is in exactly one layer, and every listed module exists;
+* a ``cimport`` and a load-time import (at module level, not inside a function) reach only the
+  module's own layer or a lower one;
+* an import inside a function that reaches a higher layer is one of the block's upward edges,
+  and every upward edge the block lists exists in the code;
+* the module names the diagram and the module list of the section mention all exist.
+
+So a new module, a new upward import or a module moved in the code fails here until the README
+says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+ROOT = Path(REPO_ROOT)
+PACKAGE = ROOT / "ortagent"
+README = ROOT / "README.md"
+
+_CYTHON_LINE = re.compile(
+    r"^(?P<indent>[ \t]*)(?:"
+    r"from\s+(?P<source>[\w.]+)\s+(?P<kind>cimport|import)\s+(?P<names>[^#]*)"
+    r"|(?P<plain>cimport|import)\s+(?P<modules>[\w., ]+)"
+    r"|include\s+[\"'](?P<include>[^\"']+)[\"'])")
+
+
+class Edge:
+    """One import of a module by another: C level (cimport) or Python level, at load time or
+    inside a function (lazy)."""
+
+    def __init__(self, source: str, target: str, c_level: bool, lazy: bool, where: str) -> None:
+        self.source, self.target, self.c_level, self.lazy, self.where = source, target, c_level, lazy, where
+
+    def __repr__(self) -> str:
+        kind = "cimport" if self.c_level else "lazy import" if self.lazy else "import"
+        return f"{self.source} -> {self.target} ({kind}, {self.where})"
+
+
+def _module_name(path: Path) -> str:
+    """The layer list's name of the module a file belongs to: ``_session`` for _session.pyx and
+    _session.pxd, ``agent.py`` for a Python module, ``torch/`` for anything in a subpackage."""
+    relative = path.relative_to(PACKAGE)
+    if len(relative.parts) > 1:
+        return relative.parts[0] + "/"
+    if path.suffix == ".py":
+        return path.name
+    if path.suffix == ".pxd" and not path.with_suffix(".pyx").exists():
+        return path.name                     # declarations only: _capi.pxd
+    return path.stem
+
+
+def package_modules() -> dict[str, list[Path]]:
+    """Every module of the package and its source files (included files are added while the
+    includer's imports are read)."""
+    modules: dict[str, list[Path]] = {}
+    for path in sorted(PACKAGE.rglob("*")):
+        if "__pycache__" in path.parts or path.suffix not in (".py", ".pyx", ".pxd"):
+            continue
+        modules.setdefault(_module_name(path), []).append(path)
+    return modules
+
+
+def _target(dotted: str) -> str | None:
+    """The module an absolute import of ``dotted`` reaches inside the package, or None."""
+    parts = dotted.split(".")
+    if parts[0] != "ortagent" or len(parts) < 2:
+        return None
+    first = PACKAGE / parts[1]
+    if first.is_dir():
+        return parts[1] + "/"
+    if (first.with_suffix(".py")).exists():
+        return parts[1] + ".py"
+    if first.with_suffix(".pyx").exists():
+        return parts[1]
+    if first.with_suffix(".pxd").exists():
+        return parts[1] + ".pxd"
+    return None
+
+
+def _cython_edges(module: str, path: Path, seen: set[Path]) -> list[Edge]:
+    edges = []
+    seen.add(path)
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        match = _CYTHON_LINE.match(line)
+        if not match:
+            continue
+        where = f"{path.relative_to(ROOT)}:{number}"
+        lazy = bool(match.group("indent"))
+        if match.group("include"):
+            included = (path.parent / match.group("include")).resolve()
+            if included not in seen:
+                edges += _cython_edges(module, included, seen)
+            continue
+        if match.group("source"):
+            c_level = match.group("kind") == "cimport"
+            if match.group("source") == "ortagent":          # from ortagent cimport _capi as ort
+                names = re.findall(r"[A-Za-z_]\w*", match.group("names").split(" as ")[0])
+                targets = [_target(f"ortagent.{name}") for name in names[:1]]
+            else:
+                targets = [_target(match.group("source"))]
+        else:
+            c_level = match.group("plain") == "cimport"
+            targets = [_target(part.strip().split(" ")[0]) for part in match.group("modules").split(",")]
+        edges += [Edge(module, target, c_level, lazy, where) for target in targets if target]
+    return edges
+
+
+def _python_edges(module: str, path: Path) -> list[Edge]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    relative = path.relative_to(PACKAGE)
+    package = ["ortagent", *relative.parts[:-1]]
+    edges = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                continue                                   # annotations only: never executed
+            where = f"{path.relative_to(ROOT)}:{getattr(child, 'lineno', '?')}"
+            if isinstance(child, ast.ImportFrom):
+                base = package[: len(package) - child.level + 1] if child.level else []
+                dotted = ".".join([*base, *([child.module] if child.module else [])])
+                if dotted == "ortagent":                     # from ortagent import _values
+                    targets = [_target(f"ortagent.{alias.name}") for alias in child.names]
+                else:
+                    targets = [_target(dotted)]
+                edges.extend(Edge(module, t, False, lazy, where) for t in targets if t)
+            elif isinstance(child, ast.Import):
+                edges.extend(Edge(module, t, False, lazy, where)
+                             for t in (_target(alias.name) for alias in child.names) if t)
+            visit(child, lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(tree, False)
+    return edges
+
+
+def import_edges() -> list[Edge]:
+    """Every import between two different modules of the package."""
+    edges = []
+    for module, paths in package_modules().items():
+        seen: set[Path] = set()
+        for path in paths:
+            if path.suffix == ".py":
+                edges += _python_edges(module, path)
+            elif path not in seen:
+                edges += _cython_edges(module, path, seen)
+    return [edge for edge in edges if edge.target != edge.source]
+
+
+def _architecture_section() -> str:
+    text = README.read_text(encoding="utf-8")
+    match = re.search(r"^### Architecture\n(.*?)(?=^#{2,3} |\Z)", text, flags=re.S | re.M)
+    assert match, "README.md has no '### Architecture' section"
+    return match.group(1)
+
+
+def readme_layers() -> tuple[list[tuple[str, list[str]]], set[tuple[str, str]]]:
+    """The layers block: [(layer, [modules])] bottom to top, and the upward edges it lists."""
+    blocks = re.findall(r"```\n(layers, bottom to top.*?)```", _architecture_section(), flags=re.S)
+    assert len(blocks) == 1, "the architecture section needs one block starting 'layers, bottom to top'"
+    layers, upward = [], set()
+    for line in blocks[0].splitlines()[1:]:
+        if not line.strip():
+            continue
+        if line.startswith("up, on first use:"):
+            for group in line.split(":", 1)[1].split(";"):
+                source, targets = group.split("->")
+                upward |= {(source.strip(), target.strip()) for target in targets.split(",")}
+            continue
+        name, *modules = line.split()
+        layers.append((name, modules))
+    return layers, upward
+
+
+def layer_of() -> dict[str, int]:
+    index: dict[str, int] = {}
+    for number, (_, modules) in enumerate(readme_layers()[0]):
+        for module in modules:
+            assert module not in index, f"{module} is listed in two layers"
+            index[module] = number
+    return index
+
+
+def test_every_module_is_in_one_layer():
+    listed = layer_of()
+    actual = set(package_modules())
+    assert not actual - set(listed), f"modules missing from the README's layers block: {sorted(actual - set(listed))}"
+    assert not set(listed) - actual, f"the README's layers block lists modules that do not exist: {sorted(set(listed) - actual)}"
+
+
+def test_the_import_reader_sees_the_known_edges():
+    """The reader of imports itself: edges every version of the package has."""
+    edges = {(e.source, e.target, e.c_level) for e in import_edges()}
+    assert ("_session", "_capi.pxd", True) in edges
+    assert ("_runtime", "errors.py", False) in edges
+    assert ("agent.py", "_agent", False) in edges
+    assert any(e.lazy and not e.c_level for e in import_edges())
+
+
+def test_no_load_time_import_goes_up_a_layer():
+    layers = layer_of()
+    names = [name for name, _ in readme_layers()[0]]
+    wrong = [f"{edge!r}: layer {names[layers[edge.source]]} uses layer {names[layers[edge.target]]}"
+             for edge in import_edges()
+             if not edge.lazy or edge.c_level
+             if layers[edge.target] > layers[edge.source]]
+    assert not wrong, "imports against the README's layers:\n" + "\n".join(wrong)
+
+
+def test_upward_imports_are_the_listed_ones():
+    layers = layer_of()
+    _, listed = readme_layers()
+    actual = {(e.source, e.target) for e in import_edges()
+              if e.lazy and not e.c_level and layers[e.target] > layers[e.source]}
+    assert not actual - listed, f"upward imports the README does not list: {sorted(actual - listed)}"
+    assert not listed - actual, f"upward imports the README lists that the code does not make: {sorted(listed - actual)}"
+
+
+def test_modules_named_in_the_section_exist():
+    section = _architecture_section()
+    named = set(re.findall(r"\b(_?[a-z][a-z_]*)\.(?:pyx|pxd)\b", section))
+    named |= set(re.findall(r"(?<!include/)ortagent/(_?[a-z][a-z_]*)\b(?!\.h\b)", section))   # not C headers
+    missing = sorted(name for name in named
+                     if not any((PACKAGE / f"{name}{suffix}").exists() for suffix in (".pyx", ".pxd", ".py", "")))
+    assert not missing, f"the architecture section names modules that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("module", ["_session", "agent.py"])
+def test_a_wrong_layer_list_is_caught(module):
+    """The check can fail: moving a module to the bottom layer breaks a rule."""
+    layers = layer_of()
+    layers[module] = 0
+    edges = [e for e in import_edges() if (not e.lazy or e.c_level) and layers[e.target] > layers[e.source]]
+    assert edges, f"moving {module} to the bottom layer went unnoticed"
