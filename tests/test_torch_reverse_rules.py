@@ -148,7 +148,7 @@ def test_split_to_sequence_on_symbolic_shapes(split, keepdims, positions):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
-    import training_graphs as tg
+    from ortagent_testkit import training_graphs as tg
     from ortagent.graph_split import split_training_graph
     from ortagent.training import build_training_graph
 
