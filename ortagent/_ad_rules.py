@@ -31,7 +31,21 @@ Where it refuses so, ortagent's rule computes the padding in the graph (``Shape`
 the starts clamped as Slice clamps them, the slice's length from its gradient), so backward
 graphs keep symbolic batch and sequence dimensions, also inside the function bodies onnx-ad
 expands (``SoftmaxCrossEntropyLoss``); a strided slice (``x[::2]``, ``flip``) scatters the
-gradient rows back to the positions they were read from. Axes and steps must be constants.
+gradient rows back to the positions they were read from. Axes and steps must be constants;
+without axes, starts of a length shape inference cannot tell (computed in a loop body, as in
+torch's embedding_bag) slice the first that many axes, counted at run time.
+
+Two more are extended: ``Pow``, whose integer exponent (torch writes ``x ** 2`` with an int64
+one) onnx-ad tried to differentiate and refused for float32 bases; and ``AveragePool`` with
+``ceil_mode=1`` (its last windows may overhang the input), whose gradient spreads the output
+gradient, divided by onnxruntime's own divisor per window, back over each window's elements
+inside the input (see :func:`_ceil_average_pool_reverse`).
+
+``ScatterElements`` with ``reduction`` mul, min or max (torch's ``scatter_reduce`` prod, amin,
+amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
+:func:`_reducing_scatter_reverse`). ``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
+specification's function body, in which it cannot place its seed axis): see
+:func:`_nll_loss_reverse`.
 
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
@@ -43,6 +57,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import onnx
 from onnx import ModelProto, ValueInfoProto
 
@@ -286,16 +301,25 @@ def _symbolic_slice_reverse(ctx, node, grads):
     steps = ctx.integers(node.input[4]) if len(node.input) > 4 and node.input[4] else None
     if len(node.input) > 4 and node.input[4] and steps is None:
         raise UnsupportedOperator("Slice is differentiable only with a constant 'steps' operand")
+    seeded = ctx.full(grads[0], node.output[0])
+    axes_value = None
     if count is None:
         width = ctx.shapes.shape(starts)
         if width is None or len(width) != 1 or not isinstance(width[0], int):
-            raise UnsupportedOperator("Slice without axes is differentiable only with starts of a known length")
-        count = list(range(width[0]))
+            if steps is not None:
+                raise UnsupportedOperator("Slice without axes is differentiable only with starts of a known length")
+            # the first len(starts) axes, counted at run time (starts computed in a loop body)
+            axes_value = ctx.b.op("Range", [ctx.b.constant(0, onnx.TensorProto.INT64, ()),
+                                            ctx.b.op("Size", [starts], stem="slice_count"),
+                                            ctx.b.constant(1, onnx.TensorProto.INT64, ())], stem="slice_axes")
+            count = []
+        else:
+            count = list(range(width[0]))
     axes = [a % rank for a in count]
-    seeded = ctx.full(grads[0], node.output[0])
     if steps is not None and any(step != 1 for step in steps):
         return [_strided_slice_reverse(ctx, data, starts, axes, steps, seeded)] + [None] * (len(node.input) - 1)
-    axes_value = ctx.b.ints(axes)
+    if axes_value is None:
+        axes_value = ctx.b.ints(axes)
     extents = ctx.b.op("Gather", [ctx.shape_of(data), axes_value], axis=0, stem="slice_extents")
     lengths = ctx.b.op("Gather", [ctx.b.op("Shape", [seeded], stem="slice_grad_shape"), axes_value],
                        axis=0, stem="slice_lengths")
@@ -303,12 +327,233 @@ def _symbolic_slice_reverse(ctx, node, grads):
     begin = _slice_start(ctx, begin, extents, extents)
     after = ctx.b.op("Sub", [ctx.b.op("Sub", [extents, begin]), lengths], stem="slice_after")
     # pads for rank + 1 axes (the trailing seed axis is not padded): befores, then afters
-    positions = ctx.b.ints(axes + [rank + 1 + a for a in axes])
+    positions = ctx.b.op("Concat", [axes_value, ctx.b.op("Add", [axes_value, ctx.b.ints([rank + 1])])], axis=0,
+                         stem="slice_pad_positions")
     pads = ctx.b.op("ScatterElements", [ctx.b.ints([0] * (2 * (rank + 1))), positions,
                                         ctx.b.op("Concat", [begin, after], axis=0)],
                     axis=0, stem="slice_pads")
     padded = ctx.b.op("Pad", [seeded, pads], mode="constant", stem="slice_padded")
     return [padded] + [None] * (len(node.input) - 1)
+
+
+def _pow_reverse_or_integer(rule):
+    """onnx-ad's Pow rule builds the exponent's derivative (``y log a``) even where no
+    gradient is asked of the exponent, and refuses it when the exponent is of another type
+    than the base (torch writes ``x ** 2`` with an int64 exponent): then only the base's
+    gradient ``b a^(b-1)`` is built, the integer exponent cast to the base's type."""
+    def reverse(ctx, node, grads):
+        exponent = node.input[1]
+        if ctx.is_float(exponent) and ctx.shapes.dtype(exponent) == ctx.shapes.dtype(node.input[0]) \
+                and ctx.asked_for(exponent):
+            return rule(ctx, node, grads)
+        from onnx_ad.rules import _pow_d_base
+
+        seeded = ctx.b.op("Mul", [grads[0], ctx.lift(_pow_d_base(ctx, node))], stem="pow_base")
+        return [ctx.unbroadcast(seeded, ctx.rank(node.output[0]), node.input[0]), None]
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _average_pool_reverse_or_ceil(rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import attribute
+
+        if not attribute(node, "ceil_mode", 0):
+            return rule(ctx, node, grads)
+        return _ceil_average_pool_reverse(ctx, node, grads)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _ceil_average_pool_reverse(ctx, node, grads):
+    """The gradient of an AveragePool with ``ceil_mode=1``, whose last windows may overhang
+    the input (and its padding), which onnx-ad refuses. The pooling is linear,
+    ``y[o] = W(x)[o] / d[o]`` with ``W`` the sum over each window's elements inside the input
+    and ``d[o]`` a divisor fixed by the position alone, so ``dx = W^T(dy / d)``:
+
+    * ``1 / d`` is read off the node itself: AveragePool of ones (one image of one channel)
+      divided by the window sum of the same ones, both with the node's own attributes (so
+      the divisor is onnxruntime's, whatever its rule for padding and overhang);
+    * ``W`` is a Conv with a kernel of ones and the end padding grown by stride - 1, enough
+      zeros for every overhanging window (its surplus last windows, where the ceil rule drops
+      a window that would start past the input, are sliced off to y's shape);
+    * ``W^T`` is the matching ConvTranspose without end padding, cut or zero-extended to the
+      input's extent, on the channels folded into the batch.
+
+    Batch, channel and spatial extents may all be symbolic."""
+    from onnx_ad._build import UnsupportedOperator, attribute
+
+    x, y = node.input[0], node.output[0]
+    auto_pad = attribute(node, "auto_pad", "NOTSET")
+    pads = attribute(node, "pads", None)
+    if auto_pad not in ("NOTSET", "VALID") or (auto_pad == "VALID" and pads and any(pads)):
+        raise UnsupportedOperator(f"AveragePool with auto_pad={auto_pad} and ceil_mode=1 is not differentiated")
+    kernel = list(attribute(node, "kernel_shape"))
+    spatial = len(kernel)
+    strides = list(attribute(node, "strides", None) or [1] * spatial)
+    dilations = list(attribute(node, "dilations", None) or [1] * spatial)
+    pads = list(pads or [0] * (2 * spatial))
+    dtype = ctx.dtype(x)
+    ones_kernel = ctx.b.constant(np.ones([1, 1, *kernel]), dtype, [1, 1, *kernel])
+    axes = ctx.b.ints(list(range(2, 2 + spatial)))
+    window = dict(strides=strides, dilations=dilations)
+
+    def extents(name, stem):
+        return ctx.b.op("Gather", [ctx.b.op("Shape", [name]), axes], axis=0, stem=stem)
+
+    # 1/d from one image of one channel of ones: AveragePool (the node's attributes) over
+    # the window sums
+    in_extents = ctx.b.op("Gather", [ctx.shape_of(x), axes], axis=0, stem="avgpool_in_extents")
+    image = ctx.b.op("Concat", [ctx.b.ints([1, 1]), in_extents], axis=0, stem="avgpool_one_image")
+    ones = ctx.b.op("ConstantOfShape", [image], value=onnx.helper.make_tensor("one", dtype, [1], [1]),
+                    stem="avgpool_ones")
+    averaged = ctx.b.op("AveragePool", [ones], stem="avgpool_of_ones",
+                        **{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
+    grown = pads[:spatial] + [end + stride - 1 for end, stride in zip(pads[spatial:], strides)]
+    counted = ctx.b.op("Conv", [ones, ones_kernel], pads=grown, kernel_shape=kernel, stem="avgpool_counts", **window)
+    counted = ctx.b.op("Slice", [counted, ctx.b.ints([0] * spatial), extents(averaged, "avgpool_out_extents"), axes],
+                       stem="avgpool_counts_kept")
+    reciprocal = ctx.b.op("Div", [averaged, counted], stem="avgpool_reciprocal")
+
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="avgpool_grad")
+    scaled = ctx.b.op("Mul", [g, reciprocal], stem="avgpool_scaled")
+    folded = ctx.b.op("Reshape", [scaled, ctx.b.op("Concat", [ctx.b.ints([-1, 1]), extents(scaled, "avgpool_g_extents")],
+                                                  axis=0)], stem="avgpool_folded")
+    spread = ctx.b.op("ConvTranspose", [folded, ones_kernel], pads=pads[:spatial] + [0] * spatial,
+                      stem="avgpool_spread", **window)
+    spread = ctx.b.op("Slice", [spread, ctx.b.ints([0] * spatial), in_extents, axes], stem="avgpool_spread_cut")
+    short = ctx.b.op("Sub", [in_extents, extents(spread, "avgpool_spread_extents")], stem="avgpool_short")
+    widths = ctx.b.op("Concat", [ctx.b.ints([0] * (2 + spatial + 2)), short], axis=0, stem="avgpool_widths")
+    dx = ctx.b.op("Pad", [spread, widths], mode="constant", stem="avgpool_dx_folded")
+    dx = ctx.b.op("Reshape", [dx, ctx.shape_of(x)], stem="avgpool_dx")
+    return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
+
+
+def _nll_loss_forward(ctx, node, tangents):
+    from onnx_ad._build import UnsupportedOperator
+
+    raise UnsupportedOperator("NegativeLogLikelihoodLoss is differentiated in reverse mode only")
+
+
+def _nll_loss_reverse(ctx, node, grads):
+    """The gradient of NegativeLogLikelihoodLoss (torch's nll_loss, also inside the
+    SoftmaxCrossEntropyLoss body), which onnx-ad expands into the specification's function body
+    and then cannot place its seed axis in. With ``c[n, d] = w[t[n, d]]`` (1 without weights)
+    on the targets that are not ``ignore_index`` and 0 on those that are, the loss is
+    ``-x[n, t[n, d], d] * c[n, d]``, summed or divided by ``sum(c)`` (mean); so the input's
+    gradient is ``-g' c`` scattered to the target class of each position and 0 elsewhere, with
+    ``g'`` the output gradient (none), broadcast (sum), or divided by ``sum(c)`` (mean). The
+    weights get no gradient (torch does not differentiate them either)."""
+    from onnx_ad._build import UnsupportedOperator, attribute
+
+    x, target = node.input[0], node.input[1]
+    weight = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if weight is not None and ctx.asked_for(weight):
+        raise UnsupportedOperator("NegativeLogLikelihoodLoss is not differentiated in its weights")
+    if not ctx.asked_for(x):
+        return [None] * len(node.input)
+    reduction = attribute(node, "reduction", "mean")
+    ignore_index = attribute(node, "ignore_index", None)
+    dtype = ctx.dtype(x)
+    target = ctx.b.op("Cast", [target], to=onnx.TensorProto.INT64, stem="nll_target")
+    if ignore_index is not None:
+        ignored = ctx.b.op("Equal", [target, ctx.b.constant(ignore_index, onnx.TensorProto.INT64, ())], stem="nll_ignored")
+        target = ctx.b.op("Where", [ignored, ctx.b.constant(0, onnx.TensorProto.INT64, ()), target], stem="nll_safe_target")
+    zero, one = ctx.constant(0.0, dtype), ctx.constant(1.0, dtype)
+    if weight is not None:
+        coefficient = ctx.b.op("Gather", [weight, target], axis=0, stem="nll_weights")
+    else:
+        coefficient = ctx.b.op("Expand", [one, ctx.b.op("Shape", [target])], stem="nll_ones")
+    if ignore_index is not None:
+        coefficient = ctx.b.op("Where", [ignored, zero, coefficient], stem="nll_kept")
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="nll_grad")
+    if reduction == "mean":
+        g = ctx.b.op("Div", [g, ctx.b.op("ReduceSum", [coefficient], keepdims=0, stem="nll_total_weight")],
+                     stem="nll_mean_grad")
+    elif reduction not in ("sum", "none"):
+        raise UnsupportedOperator(f"NegativeLogLikelihoodLoss with reduction={reduction!r} is not differentiated")
+    scale = ctx.b.op("Neg", [ctx.b.op("Mul", [g, coefficient])], stem="nll_scale")
+    zeros = ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [x])],
+                     value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem="nll_zeros")
+    axis = ctx.b.ints([1])
+    dx = ctx.b.op("ScatterElements", [zeros, ctx.b.op("Unsqueeze", [target, axis]),
+                                      ctx.b.op("Unsqueeze", [scale, axis])], axis=1, stem="nll_dx")
+    return [_with_seed_axis(ctx, dx, "nll_adjoint")] + [None] * (len(node.input) - 1)
+
+
+def _scatter_elements_reverse_or_reducing(rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import attribute
+
+        if attribute(node, "reduction", "none") not in ("mul", "min", "max"):
+            return rule(ctx, node, grads)
+        return _reducing_scatter_reverse(ctx, node, grads)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _reducing_scatter_reverse(ctx, node, grads):
+    """The gradient of ScatterElements with ``reduction`` mul, min or max (torch's
+    ``scatter_reduce`` prod / amin / amax), which onnx-ad refuses as not linear. ``y[p]`` is
+    ``data[p]`` combined with every update ``u[i]`` whose index points at ``p``:
+
+    * min / max, as torch: the gradient is shared equally between the candidates equal to
+      ``y[p]`` (``data[p]`` and the updates), ``g[p] / count[p]`` each;
+    * mul: ``d data[p] = g[p] * prod(u[i] -> p)``, computed as the same scatter over ``data``
+      with its zeros replaced by 1, divided by that data; ``d u[i] = g[p] * y[p] / u[i]``,
+      except for an update that is the only zero among those at ``p``, whose gradient is
+      ``g[p]`` times the scatter with that zero replaced by 1 (exact at zeros, as torch).
+
+    One tie differs from torch: with ``include_self=False`` torch still counts the data it
+    left out among the candidates when it equals the result (the updates then get half the
+    gradient); the graph here no longer holds that data, and the updates get all of it."""
+    from onnx_ad._build import attribute
+
+    data, indices, updates = node.input[0], node.input[1], node.input[2]
+    y = node.output[0]
+    reduction = attribute(node, "reduction")
+    axis = attribute(node, "axis", 0)
+    dtype = ctx.dtype(data)
+    zero, one = ctx.constant(0.0, dtype), ctx.constant(1.0, dtype)
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="scatter_grad")
+
+    def zeros_like(name):
+        return ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [name])],
+                        value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem="scatter_zeros")
+
+    def scatter(target, values, how):
+        return ctx.b.op("ScatterElements", [target, indices, values], axis=axis, reduction=how, stem="scatter_acc")
+
+    def gather(values):
+        return ctx.b.op("GatherElements", [values, indices], axis=axis, stem="scatter_gathered")
+
+    def as_float(condition):
+        return ctx.b.op("Cast", [condition], to=dtype, stem="scatter_mask")
+
+    if reduction in ("min", "max"):
+        data_wins = as_float(ctx.b.op("Equal", [data, y]))
+        update_wins = as_float(ctx.b.op("Equal", [updates, gather(y)]))
+        count = ctx.b.op("Add", [data_wins, scatter(zeros_like(y), update_wins, "add")], stem="scatter_ties")
+        share = ctx.b.op("Div", [g, ctx.b.op("Max", [count, one])], stem="scatter_share")
+        to_data = ctx.b.op("Mul", [data_wins, share], stem="scatter_to_data")
+        to_updates = ctx.b.op("Mul", [update_wins, gather(share)], stem="scatter_to_updates")
+    else:
+        data_zero = ctx.b.op("Equal", [data, zero])
+        data_or_one = ctx.b.op("Where", [data_zero, one, data], stem="scatter_data_nonzero")
+        others = ctx.b.op("Div", [scatter(data_or_one, updates, "mul"), data_or_one], stem="scatter_update_product")
+        to_data = ctx.b.op("Mul", [g, others], stem="scatter_to_data")
+        update_zero = ctx.b.op("Equal", [updates, zero])
+        zeros_at = scatter(zeros_like(y), as_float(update_zero), "add")
+        single = ctx.b.op("And", [update_zero, ctx.b.op("Equal", [gather(zeros_at), one])], stem="scatter_single_zero")
+        without_it = scatter(data, ctx.b.op("Where", [single, one, updates]), "mul")
+        plain = ctx.b.op("Div", [gather(ctx.b.op("Mul", [g, y])), ctx.b.op("Where", [update_zero, one, updates])])
+        to_updates = ctx.b.op("Where", [single, gather(ctx.b.op("Mul", [g, without_it])), plain],
+                              stem="scatter_to_updates")
+    return [_with_seed_axis(ctx, to_data, "scatter_adjoint") if ctx.asked_for(data) else None, None,
+            _with_seed_axis(ctx, to_updates, "scatter_adjoint") if ctx.asked_for(updates) else None]
 
 
 def _register() -> None:
@@ -330,6 +575,13 @@ def _register() -> None:
                 rules.FORWARD[op_type] = forward
         rules.REVERSE["Slice"] = _slice_reverse_or_symbolic(rules.REVERSE["Slice"])
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
+        rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
+        rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
+        rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
+        # (a forward rule too: onnx-ad expands an operator without one into its function body)
+        if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
+            rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse
+            rules.FORWARD.setdefault("NegativeLogLikelihoodLoss", _nll_loss_forward)
         _registered = True
 
 

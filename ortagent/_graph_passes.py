@@ -16,7 +16,16 @@
   added in another order); a graph output reached through views only is written by the node
   that computes it (onnxruntime would copy the view into the output).
 
-Both work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
+* :func:`explicit_gru_biases` (forward, before differentiation, always): a ``GRU`` with
+  ``linear_before_reset=1`` and no bias gets a zero bias, without which onnx-ad's unrolling of
+  the node computes another candidate state (see there).
+* :func:`promote_mixed_arithmetic` (forward, before differentiation, always): an arithmetic
+  node with a floating-point and an integer operand (torch's exporter writes some) gets the
+  integer one cast to the floating type, as torch promotes it.
+* :func:`batch_unbatched_losses` (forward, before differentiation, always): cross-entropy and
+  NLL losses of one unbatched score vector get a batch of one (ONNX defines them batched).
+
+The first two work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
 bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
 value or a symbol, and two dimensions with one symbol are equal. A rewrite whose new shape has
 symbolic dimensions computes it at run time (``Shape`` and ``Gather``); a decision that needs a
@@ -36,7 +45,8 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, consumed_names
 
-__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes"]
+__all__ = ["flatten_batched_matmuls", "simplify_copies", "known_shapes", "static_shapes", "explicit_gru_biases",
+           "promote_mixed_arithmetic", "batch_unbatched_losses"]
 
 Dims = list  # of int (a static size) or str (a symbol)
 
@@ -418,3 +428,128 @@ def _drop_dead(graph, nodes, keep) -> int:
         graph.initializer.extend(kept_inits)
     return dropped
 
+
+
+def explicit_gru_biases(model: ModelProto) -> int:
+    """Give every ``GRU`` with ``linear_before_reset=1`` and no bias operand a zero bias, in
+    place; returns how many. onnx-ad unrolls a GRU into a Scan over its equations and applies
+    ``linear_before_reset`` only where the node has a bias: without one it computes the
+    candidate state from ``(r * h) R`` instead of ``r * (h R)`` -- torch's ``nn.GRU(bias=False)``
+    exports exactly that node, and its outputs and gradients differed. With a zero bias the
+    unrolled equations are the node's own; the values are unchanged."""
+    graph = model.graph
+    names = NameAllocator(all_value_names(graph))
+    types = {value.name: value.type.tensor_type.elem_type for value in [*graph.input, *graph.value_info]}
+    types.update({init.name: init.data_type for init in graph.initializer})
+    given = 0
+    for node in graph.node:
+        if node.op_type != "GRU" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if not attrs.get("linear_before_reset") or (len(node.input) > 3 and node.input[3]):
+            continue
+        hidden = attrs.get("hidden_size")
+        elem_type = types.get(node.input[0]) or types.get(node.input[1])
+        if not hidden or not elem_type:
+            continue
+        directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
+        bias = names.fresh(f"{node.name or 'gru'}_zero_bias")
+        zeros = np.zeros((directions, 6 * hidden), dtype=helper.tensor_dtype_to_np_dtype(elem_type))
+        graph.initializer.append(numpy_helper.from_array(zeros, bias))
+        inputs = list(node.input) + [""] * (4 - len(node.input))
+        inputs[3] = bias
+        del node.input[:]
+        node.input.extend(inputs)
+        given += 1
+    return given
+
+
+_PROMOTING = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Mod"})
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32,
+                            onnx.TensorProto.INT64, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
+_FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16,
+                          onnx.TensorProto.BFLOAT16})
+
+
+def promote_mixed_arithmetic(model: ModelProto, types: dict[str, int] | None = None) -> int:
+    """Cast the integer operand of an arithmetic node whose other operand is floating point to
+    that type, in place (main graph); returns how many operands. ONNX arithmetic wants one
+    type, and torch's exporter writes some decompositions with an integer count (``masked.var``
+    divides by a count summed from int64 ones), which onnxruntime refuses to load; torch
+    promotes the integer to the floating type, as this does. ``types`` (value name -> element
+    type, from an earlier shape inference of the model) saves inferring them again."""
+    graph = model.graph
+    if not any(node.op_type in _PROMOTING for node in graph.node):
+        return 0
+    if types is None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:
+            return 0
+        types = {value.name: value.type.tensor_type.elem_type
+                 for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]}
+    types = {**types, **{init.name: init.data_type for init in graph.initializer}}
+    names = NameAllocator(all_value_names(graph))
+    nodes: list = []
+    promoted = 0
+    for node in graph.node:
+        if node.op_type in _PROMOTING and node.domain in ("", "ai.onnx") and len(node.input) == 2:
+            kinds = [types.get(name, 0) for name in node.input]
+            floating = [kind for kind in kinds if kind in _FLOAT_TYPES]
+            if floating and any(kind in _INTEGER_TYPES for kind in kinds) and len(set(floating)) == 1:
+                for position, kind in enumerate(kinds):
+                    if kind in _INTEGER_TYPES:
+                        cast = names.fresh(f"{node.input[position]}_as_float")
+                        nodes.append(helper.make_node("Cast", [node.input[position]], [cast], to=floating[0]))
+                        node.input[position] = cast
+                        promoted += 1
+        nodes.append(node)
+    if promoted:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return promoted
+
+
+def batch_unbatched_losses(model: ModelProto) -> int:
+    """Give ``SoftmaxCrossEntropyLoss`` / ``NegativeLogLikelihoodLoss`` nodes whose scores are
+    one vector ``[C]`` (torch's cross_entropy of one unbatched sample) a batch of one, in
+    place; returns how many. ONNX defines these losses for ``[N, C, ...]`` only (onnxruntime
+    cannot run the unbatched node, and onnx-ad cannot type its function body): the scores and
+    the target get a leading axis of 1, and unreduced results lose it again. The values are
+    unchanged (a mean over one sample is that sample)."""
+    graph = model.graph
+    nodes = [node for node in graph.node if node.op_type in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
+             and node.domain in ("", "ai.onnx")]
+    if not nodes:
+        return 0
+    shapes = known_shapes(model)
+    names = NameAllocator(all_value_names(graph))
+    axis, axis_init = _constant(names, "ortagent_batch_axis", [0])
+    rewritten: list = []
+    batched = 0
+    for node in graph.node:
+        shape, target = shapes.get(node.input[0]), shapes.get(node.input[1]) if len(node.input) > 1 else None
+        if node not in nodes or shape is None or len(shape) != 1 or target is None or len(target) != 0:
+            rewritten.append(node)
+            continue
+        for position in (0, 1):
+            lifted = names.fresh(f"{node.input[position]}_batched")
+            rewritten.append(helper.make_node("Unsqueeze", [node.input[position], axis], [lifted]))
+            node.input[position] = lifted
+        reduction = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "reduction"), b"mean")
+        squeezed = [0] if reduction in (b"none", "none") else []
+        if len(node.output) > 1 and node.output[1]:
+            squeezed.append(1)          # SoftmaxCrossEntropyLoss's log_prob
+        finals = []
+        for index in squeezed:
+            inner = names.fresh(f"{node.output[index]}_batched")
+            finals.append(helper.make_node("Squeeze", [inner, axis], [node.output[index]]))
+            node.output[index] = inner
+        rewritten.append(node)
+        rewritten.extend(finals)
+        batched += 1
+    if batched:
+        graph.initializer.append(axis_init)
+        del graph.node[:]
+        graph.node.extend(rewritten)
+    return batched

@@ -32,7 +32,9 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 
 from . import _ad_rules
 from ._static_sequences import unroll_static_sequences
-from ._graph_passes import flatten_batched_matmuls, simplify_copies
+from ._graph_passes import (
+    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, promote_mixed_arithmetic, simplify_copies,
+)
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
 )
@@ -231,6 +233,9 @@ def build_training_graph(
     if optimize:
         flatten_batched_matmuls(model, _default_opset(model))
     unroll_static_sequences(model)      # (onnx-ad has no rules for sequence operators)
+    explicit_gru_biases(model)          # (onnx-ad's GRU unrolling needs one for linear_before_reset)
+    promote_mixed_arithmetic(model, inferred)   # (the exporter writes float / int64 where torch promotes)
+    batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
     try:
         adjoint = onnx_ad.reverse(
@@ -247,6 +252,7 @@ def build_training_graph(
                                 f"({type(exc).__name__}: {exc})") from exc
 
     _ad_rules.finish(adjoint)
+    _unique_node_names(adjoint)
     if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)
         adjoint = lower_training_ops(adjoint)
     result_graph = adjoint.graph
@@ -302,6 +308,26 @@ def build_training_graph(
                     for output, gradient in zip(seeded, yield_outputs)]
         simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
     return adjoint
+
+
+def _unique_node_names(model: ModelProto) -> None:
+    """Rename nodes whose name another node of the model already has (onnx-ad's reverse of a
+    control-flow node keeps the primal node's name on its adjoint beside the recomputed primal,
+    and onnxruntime refuses a graph with two nodes of one name). Names are labels only."""
+    seen: set[str] = set()
+    graphs = list(walk_graphs(model.graph))
+    taken = {node.name for graph in graphs for node in graph.node if node.name}
+    for graph in graphs:
+        for node in graph.node:
+            if not node.name:
+                continue
+            if node.name in seen:
+                counter = 1
+                while f"{node.name}_{counter}" in taken:
+                    counter += 1
+                node.name = f"{node.name}_{counter}"
+                taken.add(node.name)
+            seen.add(node.name)
 
 
 def _declare_module_outputs(result_graph: GraphProto, forward_graph: GraphProto) -> None:

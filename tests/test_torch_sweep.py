@@ -20,7 +20,10 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "nn.functional.adaptive_avg_pool1d", "masked.var", "nn.functional.soft_margin_loss",
              "view_as_complex", "sparse.sampled_addmm", "nn.functional.scaled_dot_product_attention",
              "nn.functional.conv2d", "max", "sort", "cumsum", "where", "index_put", "masked_fill", "scatter_reduce", "amin",
-             "nn.functional.conv_transpose2d", "flip", "rot90", "hstack"]
+             "nn.functional.conv_transpose2d", "flip", "rot90", "hstack",
+             "nn.functional.avg_pool2d", "nn.functional.avg_pool3d", "split", "unbind", "unsafe_split",
+             "nn.functional.embedding_bag", "nn.functional.nll_loss", "nn.functional.linear_cross_entropy",
+             "masked.std", "special.log_ndtr"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
@@ -59,7 +62,7 @@ def test_module_db_sample_matches_or_is_refused():
     outcomes = list(sweep.module_outcomes(sweep.module_infos(MODULES_FIXED), samples=2))
     _assert_no_silent_difference(outcomes)
     by_name = {o.name: o.status for o in outcomes}
-    assert by_name["GRU"] == "refused" and by_name["Embedding"] == "match"
+    assert by_name["GRU"] == "match" and by_name["Embedding"] == "match"
 
 
 def test_the_sweep_sees_a_wrong_translation(monkeypatch):

@@ -490,9 +490,6 @@ class _TraceMode(TorchFunctionMode):
             return self._draw(func, args, kwargs)
         if func is F.embedding:
             return _embedding(*args, **kwargs)
-        if func is torch.gru:
-            raise OrtNotImplemented("ORTModule: nn.GRU (torch.gru) is not supported: torch's ONNX exporter "
-                                    "translates it to a graph whose outputs differ from torch's (nn.GRUCell is)")
         if func in _INTERNAL_NORMS:
             raise OrtNotImplemented(f"ORTModule: {_function_name(func)} called directly is not supported (torch's "
                                     "ONNX exporter returns its saved statistics otherwise than the CPU kernel); use "

@@ -145,8 +145,13 @@ def translation_table() -> dict[Any, Callable]:
         count = op.ScatterElements(counted, index, ones, axis=dim, reduction="add")
         return op.Div(total, op.Max(count, one))
 
+    from ._pool_translations import pool_translations
+    from ._special_translations import special_translations
+
     aten = torch.ops.aten
     return {
+        **pool_translations(),
+        **special_translations(),
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         aten.log_sigmoid.default: log_sigmoid,

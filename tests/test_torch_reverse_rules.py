@@ -1,0 +1,322 @@
+"""ORTModule against torch eager on the operators whose gradients come from ortagent's own
+reverse rules and graph rewrites (ortagent/_ad_rules.py, _static_sequences.py, _graph_passes.py)
+rather than from onnx-ad: every output and every input gradient, for a fixed random output
+gradient, on shapes chosen to hit each rule's corner (windows that overhang the input, splits
+whose last piece is short, ...). Each case fails if the rule is wrong: the reference is torch's
+own autograd."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.torch
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _exporter():
+    pytest.importorskip("torch")
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (make test TORCH=1)")
+
+
+def _check(function, *inputs, grad_inputs=None):
+    """Run ``function`` eagerly and through ORTModule on copies of ``inputs`` (floating-point
+    ones require grad unless ``grad_inputs`` says which); compare outputs and gradients."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from ortagent.torch import ORTModule
+
+    class Wrapped(torch.nn.Module):
+        def forward(self, *args):
+            return function(*args)
+
+    def fresh():
+        copies = []
+        for index, value in enumerate(inputs):
+            copy = value.detach().clone()
+            wanted = copy.is_floating_point() if grad_inputs is None else index in grad_inputs
+            copies.append(copy.requires_grad_(wanted))
+        return copies
+
+    def run(module):
+        args = fresh()
+        outputs = [leaf for leaf in pytree.tree_leaves(module(*args)) if isinstance(leaf, torch.Tensor)]
+        generator = torch.Generator().manual_seed(0)
+        weights = [torch.randn(out.shape, generator=generator, dtype=out.dtype) for out in outputs]
+        loss = sum((out * weight).sum() for out, weight in zip(outputs, weights) if out.requires_grad)
+        wanted = [arg for arg in args if arg.requires_grad]
+        grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+        return [out.detach() for out in outputs], grads
+
+    expected_outputs, expected_grads = run(Wrapped())
+    outputs, grads = run(ORTModule(Wrapped()))
+    assert len(outputs) == len(expected_outputs)
+    for actual, expected in zip(outputs, expected_outputs):
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
+    for actual, expected in zip(grads, expected_grads):
+        if expected is None:
+            expected = torch.zeros_like(actual)
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, equal_nan=True)
+
+
+# -- AveragePool with ceil_mode, divisor_override ------------------------------------------------
+
+@pytest.mark.parametrize("shape, options", [
+    ((2, 3, 9, 9), dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+    ((2, 3, 9, 8), dict(kernel_size=(4, 4), stride=(2, 3), padding=1, count_include_pad=True)),
+    ((1, 2, 10, 11), dict(kernel_size=(6, 6), stride=(3, 3), padding=(3, 2))),       # the ceil rule drops a window
+    ((3, 9, 8), dict(kernel_size=(4, 4), stride=(2, 3), padding=1)),                 # no batch axis
+    ((2, 3, 10), dict(kernel_size=3, stride=2)),
+    ((1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 2), stride=(2, 2, 3), padding=(1, 0, 1), count_include_pad=False)),
+])
+def test_average_pooling_with_ceil_mode(shape, options):
+    """AveragePool(ceil_mode=1): the last windows overhang the input (onnx-ad refuses them)."""
+    import torch
+    import torch.nn.functional as F
+
+    pool = {3: F.avg_pool1d, 4: F.avg_pool2d, 5: F.avg_pool3d}[len(shape)]
+    if len(shape) == 3 and isinstance(options["kernel_size"], tuple):
+        pool = F.avg_pool2d                     # (an unbatched image)
+    torch.manual_seed(1)
+    _check(lambda x: pool(x, ceil_mode=True, **options), torch.randn(*shape))
+
+
+@pytest.mark.parametrize("shape, options", [
+    ((1, 3, 9, 9), dict(kernel_size=3, stride=1, padding=1, ceil_mode=True, count_include_pad=False, divisor_override=2)),
+    ((2, 3, 9, 8), dict(kernel_size=(4, 4), stride=(2, 3), padding=1, divisor_override=3)),
+    ((3, 9, 8), dict(kernel_size=(4, 4), stride=(2, 3), padding=1, ceil_mode=True, divisor_override=3)),
+    ((1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 2), stride=(2, 2, 3), padding=(1, 0, 1), ceil_mode=True,
+                           divisor_override=5)),
+])
+def test_average_pooling_with_a_divisor_override(shape, options):
+    """divisor_override, which torch.onnx's own translation drops (it ran and differed)."""
+    import torch
+    import torch.nn.functional as F
+
+    pool = F.avg_pool3d if len(shape) == 5 else F.avg_pool2d
+    torch.manual_seed(2)
+    _check(lambda x: pool(x, **options), torch.randn(*shape))
+
+
+def test_erfcx_is_refused_rather_than_imprecise():
+    """torch.onnx's erfcx is exp(x^2) * (1 - erf(x)): -inf where torch's log_ndtr is -39."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+
+    with pytest.raises(OrtNotImplemented):
+        _check(torch.special.log_ndtr, torch.tensor([-8.5, 0.5, 3.0]))
+
+
+def test_power_with_an_integer_exponent_in_float32():
+    """x ** 2 exports Pow(x, int64 2); onnx-ad refused it for float32 bases."""
+    import torch
+
+    torch.manual_seed(3)
+    _check(lambda x, y: (x ** 2) * y + torch.pow(y, 3), torch.randn(4, 5), torch.randn(4, 5))
+
+
+# -- SplitToSequence (torch.split, unbind, chunk) ----------------------------------------------
+
+@pytest.mark.parametrize("case", ["split_short_last", "split_sizes", "unbind", "unbind_last", "chunk"])
+def test_split_and_unbind_sequences(case):
+    """torch exports these as SplitToSequence + SequenceAt; the unrolling cuts the pieces with
+    one Split (known sizes) or a Slice per element (a symbolic extent)."""
+    import torch
+
+    functions = {
+        "split_short_last": lambda x: [piece * (i + 1) for i, piece in enumerate(torch.split(x, 2, dim=1))],
+        "split_sizes": lambda x: torch.split(x, [1, 3, 1], dim=1)[1].sin(),
+        "unbind": lambda x: [row * (i + 1) for i, row in enumerate(torch.unbind(x, 0))],
+        "unbind_last": lambda x: torch.unbind(x, 1)[-1] * 2 + torch.unbind(x, 1)[0],
+        "chunk": lambda x: torch.chunk(x, 3, dim=-1)[2].exp(),
+    }
+    torch.manual_seed(4)
+    _check(functions[case], torch.randn(4, 5))
+
+
+@pytest.mark.parametrize("split, keepdims, positions", [
+    (2, 1, [0, 1, 2]),          # pieces of 2, 2 and the short 1, on a symbolic extent
+    (None, 0, [0, -1]),          # unbind, counted from the end
+    ([1, 3, 1], 1, [1, -1]),     # explicit sizes
+])
+def test_split_to_sequence_on_symbolic_shapes(split, keepdims, positions):
+    """The unrolled SplitToSequence on a symbolic split axis (one training graph for every
+    extent): each piece and each gradient against numpy."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ortagent_testkit import training_graphs as tg
+    from ortagent.graph_split import split_training_graph
+    from ortagent.training import build_training_graph
+
+    nodes, inputs = [], ["x"]
+    if split is not None:
+        nodes.append(helper.make_node("Constant", [], ["split"], value=numpy_helper.from_array(np.array(split, np.int64))))
+        inputs.append("split")
+    nodes.append(helper.make_node("SplitToSequence", inputs, ["pieces"], axis=1, keepdims=keepdims))
+    outputs = []
+    for index, position in enumerate(positions):
+        nodes.append(helper.make_node("Constant", [], [f"p{index}"], value=numpy_helper.from_array(np.array(position, np.int64))))
+        nodes.append(helper.make_node("SequenceAt", ["pieces", f"p{index}"], [f"y{index}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{index}", TensorProto.DOUBLE, None))
+    forward = tg.make_model(nodes, [tg.tensor("x", np.float64, [3, "width"])], outputs, [], ms_domain=False)
+    training = build_training_graph(forward, [], input_gradients=["x"])
+    assert not any(node.op_type.startswith("Sequence") or node.op_type == "SplitToSequence"
+                   for node in training.graph.node)
+    runner = tg.SplitRunner(split_training_graph(training))
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 5))
+    if split is None:
+        pieces = [x[:, i] for i in range(5)]
+    else:
+        sizes = split if isinstance(split, list) else [2, 2, 1]
+        bounds = np.cumsum([0] + sizes)
+        pieces = [x[:, bounds[i]:bounds[i + 1]] for i in range(len(sizes))]
+    expected = [pieces[position] for position in positions]
+    grads = [rng.standard_normal(piece.shape) for piece in expected]
+    ys, (dx,) = runner.run({"x": x}, grads)
+    expected_dx = np.zeros_like(x)
+    for y, piece, grad, position in zip(ys, expected, grads, positions):
+        np.testing.assert_array_equal(y, piece)
+        if split is None:
+            expected_dx[:, position] += grad
+        else:
+            start = int(np.cumsum([0] + (split if isinstance(split, list) else [2, 2, 1]))[position % len(pieces)])
+            expected_dx[:, start:start + piece.shape[1]] += grad
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-12, atol=1e-12)
+
+
+# -- NegativeLogLikelihoodLoss ---------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction, weighted, ignore, spatial", [
+    ("none", False, False, False), ("sum", True, True, False), ("mean", True, True, True),
+    ("mean", False, False, False), ("none", True, True, True), ("mean", True, False, False),
+])
+def test_nll_loss(reduction, weighted, ignore, spatial):
+    """nll_loss (and cross_entropy, whose SoftmaxCrossEntropyLoss body calls it): the gradient
+    is the output gradient scattered to each target class, weighted, 0 at ignored targets."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(6)
+    shape, target_shape = ((4, 5, 3, 2), (4, 3, 2)) if spatial else ((6, 5), (6,))
+    x = torch.randn(*shape)
+    target = torch.randint(0, 5, target_shape)
+    if ignore:
+        target.view(-1)[::3] = 2
+    weight = torch.rand(5) + 0.5
+    options = dict(reduction=reduction, ignore_index=2 if ignore else -100)
+
+    def loss(x, target, weight):
+        return (F.nll_loss(F.log_softmax(x, 1), target, weight=weight if weighted else None, **options),
+                F.cross_entropy(x * 2, target, weight=weight if weighted else None, **options))
+
+    _check(loss, x, target, weight, grad_inputs={0})
+
+
+# -- ScatterElements with reduction mul / min / max ----------------------------------------------
+
+@pytest.mark.parametrize("reduce", ["prod", "amin", "amax"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_with_ties_and_zeros(reduce, include_self):
+    """scatter_reduce prod/amin/amax: ties between candidates share the gradient (as torch);
+    a product's zeros (one, and two at one position) get the exact gradient."""
+    import torch
+
+    torch.manual_seed(7)
+    x = torch.randn(4, 3)
+    index = torch.tensor([[0, 1, 2], [0, 1, 2], [3, 1, 0], [3, 3, 0], [2, 2, 2]])
+    src = torch.randn(5, 3)
+    src[1, 0] = src[0, 0]               # a tie at [0, 0]
+    extreme = 5.0 if reduce == "amax" else -5.0
+    src[2, 1] = src[0, 1] = extreme      # two updates tie at [1, 1]
+    if include_self:
+        x[3, 1] = src[3, 1] = extreme    # the data ties with an update at [3, 1]
+        # (not without include_self: torch then still counts the data it left out among the
+        # ties and gives the update half the gradient; ortagent gives it all)
+    if reduce == "prod":
+        src[2, 2] = 0.0                 # the only zero at [0, 2]
+        src[3, 2] = 0.0                 # a second one there
+        src[4, 0] = 0.0                 # the only zero at [2, 0]
+        x[1, 1] = 0.0                   # a zero in the data
+    _check(lambda x, index, src: x.scatter_reduce(0, index, src, reduce, include_self=include_self),
+           x, index, src, grad_inputs={0, 2})
+
+
+# -- GRU ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    dict(num_layers=2, bias=False),                        # linear_before_reset without a bias
+    dict(num_layers=1, bias=True, batch_first=True),
+    dict(num_layers=1, bias=False, bidirectional=True),
+])
+def test_gru(options):
+    """nn.GRU exports an ONNX GRU with linear_before_reset=1, which onnx-ad unrolls; without a
+    bias its unrolling computed another candidate state (the outputs differed) until the pass
+    gives the node a zero bias. Outputs, the input's and every weight's gradient."""
+    import torch
+
+    torch.manual_seed(8)
+    gru = torch.nn.GRU(3, 4, **options)
+    weights = [parameter.detach().clone() for parameter in gru.parameters()]
+
+    def run(x, *weights):
+        state = dict(zip((name for name, _ in gru.named_parameters()), weights))
+        return torch.func.functional_call(gru, state, (x,))
+
+    _check(run, torch.randn(5, 2, 3), *weights)
+
+
+# -- integer operands of floating-point arithmetic ------------------------------------------------
+
+def test_masked_variance_divides_by_an_integer_count():
+    """torch.masked.var/std export a Div of a float sum by an int64 count (onnxruntime refused
+    the graph); the pass casts the count as torch promotes it."""
+    import torch
+
+    torch.manual_seed(9)
+    x = torch.randn(4, 5, 3)
+    mask = torch.rand(4, 5, 3) > 0.3
+    _check(lambda x, mask: (torch.masked.var(x, 1, mask=mask), torch.masked.std(x, None)), x, mask,
+           grad_inputs={0})
+
+
+# -- sequences built in loops (embedding_bag) ---------------------------------------------------
+
+@pytest.mark.parametrize("mode, weighted", [("sum", True), ("sum", False), ("mean", False), ("max", False)])
+def test_embedding_bag(mode, weighted):
+    """F.embedding_bag exports a Loop that appends one row per bag to a sequence, concatenated
+    after it; the unrolling makes the rows a scan output of the loop, which onnx-ad
+    differentiates (its Slice with starts computed in the body gets its axes at run time).
+    An empty bag included; the weight's and the per-sample weights' gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(10)
+    weight = torch.randn(10, 4)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 3, 3, 6])           # bag 1 is empty
+    per_sample = torch.rand(8) + 0.5
+
+    if weighted:
+        _check(lambda w, i, o, p: F.embedding_bag(i, w, o, mode=mode, per_sample_weights=p),
+               weight, indices, offsets, per_sample, grad_inputs={0, 3})
+    else:
+        _check(lambda w, i, o: F.embedding_bag(i, w, o, mode=mode), weight, indices, offsets, grad_inputs={0})
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_cross_entropy_of_one_unbatched_sample(reduction):
+    """cross_entropy / nll_loss of one score vector [C] and a 0-d target: ONNX defines the
+    losses batched only, so the pass gives them a batch of one."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(11)
+    scores, target = torch.randn(5), torch.tensor(3)
+    _check(lambda x, t: (F.cross_entropy(x, t, reduction=reduction),
+                         F.nll_loss(F.log_softmax(x * 3, 0), t, reduction=reduction)),
+           scores, target, grad_inputs={0})
