@@ -34,7 +34,7 @@ import torch
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 
-__all__ = ["translation_table"]
+__all__ = ["translations"]
 
 _registered = False
 
@@ -69,7 +69,7 @@ def _dims(dim: Any) -> list[int] | None:
     return dims or None
 
 
-def translation_table() -> dict[Any, Callable]:
+def translations() -> dict[Any, Callable]:
     import onnxscript
     from onnxscript import opset18 as op
 
