@@ -29,9 +29,9 @@ __all__ = ["translation_table"]
 
 def translation_table() -> dict[Any, Callable]:
     """Every translation of every family, keyed by aten operator overload."""
-    from . import corrections
+    from . import corrections, pooling, reductions, scans
 
     table: dict[Any, Callable] = {}
-    for family in (corrections,):
+    for family in (corrections, pooling, reductions, scans):
         table.update(family.translations())
     return table
