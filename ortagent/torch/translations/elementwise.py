@@ -1,0 +1,58 @@
+"""Binary elementwise operators torch.onnx cannot translate: ``fmax``, ``fmin``, ``copysign``
+and ``hypot``.
+
+Each picks or combines its operands with Where, Abs and Sqrt, so the gradient takes torch's
+branch: ``fmax``/``fmin`` share a tie's gradient evenly and ignore a NaN operand (the other
+one is the result and takes the whole gradient, where torch also gives one to the NaN operand
+itself: the one difference, confined to NaN inputs), ``copysign`` moves the gradient of ``|a|`` to the
+result with ``b``'s sign (0 at ``a == 0``) and none to ``b``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxscript import opset18 as op
+
+from ._common import constant
+
+
+def _nan_ignoring(first_wins: Any) -> Any:
+    def pick(a: Any, b: Any) -> Any:
+        b = op.CastLike(b, a)
+        keep_a = op.Or(first_wins(a, b), op.IsNaN(b))
+        picked = op.Where(keep_a, a, b)
+        # a tie shares the gradient evenly, as torch does; (a + b) / 2 is then a itself
+        half_each = op.Mul(op.Add(a, b), constant(a, 0.5))
+        return op.Where(op.Equal(a, b), half_each, picked)
+
+    return pick
+
+
+def copysign(a: Any, b: Any) -> Any:
+    if isinstance(b, (int, float)):
+        b = op.Constant(value_float=float(b))
+    magnitude = op.Abs(a)
+    sign_source = op.CastLike(b, magnitude)
+    # b's sign bit: negative, or -0.0 (whose reciprocal is -inf)
+    negative = op.Or(op.Less(sign_source, constant(magnitude, 0.0)),
+                     op.Equal(op.Reciprocal(sign_source), constant(magnitude, float("-inf"))))
+    return op.Where(negative, op.Neg(magnitude), magnitude)
+
+
+def hypot(a: Any, b: Any) -> Any:
+    b = op.CastLike(b, a)
+    return op.Sqrt(op.Add(op.Mul(a, a), op.Mul(b, b)))
+
+
+def translations() -> dict:
+    import torch
+
+    aten = torch.ops.aten
+    return {
+        aten.fmax.default: _nan_ignoring(op.GreaterOrEqual),
+        aten.fmin.default: _nan_ignoring(op.LessOrEqual),
+        aten.copysign.Tensor: copysign,
+        aten.copysign.Scalar: copysign,
+        aten.hypot.default: hypot,
+    }
