@@ -29,9 +29,9 @@ __all__ = ["translation_table"]
 
 def translation_table() -> dict[Any, Callable]:
     """Every translation of every family, keyed by aten operator overload."""
-    from . import attention, corrections, elementwise, pooling, reductions, scans, selection, special
+    from . import attention, corrections, distances, elementwise, pooling, reductions, scans, selection, special
 
     table: dict[Any, Callable] = {}
-    for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention):
+    for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances):
         table.update(family.translations())
     return table

@@ -45,6 +45,27 @@ def hypot(a: Any, b: Any) -> Any:
     return op.Sqrt(op.Add(op.Mul(a, a), op.Mul(b, b)))
 
 
+def frexp(x: Any) -> tuple[Any, Any]:
+    """(mantissa, exponent) with ``x = mantissa * 2^exponent``, ``0.5 <= |mantissa| < 1``
+    (0, inf and NaN keep exponent 0). The exponent from log2 is corrected by one either way
+    where rounding put the mantissa out of its range; the mantissa is ``x`` times a constant
+    factor, so its gradient is ``2^-exponent``, as torch's."""
+    xd = op.Cast(x, to=11)
+    magnitude = op.Abs(xd)
+    regular = op.And(op.Greater(magnitude, constant(xd, 0.0)), op.Not(op.IsInf(xd)))
+    safe = op.Where(regular, magnitude, constant(xd, 1.0))
+    exponent = op.Add(op.Floor(op.Div(op.Log(safe), constant(xd, 0.6931471805599453))), constant(xd, 1.0))
+    for _ in range(2):
+        scaled = op.Div(safe, op.Pow(constant(xd, 2.0), exponent))
+        exponent = op.Add(exponent, op.Sub(op.Cast(op.GreaterOrEqual(scaled, constant(xd, 1.0)), to=11),
+                                           op.Cast(op.Less(scaled, constant(xd, 0.5)), to=11)))
+    exponent = op.Where(regular, exponent, constant(xd, 0.0))
+    factor = op.CastLike(op.Pow(constant(xd, 2.0), op.Neg(exponent)), x)
+    from ._common import stop_gradient
+
+    return op.Mul(x, stop_gradient(factor)), op.Cast(exponent, to=6)        # int32, as torch
+
+
 def translations() -> dict:
     import torch
 
@@ -55,4 +76,5 @@ def translations() -> dict:
         aten.copysign.Tensor: copysign,
         aten.copysign.Scalar: copysign,
         aten.hypot.default: hypot,
+        torch.ops.prims.frexp.default: frexp,
     }
