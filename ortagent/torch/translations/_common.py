@@ -11,6 +11,7 @@ from ortagent.errors import OrtNotImplemented
 
 DOUBLE = 11             # ONNX's element type numbers
 INT64 = 7
+INT32 = 6
 BOOL = 9
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from onnxscript import opset18 as op
 
-from ._common import constant
+from ._common import DOUBLE, INT32, constant, stop_gradient
 
 
 def _nan_ignoring(first_wins: Any) -> Any:
@@ -50,20 +50,18 @@ def frexp(x: Any) -> tuple[Any, Any]:
     (0, inf and NaN keep exponent 0). The exponent from log2 is corrected by one either way
     where rounding put the mantissa out of its range; the mantissa is ``x`` times a constant
     factor, so its gradient is ``2^-exponent``, as torch's."""
-    xd = op.Cast(x, to=11)
+    xd = op.Cast(x, to=DOUBLE)
     magnitude = op.Abs(xd)
     regular = op.And(op.Greater(magnitude, constant(xd, 0.0)), op.Not(op.IsInf(xd)))
     safe = op.Where(regular, magnitude, constant(xd, 1.0))
     exponent = op.Add(op.Floor(op.Div(op.Log(safe), constant(xd, 0.6931471805599453))), constant(xd, 1.0))
     for _ in range(2):
         scaled = op.Div(safe, op.Pow(constant(xd, 2.0), exponent))
-        exponent = op.Add(exponent, op.Sub(op.Cast(op.GreaterOrEqual(scaled, constant(xd, 1.0)), to=11),
-                                           op.Cast(op.Less(scaled, constant(xd, 0.5)), to=11)))
+        exponent = op.Add(exponent, op.Sub(op.Cast(op.GreaterOrEqual(scaled, constant(xd, 1.0)), to=DOUBLE),
+                                           op.Cast(op.Less(scaled, constant(xd, 0.5)), to=DOUBLE)))
     exponent = op.Where(regular, exponent, constant(xd, 0.0))
     factor = op.CastLike(op.Pow(constant(xd, 2.0), op.Neg(exponent)), x)
-    from ._common import stop_gradient
-
-    return op.Mul(x, stop_gradient(factor)), op.Cast(exponent, to=6)        # int32, as torch
+    return op.Mul(x, stop_gradient(factor)), op.Cast(exponent, to=INT32)    # int32, as torch
 
 
 def translations() -> dict:

@@ -29,7 +29,7 @@ from typing import Any
 
 from onnxscript import opset18 as op
 
-from ._common import BOOL, as_double, constant, with_derivative
+from ._common import as_double, constant, with_derivative
 
 _SHIFT = 8                  # lgamma and digamma: the recurrence moves arguments to 8 and above
 _ZETA_TERMS = 24            # polygamma: terms summed before the Euler-Maclaurin tail
