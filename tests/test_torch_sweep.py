@@ -23,11 +23,19 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "nn.functional.conv_transpose2d", "flip", "rot90", "hstack",
              "nn.functional.avg_pool2d", "nn.functional.avg_pool3d", "split", "unbind", "unsafe_split",
              "nn.functional.embedding_bag", "nn.functional.nll_loss", "nn.functional.linear_cross_entropy",
-             "masked.std", "special.log_ndtr"]
+             "masked.std", "special.log_ndtr",
+             # translated by ortagent where torch.onnx cannot (ortagent/torch/translations)
+             "nn.functional.adaptive_max_pool1d", "nn.functional.adaptive_max_pool2d",
+             "nn.functional.adaptive_avg_pool3d", "squeeze.multiple", "aminmax", "masked.amax", "cumprod",
+             "cummax", "cummin", "masked.cumprod", "kthvalue", "median", "nanmedian", "masked.median", "fmax",
+             "fmin", "copysign", "hypot", "frexp", "lgamma", "digamma", "polygamma", "special.polygamma",
+             "mvlgamma", "erfinv", "special.ndtri", "i0", "special.i0e", "special.i1", "special.i1e", "cdist",
+             "nn.functional.pdist", "combinations"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
-                 "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "RNN", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm"]
+                 "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "RNN", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm",
+                 "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d"]
 
 
 def _sweep():

@@ -32,7 +32,7 @@ from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
-from ._translations import translation_table
+from .translations import translation_table
 from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
 
 __all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "TraceFailure", "discover", "export",

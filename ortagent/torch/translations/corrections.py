@@ -34,7 +34,7 @@ import torch
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 
-__all__ = ["translation_table"]
+__all__ = ["translations"]
 
 _registered = False
 
@@ -69,7 +69,7 @@ def _dims(dim: Any) -> list[int] | None:
     return dims or None
 
 
-def translation_table() -> dict[Any, Callable]:
+def translations() -> dict[Any, Callable]:
     import onnxscript
     from onnxscript import opset18 as op
 
@@ -145,13 +145,8 @@ def translation_table() -> dict[Any, Callable]:
         count = op.ScatterElements(counted, index, ones, axis=dim, reduction="add")
         return op.Div(total, op.Max(count, one))
 
-    from ._pool_translations import pool_translations
-    from ._special_translations import special_translations
-
     aten = torch.ops.aten
     return {
-        **pool_translations(),
-        **special_translations(),
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         aten.log_sigmoid.default: log_sigmoid,

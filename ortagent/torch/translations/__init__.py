@@ -1,0 +1,37 @@
+"""ortagent's ONNX translations of aten operators, handed to torch.onnx's dynamo exporter as its
+``custom_translation_table``.
+
+Two kinds live here, one module per family of operators:
+
+* corrections of torch.onnx's own translations where they differ from torch
+  (:mod:`.corrections`), and ortagent's StopGradient marker;
+* translations of operators torch.onnx cannot translate at all, so that ``ORTModule`` covers
+  more than the exporter: :mod:`.reductions` (amax/amin of 0-d tensors, squeeze over several
+  dims, ...), :mod:`.scans` (cumprod, cummax, cummin, ...), :mod:`.pooling` (adaptive pools),
+  :mod:`.elementwise` (fmax, fmin, copysign, hypot, ...), :mod:`.special` (lgamma, digamma,
+  erfinv, Bessel functions, ...), :mod:`.selection` (kthvalue, median, mode, ...) and
+  :mod:`.attention`.
+
+Every translation is written with standard ONNX operators that the autodiff (onnx-ad and
+:mod:`ortagent._ad_rules`) already differentiates, so none needs a reverse rule of its own;
+where the derivative of a composition would be less accurate than the function's known
+derivative, the translation attaches that derivative with the StopGradient marker
+(:func:`._common.with_derivative`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["translation_table"]
+
+
+def translation_table() -> dict[Any, Callable]:
+    """Every translation of every family, keyed by aten operator overload."""
+    from . import attention, corrections, distances, elementwise, pooling, reductions, scans, selection, special
+
+    table: dict[Any, Callable] = {}
+    for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances):
+        table.update(family.translations())
+    return table

@@ -1,0 +1,171 @@
+"""Pooling: adaptive pooling (``adaptive_max_pool1d/2d/3d``, ``adaptive_avg_pool3d``), which
+torch.onnx cannot translate, and average pooling with ``divisor_override``, which it translates
+wrongly.
+
+Output cell ``i`` of an axis of input size ``n`` and output size ``m`` reads the window
+``[floor(i*n/m), ceil((i+1)*n/m))``, as torch's kernels do. With the spatial sizes known at
+export, every window's flat spatial positions are a constant table padded to the largest
+window; one Gather reads all windows at once, a reduction over the last axis pools them:
+
+* max: padding repeats the window's first position, which changes neither the maximum nor the
+  first position of the maximum; ArgMax maps back through the table to torch's indices (flat
+  over the spatial axes of one plane).
+* average: padding positions carry weight 0, the others ``1 / window size``.
+
+Gather, ReduceMax and Mul/ReduceSum are differentiated by the autodiff (a Gather's reverse adds
+the gradients of repeated positions, so a repeated first position still gets its whole share).
+
+torch.onnx's translation of ``aten.avg_pool2d`` / ``avg_pool3d`` ignores ``divisor_override``
+(it writes the AveragePool of the other arguments, dividing by the window's element count),
+so ``F.avg_pool2d(x, 3, divisor_override=2)`` would run and differ from torch. Here each
+window's sum is divided by the given divisor: the sums are a Conv with a kernel of ones over
+the channels folded into the batch, with the padding grown at the end by stride - 1 when
+``ceil_mode`` lets the last windows overhang (a Conv takes any padding; an AveragePool's must be
+smaller than its kernel), and the surplus last windows the ceil rule drops are sliced off to
+the shape torch.onnx's own pooling has. Without ``divisor_override`` the translation is
+torch.onnx's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from onnxscript import opset18 as op
+
+from ortagent.errors import OrtNotImplemented
+
+from ._common import INT64, ints, rank, static_dims
+
+
+def _windows(size: int, out: int) -> list[range]:
+    return [range((i * size) // out, -((-(i + 1) * size) // out)) for i in range(out)]
+
+
+def _table(sizes: list[int], outs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, counts): for every output cell (in C order), the flat spatial positions of
+    its window padded with the first one, and the window's true size."""
+    strides = [int(np.prod(sizes[d + 1:])) for d in range(len(sizes))]
+    per_axis = [_windows(n, m) for n, m in zip(sizes, outs)]
+    cells = []
+    for windows in itertools.product(*per_axis):
+        cells.append([sum(p * s for p, s in zip(point, strides)) for point in itertools.product(*windows)])
+    widest = max(len(c) for c in cells)
+    positions = np.array([c + [c[0]] * (widest - len(c)) for c in cells], dtype=np.int64)
+    counts = np.array([len(c) for c in cells], dtype=np.int64)
+    return positions, counts
+
+
+def _gathered(x: Any, spatial: int, output_size: Any, what: str) -> tuple[Any, np.ndarray, np.ndarray, Any]:
+    """(windows: (..., cells, widest), positions, counts, output shape)."""
+    n = rank(x)
+    outs = [int(s) for s in (output_size if isinstance(output_size, (list, tuple)) else [output_size] * spatial)]
+    if n not in (spatial + 1, spatial + 2) or len(outs) != spatial:
+        raise OrtNotImplemented(f"ortagent's {what}: input of rank {n}, output size {output_size}")
+    sizes = static_dims(x, range(n - spatial, n), what)
+    if any(o <= 0 for o in outs) or any(s <= 0 for s in sizes):
+        raise OrtNotImplemented(f"ortagent's {what}: empty input or output ({sizes} -> {outs})")
+    positions, counts = _table(sizes, outs)
+    lead = [0] * (n - spatial)          # Reshape's 0 keeps a leading size (an empty batch too)
+    flat = op.Reshape(x, ints(lead + [int(np.prod(sizes))]))
+    gathered = op.Gather(flat, op.Constant(value=_tensor(positions)), axis=n - spatial)
+    return gathered, positions, counts, ints(lead + outs)
+
+
+def _tensor(array: np.ndarray) -> Any:
+    import onnx
+
+    return onnx.numpy_helper.from_array(array)
+
+
+def _adaptive_max(spatial: int):
+    what = f"adaptive_max_pool{spatial}d"
+
+    def adaptive_max_pool(x: Any, output_size: Any) -> tuple[Any, Any]:
+        gathered, positions, _, out_shape = _gathered(x, spatial, output_size, what)
+        last = rank(x) - spatial + 1
+        values = op.ReduceMax(gathered, ints([last]), keepdims=0)
+        chosen = op.ArgMax(gathered, axis=last, keepdims=0)           # (..., cells)
+        cells, widest = positions.shape
+        offsets = op.Constant(value=_tensor(np.arange(cells, dtype=np.int64) * widest))
+        indices = op.Gather(op.Constant(value=_tensor(positions.reshape(-1))), op.Add(chosen, offsets), axis=0)
+        return op.Reshape(values, out_shape), op.Reshape(op.Cast(indices, to=INT64), out_shape)
+
+    return adaptive_max_pool
+
+
+def _adaptive_avg(spatial: int):
+    what = f"adaptive_avg_pool{spatial}d"
+
+    def adaptive_avg_pool(x: Any, output_size: Any) -> Any:
+        shape = list(getattr(x, "shape", None) or [])
+        if 0 in shape[:rank(x) - spatial]:
+            # an empty batch: an empty result (a Reshape of an empty tensor cannot infer sizes)
+            outs = output_size if isinstance(output_size, (list, tuple)) else [output_size] * spatial
+            return op.Expand(op.ReduceSum(x, keepdims=0), ints(shape[:rank(x) - spatial] + list(outs)))
+        gathered, positions, counts, out_shape = _gathered(x, spatial, output_size, what)
+        last = rank(x) - spatial + 1
+        width = positions.shape[1]
+        weights = np.where(np.arange(width)[None, :] < counts[:, None], 1.0 / counts[:, None], 0.0)
+        scaled = op.Mul(gathered, op.CastLike(op.Constant(value=_tensor(weights.astype(np.float32))), x))
+        return op.Reshape(op.ReduceSum(scaled, ints([last]), keepdims=0), out_shape)
+
+    return adaptive_avg_pool
+
+
+def _spread(value: Any, count: int, default: Sequence[int]) -> list[int]:
+    if value is None or (not isinstance(value, int) and not list(value)):
+        return list(default)
+    if isinstance(value, int):
+        return [value] * count
+    values = list(value)
+    return values * count if len(values) == 1 else values
+
+
+def _avg_pool_with_divisor(spatial: int, own: Callable) -> Callable:
+    def avg_pool(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
+                 count_include_pad: bool = True, divisor_override: Any = None) -> Any:
+        pooled = own(x, kernel_size, stride, padding, ceil_mode, count_include_pad)
+        if divisor_override is None:
+            return pooled
+        kernel = _spread(kernel_size, spatial, ())
+        strides = _spread(stride, spatial, kernel)
+        pads = _spread(padding, spatial, [0] * spatial)
+        ends = [pad + (step - 1 if ceil_mode else 0) for pad, step in zip(pads, strides)]
+        unbatched = len(x.shape) == spatial + 1
+        if unbatched:           # (pooling wants a batch axis)
+            x = op.Unsqueeze(x, op.Constant(value_ints=[0]))
+            pooled = op.Unsqueeze(pooled, op.Constant(value_ints=[0]))
+        axes = op.Constant(value_ints=list(range(2, 2 + spatial)))
+        # the channels folded into the batch, summed by a Conv with a kernel of ones
+        folded = op.Reshape(x, op.Concat(op.Constant(value_ints=[-1, 1]),
+                                         op.Gather(op.Shape(x), axes, axis=0), axis=0))
+        ones = op.CastLike(op.Reshape(op.Constant(value_floats=[1.0] * math.prod(kernel)),
+                                      op.Constant(value_ints=[1, 1, *kernel])), x)
+        summed = op.Conv(folded, ones, pads=pads + ends, strides=strides)
+        extents = op.Gather(op.Shape(pooled), axes, axis=0)
+        kept = op.Slice(summed, op.Constant(value_ints=[0] * spatial), extents, axes)
+        scale = op.CastLike(op.Constant(value_float=1.0 / float(divisor_override)), x)
+        result = op.Mul(op.Reshape(kept, op.Shape(pooled)), scale)
+        return op.Squeeze(result, op.Constant(value_ints=[0])) if unbatched else result
+
+    return avg_pool
+
+
+def translations() -> dict:
+    import torch
+    from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
+
+    aten = torch.ops.aten
+    return {
+        aten.adaptive_max_pool1d.default: _adaptive_max(1),
+        aten.adaptive_max_pool2d.default: _adaptive_max(2),
+        aten.adaptive_max_pool3d.default: _adaptive_max(3),
+        aten.adaptive_avg_pool3d.default: _adaptive_avg(3),
+        aten._adaptive_avg_pool3d.default: _adaptive_avg(3),
+        aten.avg_pool2d.default: _avg_pool_with_divisor(2, torchlib_nn.aten_avg_pool2d),
+        aten.avg_pool3d.default: _avg_pool_with_divisor(3, torchlib_nn.aten_avg_pool3d),
+    }
