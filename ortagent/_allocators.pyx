@@ -8,9 +8,8 @@ cimport cython
 from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
-from ortagent._runtime cimport check, ensure_loaded, shared_runtime
+from ortagent._runtime cimport check, ensure_loaded, shared_runtime, encode_text
 from ortagent._memory cimport OrtMemoryInfo
-from ortagent._options cimport _encode
 from ortagent._providers cimport require_provider_loads
 
 from ortagent.errors import OrtFail, OrtInvalidArgument, OrtInvalidType, ProviderError
@@ -121,9 +120,9 @@ def create_and_register_allocator_v2(provider_type, mem_info, provider_options, 
     cdef OrtMemoryInfo info = _memory_info(mem_info)
     if not isinstance(provider_options, dict):
         raise OrtInvalidType(f"provider_options must be a dict, got {type(provider_options).__name__}")
-    encoded = [(_encode(str(k), "provider option"), _encode(str(v), "provider option value"))
+    encoded = [(encode_text(str(k), "provider option"), encode_text(str(v), "provider option value"))
                for k, v in provider_options.items()]
-    provider = _encode(provider_type, "provider_type")
+    provider = encode_text(provider_type, "provider_type")
     try:
         # onnxruntime's C call aborts the process when the provider's library cannot load
         require_provider_loads(provider_type)

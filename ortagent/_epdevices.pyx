@@ -19,10 +19,10 @@ from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SYNC_STREAM,
+    check, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SYNC_STREAM, encode_text,
 )
 from ortagent._memory cimport memory_info_copy
-from ortagent._options cimport SessionOptions, _encode
+from ortagent._options cimport SessionOptions
 
 from ortagent.errors import OrtFail, OrtInvalidArgument, OrtInvalidType, OrtVersionError
 
@@ -136,7 +136,7 @@ def get_ep_devices():
 def register_execution_provider_library(registration_name, library_path):
     """Load an execution-provider library and add its devices to the environment under
     `registration_name` (OrtApi::RegisterExecutionProviderLibrary)."""
-    name = _encode(registration_name, "registration_name")
+    name = encode_text(registration_name, "registration_name")
     if not isinstance(library_path, (str, os.PathLike)):
         raise OrtInvalidType(f"library_path must be a path, got {type(library_path).__name__}")
     path = os.fsencode(library_path)
@@ -149,7 +149,7 @@ def register_execution_provider_library(registration_name, library_path):
 def unregister_execution_provider_library(registration_name):
     """Unload the library registered as `registration_name`; its devices are gone (sessions
     using them must be released first, as onnxruntime requires)."""
-    name = _encode(registration_name, "registration_name")
+    name = encode_text(registration_name, "registration_name")
     ensure_loaded()
     try:
         check(ort.UnregisterExecutionProviderLibrary(shared_runtime().env, name))
@@ -328,7 +328,7 @@ def _append_for_devices(SessionOptions options, ep_devices, provider_options):
     for key, value in provider_options.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise OrtInvalidType(f"provider_options must map str to str, got {key!r}: {value!r}")
-    encoded = [(_encode(k, "provider option"), _encode(v, "provider option value"))
+    encoded = [(encode_text(k, "provider option"), encode_text(v, "provider option value"))
                for k, v in provider_options.items()]
     cdef Py_ssize_t n = len(devices), m = len(encoded), i
     cdef const ort.OrtEpDevice** chosen = <const ort.OrtEpDevice**>malloc((n + 1) * sizeof(void*))

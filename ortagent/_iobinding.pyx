@@ -10,14 +10,14 @@ from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
-    check, shared_runtime, live_handle_counts, count_add, interruptible_begin, HANDLE_IO_BINDING,
+    check, shared_runtime, live_handle_counts, count_add, interruptible_begin, HANDLE_IO_BINDING, encode_text,
 )
 from ortagent._dtypes cimport tensor_type_name
 from ortagent._memory cimport OrtDevice
 from ortagent._tensors cimport tensor_data
-from ortagent._values cimport OrtValue, value_to_numpy, keep_aliased_feeds_alive, bound_output_values
+from ortagent._values cimport OrtValue, require_ort_value, value_to_numpy, keep_aliased_feeds_alive, bound_output_values
 from ortagent._containers cimport check_feedable
-from ortagent._options cimport RunOptions, _encode, _require_value
+from ortagent._options cimport RunOptions
 from ortagent._session cimport InferenceSession, SessionBinding, init_call
 from ortagent._run_core cimport RunArrays, RunStack, RunCall, run_arrays_init, run_core
 from ortagent._values import output_target
@@ -161,20 +161,20 @@ cdef class IOBinding(SessionBinding):
         if name not in self.session.input_index:
             raise OrtInvalidArgument(
                 f"unknown input name {name!r}; the model's inputs are {list(self.session.input_index)}")
-        return _encode(name, "input name")
+        return encode_text(name, "input name")
 
     cdef bytes _output_name(self, object name):
         if name not in self.session.output_index:
             raise OrtInvalidArgument(
                 f"unknown output name {name!r}; the model's outputs are {list(self.session.output_index)}")
-        return _encode(name, "output name")
+        return encode_text(name, "output name")
 
     # -- inputs ------------------------------------------------------------------------------------
 
     def bind_ortvalue_input(self, name, value):
         """Bind an OrtValue as input `name` (kept alive by this binding)."""
         self.require_open()
-        _require_value(value, f"input {name!r}")
+        require_ort_value(value, f"input {name!r}")
         cdef OrtValue v = value
         v.require_handle()
         encoded = self._input_name(name)
@@ -237,7 +237,7 @@ cdef class IOBinding(SessionBinding):
     def bind_ortvalue_output(self, name, value):
         """Bind an OrtValue as output `name`: each run writes into its buffer."""
         self.require_open()
-        _require_value(value, f"output {name!r}")
+        require_ort_value(value, f"output {name!r}")
         cdef OrtValue v = value
         v.require_handle()
         encoded = self._output_name(name)

@@ -6,10 +6,9 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport strlen
 
 from ortagent cimport _capi as ort
-from ortagent._runtime cimport check, shared_runtime
+from ortagent._runtime cimport check, shared_runtime, take_ort_string
 from ortagent._containers cimport describe_type
 from ortagent._containers import type_string, type_shape
-from ortagent._options cimport _take_string
 
 ort.ortagent_rt = shared_runtime()
 
@@ -72,15 +71,15 @@ cdef object read_model_metadata(ort.OrtSession* session):
     check(ort.SessionGetModelMetadata(session, &meta))
     try:
         check(ort.ModelMetadataGetProducerName(meta, allocator, &text))
-        producer = _take_string(text, allocator)
+        producer = take_ort_string(text, allocator)
         check(ort.ModelMetadataGetGraphName(meta, allocator, &text))
-        graph = _take_string(text, allocator)
+        graph = take_ort_string(text, allocator)
         check(ort.ModelMetadataGetDomain(meta, allocator, &text))
-        domain = _take_string(text, allocator)
+        domain = take_ort_string(text, allocator)
         check(ort.ModelMetadataGetDescription(meta, allocator, &text))
-        description = _take_string(text, allocator)
+        description = take_ort_string(text, allocator)
         check(ort.ModelMetadataGetGraphDescription(meta, allocator, &text))
-        graph_description = _take_string(text, allocator)
+        graph_description = take_ort_string(text, allocator)
         check(ort.ModelMetadataGetVersion(meta, &version))
         check(ort.ModelMetadataGetCustomMetadataMapKeys(meta, allocator, &keys, &n_keys))
         custom = {}
@@ -93,7 +92,7 @@ cdef object read_model_metadata(ort.OrtSession* session):
                 check(ort.AllocatorFree(allocator, keys))
             for key in names:
                 check(ort.ModelMetadataLookupCustomMetadataMap(meta, allocator, key.encode(), &text))
-                custom[key] = _take_string(text, allocator)
+                custom[key] = take_ort_string(text, allocator)
     finally:
         ort.ReleaseModelMetadata(meta)
     return ModelMetadata(producer, graph, domain, description, graph_description, version, custom)
@@ -168,7 +167,7 @@ cdef str end_profiling(ort.OrtSession* session):
     cdef char* name = NULL
     check(ort.GetAllocatorWithDefaultOptions(&allocator))
     check(ort.SessionEndProfiling(session, allocator, &name))
-    return _take_string(name, allocator)
+    return take_ort_string(name, allocator)
 
 
 cdef object profiling_start_ns(ort.OrtSession* session):

@@ -45,10 +45,3 @@ cdef class LoraAdapter:
     cdef ort.OrtLoraAdapter* handle
     cdef bint active                 # added to a RunOptions, which refers to `handle`
 
-
-# UTF-8 bytes of a name or option text (no NUL); `what` names it in errors.
-cdef bytes _encode(object text, str what)
-# Decode an ORT-allocated string and free it with `allocator`.
-cdef str _take_string(char* text, ort.OrtAllocator* allocator)
-# `value` must be an OrtValue (OrtInvalidType naming `what` otherwise).
-cdef int _require_value(object value, str what) except -1

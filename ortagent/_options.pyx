@@ -13,10 +13,10 @@ from libc.string cimport strlen, strcpy
 from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
     check, raise_status, ensure_loaded, shared_runtime, live_handle_counts, count_add, HANDLE_SESSION_OPTIONS,
-    HANDLE_RUN_OPTIONS, HANDLE_LORA_ADAPTER,
+    HANDLE_RUN_OPTIONS, HANDLE_LORA_ADAPTER, encode_text,
 )
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
-from ortagent._values cimport OrtValue
+from ortagent._values cimport OrtValue, require_ort_value
 from ortagent.errors import (
     OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, OrtNotFound, OrtNoSuchFile, OrtFail,
 )
@@ -37,32 +37,6 @@ class GraphOptimizationLevel(enum.IntEnum):
 class ExecutionMode(enum.IntEnum):
     ORT_SEQUENTIAL = 0
     ORT_PARALLEL = 1
-
-
-cdef bytes _encode(object text, str what):
-    if isinstance(text, bytes):
-        return text
-    if not isinstance(text, str):
-        raise OrtInvalidType(f"{what} must be a str, got {type(text).__name__}")
-    if "\0" in text:
-        raise OrtInvalidArgument(f"{what} must not contain NUL characters: {text!r}")
-    return text.encode("utf-8")
-
-
-cdef int _require_value(object value, str what) except -1:
-    if not isinstance(value, OrtValue):
-        raise OrtInvalidType(f"{what} must be an ortagent.OrtValue, got {type(value).__name__}")
-    return 0
-
-
-cdef str _take_string(char* text, ort.OrtAllocator* allocator):
-    """Decode an ORT-allocated string and free it with `allocator`."""
-    if text == NULL:
-        return ""
-    try:
-        return text[:strlen(text)].decode("utf-8", "replace")
-    finally:
-        check(ort.AllocatorFree(allocator, text))
 
 
 def _immutable_copy(buffer, index):
@@ -139,7 +113,7 @@ cdef class _LogSettings:
 
     @logid.setter
     def logid(self, value):
-        self.apply_logid(_encode(value, "logid"))
+        self.apply_logid(encode_text(value, "logid"))
         self._logid = value
 
 
@@ -295,7 +269,7 @@ cdef class SessionOptions(_LogSettings):
     @enable_profiling.setter
     def enable_profiling(self, bint value):
         if value:
-            check(ort.EnableProfiling(self.handle, _encode(self._profile_file_prefix, "profile_file_prefix")))
+            check(ort.EnableProfiling(self.handle, encode_text(self._profile_file_prefix, "profile_file_prefix")))
         else:
             check(ort.DisableProfiling(self.handle))
         self._enable_profiling = value
@@ -306,10 +280,10 @@ cdef class SessionOptions(_LogSettings):
 
     @profile_file_prefix.setter
     def profile_file_prefix(self, value):
-        _encode(value, "profile_file_prefix")
+        encode_text(value, "profile_file_prefix")
         self._profile_file_prefix = value
         if self._enable_profiling:
-            check(ort.EnableProfiling(self.handle, _encode(value, "profile_file_prefix")))
+            check(ort.EnableProfiling(self.handle, encode_text(value, "profile_file_prefix")))
 
     @property
     def optimized_model_filepath(self):
@@ -323,19 +297,19 @@ cdef class SessionOptions(_LogSettings):
         except TypeError:
             raise OrtInvalidType(f"optimized_model_filepath must be a path (str or os.PathLike), got "
                                  f"{type(value).__name__}") from None
-        check(ort.SetOptimizedModelFilePath(self.handle, _encode(path, "optimized_model_filepath")))
+        check(ort.SetOptimizedModelFilePath(self.handle, encode_text(path, "optimized_model_filepath")))
         self._optimized_model_filepath = path
 
     def add_session_config_entry(self, config_key, config_value):
         """Set a session configuration entry (see onnxruntime_session_options_config_keys.h)."""
-        check(ort.AddSessionConfigEntry(self.handle, _encode(config_key, "config_key"),
-                                        _encode(config_value, "config_value")))
+        check(ort.AddSessionConfigEntry(self.handle, encode_text(config_key, "config_key"),
+                                        encode_text(config_value, "config_value")))
         self._config_entries[config_key] = config_value
 
     def get_session_config_entry(self, config_key):
         """The value of a configuration entry; OrtNotFound (a RuntimeError too, with onnxruntime's
         message) when it was never set."""
-        key = _encode(config_key, "config_key")
+        key = encode_text(config_key, "config_key")
         cdef int present = 0
         cdef size_t size = 0
         check(ort.HasSessionConfigEntry(self.handle, key, &present))
@@ -354,12 +328,12 @@ cdef class SessionOptions(_LogSettings):
     def add_initializer(self, name, value):
         """Use `value` (a CPU OrtValue) for the initializer `name` of sessions created with these
         options. The value is kept alive by these options."""
-        _require_value(value, f"initializer {name!r}")
+        require_ort_value(value, f"initializer {name!r}")
         cdef OrtValue v = value
         v.require_handle()
         if value.device_name() != "cpu":
             raise OrtInvalidArgument(f"initializer {name!r} must be a CPU value, got {value.device_name()}")
-        check(ort.AddInitializer(self.handle, _encode(name, "initializer name"), v.handle))
+        check(ort.AddInitializer(self.handle, encode_text(name, "initializer name"), v.handle))
         self._initializers.append((name, value))
 
     @property
@@ -396,13 +370,13 @@ cdef class SessionOptions(_LogSettings):
         if len(names) != len(values):
             raise OrtInvalidArgument(f"{len(names)} names but {len(values)} values")
         for name, value in zip(names, values):
-            _require_value(value, f"initializer {name!r}")
+            require_ort_value(value, f"initializer {name!r}")
             (<OrtValue>value).require_handle()
             if value.device_name() != "cpu":
                 raise OrtInvalidArgument(f"initializer {name!r} must be a CPU value, got {value.device_name()}")
         if not names:
             return
-        encoded = [_encode(name, "initializer name") for name in names]
+        encoded = [encode_text(name, "initializer name") for name in names]
         cdef Py_ssize_t n = len(names), i
         cdef const char** names_c = <const char**>malloc(n * sizeof(char*))
         cdef const ort.OrtValue** values_c = <const ort.OrtValue**>malloc(n * sizeof(ort.OrtValue*))
@@ -433,7 +407,7 @@ cdef class SessionOptions(_LogSettings):
                                      "lengths: one of each per file")
         if not names:
             return
-        encoded = [_encode(os.fspath(name), "file name") for name in names]
+        encoded = [encode_text(os.fspath(name), "file name") for name in names]
         cdef Py_ssize_t n = len(names), i, got = 0
         cdef Py_buffer* views = <Py_buffer*>calloc(n, sizeof(Py_buffer))
         cdef const char** names_c = <const char**>malloc(n * sizeof(char*))
@@ -496,14 +470,14 @@ cdef class SessionOptions(_LogSettings):
         dim_value = _dimension(dim_value, dim_name)
         if dim_value < 0:
             raise OrtInvalidArgument(f"dimension override for {dim_name!r} must be >= 0, got {dim_value}")
-        check(ort.AddFreeDimensionOverrideByName(self.handle, _encode(dim_name, "dim_name"), dim_value))
+        check(ort.AddFreeDimensionOverrideByName(self.handle, encode_text(dim_name, "dim_name"), dim_value))
         self._dimension_overrides[dim_name] = dim_value
 
     def add_free_dimension_override_by_denotation(self, dim_denotation, dim_value):
         dim_value = _dimension(dim_value, dim_denotation)
         if dim_value < 0:
             raise OrtInvalidArgument(f"dimension override must be >= 0, got {dim_value}")
-        check(ort.AddFreeDimensionOverride(self.handle, _encode(dim_denotation, "dim_denotation"), dim_value))
+        check(ort.AddFreeDimensionOverride(self.handle, encode_text(dim_denotation, "dim_denotation"), dim_value))
 
     def __repr__(self):
         return (f"SessionOptions(intra_op_num_threads={self._intra_op_num_threads}, "
@@ -565,8 +539,8 @@ cdef class RunOptions(_LogSettings):
 
     def add_run_config_entry(self, config_key, config_value):
         """Set a run configuration entry (see onnxruntime_run_options_config_keys.h)."""
-        check(ort.AddRunConfigEntry(self.handle, _encode(config_key, "config_key"),
-                                    _encode(config_value, "config_value")))
+        check(ort.AddRunConfigEntry(self.handle, encode_text(config_key, "config_key"),
+                                    encode_text(config_value, "config_value")))
         self._config_entries[config_key] = config_value
 
     def add_active_adapter(self, adapter):

@@ -11,8 +11,7 @@ cimport cython
 from libc.stdlib cimport malloc, free
 
 from ortagent cimport _capi as ort
-from ortagent._runtime cimport check, shared_runtime
-from ortagent._options cimport _encode, _take_string
+from ortagent._runtime cimport check, shared_runtime, encode_text, take_ort_string
 from ortagent._runtime import get_available_providers, ALL_PROVIDERS
 from ortagent.errors import (
     OrtError, OrtInvalidArgument, OrtInvalidType, ProviderError, ProviderFallbackWarning,
@@ -156,8 +155,8 @@ cdef _OptionArrays _option_arrays(dict settings):
         raise MemoryError()
     arrays.values = arrays.keys + n + 1
     for name, text in settings.items():
-        key = _encode(name, "provider option")
-        value = _encode(text, "provider option value")
+        key = encode_text(name, "provider option")
+        value = encode_text(text, "provider option value")
         arrays.encoded.append(key)
         arrays.encoded.append(value)
         arrays.keys[i] = key
@@ -198,7 +197,7 @@ cdef dict _effective_cuda_options(dict settings):
     try:
         check(ort.GetAllocatorWithDefaultOptions(&allocator))
         check(ort.GetCUDAProviderOptionsAsString(cuda, allocator, &text))
-        joined = _take_string(text, allocator)
+        joined = take_ort_string(text, allocator)
     finally:
         ort.ReleaseCUDAProviderOptions(cuda)
     result = {}
@@ -212,7 +211,7 @@ cdef dict _effective_cuda_options(dict settings):
 cdef int _append_generic(ort.OrtSessionOptions* options, str name, dict settings) except -1:
     cdef _OptionArrays arrays = _option_arrays(settings)
     check(ort.SessionOptionsAppendExecutionProvider(
-        options, _encode(_GENERIC_PROVIDER_NAMES[name], "provider"), arrays.keys, arrays.values,
+        options, encode_text(_GENERIC_PROVIDER_NAMES[name], "provider"), arrays.keys, arrays.values,
         <size_t>arrays.count))
     return 0
 

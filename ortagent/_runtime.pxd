@@ -59,3 +59,10 @@ cdef inline int check(ort.OrtStatus* status) except -1 nogil:
     with gil:
         raise_status(status)
     return -1
+
+
+# Text for the C API: a str (no NUL characters) as UTF-8 bytes, bytes as given; `what` names
+# it in errors (OrtInvalidType, OrtInvalidArgument).
+cdef bytes encode_text(object text, str what)
+# Decode a string onnxruntime allocated with `allocator`, and free it ("" for NULL).
+cdef str take_ort_string(char* text, ort.OrtAllocator* allocator)

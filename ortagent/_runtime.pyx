@@ -401,3 +401,24 @@ def disable_telemetry_events():
     """Stop onnxruntime's telemetry events."""
     ensure_loaded()
     check(ort.DisableTelemetryEvents(_runtime.env))
+
+
+# ---- text to and from the C API ----------------------------------------------------------------------
+
+cdef bytes encode_text(object text, str what):
+    if isinstance(text, bytes):
+        return text
+    if not isinstance(text, str):
+        raise OrtInvalidType(f"{what} must be a str, got {type(text).__name__}")
+    if "\0" in text:
+        raise OrtInvalidArgument(f"{what} must not contain NUL characters: {text!r}")
+    return text.encode("utf-8")
+
+
+cdef str take_ort_string(char* text, ort.OrtAllocator* allocator):
+    if text == NULL:
+        return ""
+    try:
+        return text[:strlen(text)].decode("utf-8", "replace")
+    finally:
+        check(ort.AllocatorFree(allocator, text))

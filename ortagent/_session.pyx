@@ -26,6 +26,7 @@ from ortagent cimport _capi as ort
 from ortagent._runtime cimport (
     check, ensure_loaded, shared_runtime, live_handle_counts, count_add, interruptible_begin,
     HANDLE_SESSION, HANDLE_SESSION_OPTIONS, HANDLE_RUN_OPTIONS, HANDLE_VALUE, HANDLE_IO_BINDING,
+    encode_text, take_ort_string,
 )
 from ortagent._dtypes cimport MAX_INLINE_DIMS, tensor_type_name, element_size, has_builtin_numpy_type
 from ortagent._memory cimport OrtDevice, MEMORY_CPU, session_memory_infos
@@ -39,7 +40,7 @@ from ortagent._run_core cimport (
     lane_new, lane_drop_binding, lane_free,
 )
 from ortagent._values cimport (
-    OrtValue, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
+    OrtValue, require_ort_value, wrap_value, value_to_numpy, keep_aliased_feeds_alive, keep_aliased_feeds_alive_c,
 )
 from ortagent._metadata cimport (
     node_arg, read_model_metadata, read_graph_assignment, end_profiling, profiling_start_ns,
@@ -47,7 +48,7 @@ from ortagent._metadata cimport (
 from ortagent._containers cimport value_for_feed, python_from_value, check_feedable
 from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
-from ortagent._options cimport SessionOptions, RunOptions, _encode, _require_value, _take_string
+from ortagent._options cimport SessionOptions, RunOptions
 from ortagent._epdevices cimport session_input_devices
 from ortagent._providers cimport create_session, _effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
@@ -223,7 +224,7 @@ cdef class InferenceSession:
                 check(ort.SessionGetInputName(self.handle, i, allocator, &name_c))
             else:
                 check(ort.SessionGetOverridableInitializerName(self.handle, i - n_in, allocator, &name_c))
-            name = _take_string(name_c, allocator)
+            name = take_ort_string(name_c, allocator)
             self.input_names_c[i] = _copy_c_string(name.encode("utf-8"))
             self.n_feedable = i + 1
             if i < n_in:
@@ -250,7 +251,7 @@ cdef class InferenceSession:
         self.n_inputs = n_in
         for i in range(n_out):
             check(ort.SessionGetOutputName(self.handle, i, allocator, &name_c))
-            name = _take_string(name_c, allocator)
+            name = take_ort_string(name_c, allocator)
             self.output_names_c[i] = _copy_c_string(name.encode("utf-8"))
             self.n_outputs = i + 1
             check(ort.SessionGetOutputTypeInfo(self.handle, i, &type_info))

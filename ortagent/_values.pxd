@@ -112,3 +112,7 @@ cdef int keep_aliased_feeds_alive_c(list outputs, void** feed_data, PyObject** h
                                     Py_ssize_t n_feeds, object session, object skip) except -1
 cdef int keep_aliased_feeds_alive(list outputs, void** feed_data, Py_ssize_t n_feeds, object holders,
                                   object session, object skip) except -1
+
+
+# `value` must be an OrtValue (OrtInvalidType naming `what` otherwise).
+cdef int require_ort_value(object value, str what) except -1

@@ -908,3 +908,9 @@ def _dlpack_module():
 def from_dlpack(obj, is_bool_tensor=False, *, stream=None):
     """An OrtValue viewing the memory of `obj` (any object with __dlpack__, or a capsule)."""
     return _dlpack_module().from_dlpack(obj, is_bool_tensor, stream=stream)
+
+
+cdef int require_ort_value(object value, str what) except -1:
+    if not isinstance(value, OrtValue):
+        raise OrtInvalidType(f"{what} must be an ortagent.OrtValue, got {type(value).__name__}")
+    return 0
