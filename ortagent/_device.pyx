@@ -20,7 +20,7 @@ from ortagent._values cimport OrtValue, wrap_value, value_to_numpy, copy_tensors
 from ortagent._session cimport InferenceSession
 from ortagent._memory import as_device
 from ortagent._options import helper_options
-from ortagent._dtypes import _element_type_from, numpy_dtype_for_element_type
+from ortagent._dtypes import element_type_from, numpy_dtype_for_element_type
 from ortagent._providers import strict_providers
 from ortagent.errors import OrtError, OrtInvalidArgument, OrtInvalidType, OrtNotImplemented, OrtEPFail
 

@@ -134,7 +134,7 @@ cdef object numpy_dtype_for(int elem_type):
     raise OrtNotImplemented(f"{tensor_type_name(elem_type)} has no NumPy equivalent")
 
 
-def _element_type_from(element_type):
+def element_type_from(element_type):
     """An ONNX element type (int) from an int, a 'tensor(float)' string or a NumPy dtype-like."""
     if element_type is None:
         # numpy.dtype(None) is float64: never what a caller who forgot the type meant.

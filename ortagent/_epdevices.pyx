@@ -313,7 +313,7 @@ cdef class OrtSyncStream:
 
 # ---- sessions -------------------------------------------------------------------------------------
 
-def _append_for_devices(SessionOptions options, ep_devices, provider_options):
+def append_for_devices(SessionOptions options, ep_devices, provider_options):
     """SessionOptions.add_provider_for_devices: the provider of `ep_devices` (all one
     provider's) with `provider_options` (OrtApi::SessionOptionsAppendExecutionProvider_V2)."""
     if isinstance(ep_devices, (str, bytes)) or not hasattr(ep_devices, "__iter__"):
@@ -353,7 +353,7 @@ def _append_for_devices(SessionOptions options, ep_devices, provider_options):
             options._device_providers.append(name)
 
 
-def _set_selection_policy(SessionOptions options, policy):
+def set_selection_policy(SessionOptions options, policy):
     """SessionOptions.set_provider_selection_policy (OrtApi::SessionOptionsSetEpSelectionPolicy)."""
     if isinstance(policy, bool) or not hasattr(type(policy), "__index__"):
         raise OrtInvalidType(f"policy must be an OrtExecutionProviderDevicePolicy, got {type(policy).__name__}")

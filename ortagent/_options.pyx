@@ -452,14 +452,14 @@ cdef class SessionOptions(_LogSettings):
     def add_provider_for_devices(self, ep_devices, provider_options):
         """Add the execution provider of `ep_devices` (OrtEpDevice objects of one provider, from
         get_ep_devices()) with `provider_options` ({str: str}); onnxruntime >= 1.22."""
-        from ortagent._epdevices import _append_for_devices
-        _append_for_devices(self, ep_devices, provider_options)
+        from ortagent._epdevices import append_for_devices
+        append_for_devices(self, ep_devices, provider_options)
 
     def set_provider_selection_policy(self, policy):
         """Let onnxruntime choose the execution providers by an OrtExecutionProviderDevicePolicy;
         onnxruntime >= 1.22."""
-        from ortagent._epdevices import _set_selection_policy
-        _set_selection_policy(self, policy)
+        from ortagent._epdevices import set_selection_policy
+        set_selection_policy(self, policy)
 
     def has_providers(self):
         """Whether execution providers were chosen in these options (devices or a policy)."""

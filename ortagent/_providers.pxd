@@ -6,7 +6,7 @@ from ortagent cimport _capi as ort
 # ProviderFallbackWarning, or raise ProviderError when `strict` (or inside strict_providers()).
 cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, bint strict=*)
 # The CUDA provider's options as onnxruntime will use them (defaults filled in).
-cdef dict _effective_cuda_options(dict settings)
+cdef dict effective_cuda_options(dict settings)
 # ProviderError unless the provider can be created here (its library loads).
 cdef int require_provider_loads(str name) except -1
 # Options the session's providers take while it lives (OrtApi::SetEpDynamicOptions).

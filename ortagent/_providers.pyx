@@ -22,8 +22,8 @@ ort.ortagent_rt = shared_runtime()
 
 # ---- providers -----------------------------------------------------------------------------------
 
-_CPU = "CPUExecutionProvider"
-_CUDA = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
 _TENSORRT = "TensorrtExecutionProvider"
 # Providers appended through OrtApi::SessionOptionsAppendExecutionProvider, by their short names.
 _GENERIC_PROVIDER_NAMES = {
@@ -43,7 +43,7 @@ _GENERIC_PROVIDER_NAMES = {
 
 # Whether sessions created in this context raise ProviderError for a provider they cannot use
 # (see strict_providers()).
-_strict = contextvars.ContextVar("ortagent_strict_providers", default=False)
+strict_scope = contextvars.ContextVar("ortagent_strict_providers", default=False)
 
 
 @contextlib.contextmanager
@@ -56,11 +56,11 @@ def strict_providers(bint enabled=True):
 
     (The same as ``InferenceSession(..., strict_providers=True)`` for every session created
     inside.) ortagent's own CUDA helpers and TrainingAgent always create their sessions so."""
-    token = _strict.set(enabled)
+    token = strict_scope.set(enabled)
     try:
         yield
     finally:
-        _strict.reset(token)
+        strict_scope.reset(token)
 
 
 def _settings_for(list requested, str name):
@@ -71,15 +71,15 @@ def _settings_for(list requested, str name):
     return {}
 
 
-def _normalise_providers(providers, provider_options, bint strict=False):
+def normalise_providers(providers, provider_options, bint strict=False):
     """[(name, {str: str})] from onnxruntime's accepted spellings. A provider listed twice is an
     error when `strict` (or inside strict_providers()), else (as onnxruntime does) its later
     entries are dropped with a warning."""
-    strict = strict or _strict.get()
+    strict = strict or strict_scope.get()
     if providers is None:
         if provider_options:
             raise OrtInvalidArgument("provider_options given without providers")
-        return [(_CPU, {})]
+        return [(CPU_PROVIDER, {})]
     if isinstance(providers, (str, bytes)):
         raise OrtInvalidType("providers must be a list of names or (name, options) tuples, not a string")
     try:
@@ -121,9 +121,9 @@ def _fallback_providers(list requested):
     """What onnxruntime retries with when creating a session with `requested` fails: CUDA then CPU
     when TensorRT was listed with CUDA (TensorRT's own fallback), else CPU alone."""
     names = [name for name, _ in requested]
-    if _TENSORRT in names and _CUDA in names:
-        return [(_CUDA, _settings_for(requested, _CUDA)), (_CPU, _settings_for(requested, _CPU))]
-    return [(_CPU, _settings_for(requested, _CPU))]
+    if _TENSORRT in names and CUDA_PROVIDER in names:
+        return [(CUDA_PROVIDER, _settings_for(requested, CUDA_PROVIDER)), (CPU_PROVIDER, _settings_for(requested, CPU_PROVIDER))]
+    return [(CPU_PROVIDER, _settings_for(requested, CPU_PROVIDER))]
 
 
 def _option_text(value):
@@ -189,7 +189,7 @@ cdef int _append_cuda(ort.OrtSessionOptions* options, dict settings) except -1:
     return 0
 
 
-cdef dict _effective_cuda_options(dict settings):
+cdef dict effective_cuda_options(dict settings):
     """The full option set the CUDA provider runs with, as onnxruntime reports it."""
     cdef ort.OrtAllocator* allocator = NULL
     cdef char* text = NULL
@@ -239,7 +239,7 @@ cdef int _left_out(str name, str reason, bint strict) except -1:
     return 0
 
 
-def _warn_unavailable(str name, list available):
+def warn_unavailable(str name, list available):
     """onnxruntime's warning for a provider that this build does not offer (its own words, which
     users' warning filters match)."""
     warnings.warn(f"Specified provider '{name}' is not in available provider names."
@@ -253,7 +253,7 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
     cannot create here (its libraries are missing, its options are refused) is left out with a
     ProviderFallbackWarning, or raises ProviderError when `strict` (or inside strict_providers()).
     The CPU provider always comes last."""
-    strict = strict or _strict.get()
+    strict = strict or strict_scope.get()
     available = get_available_providers()
     registered = []
     for name, settings in requested:
@@ -263,20 +263,20 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
                 raise ProviderError(
                     (f"execution provider {name} is not available in this onnxruntime build" if known
                      else f"unknown execution provider {name!r}") + f" (available: {', '.join(available)})")
-            _warn_unavailable(name, available)
+            warn_unavailable(name, available)
             continue
-        if name == _CPU:
+        if name == CPU_PROVIDER:
             unknown = set(settings) - {"use_arena"}
             if unknown and strict:
                 raise ProviderError(f"unknown CPUExecutionProvider options {sorted(unknown)}; "
                                     "ortagent accepts 'use_arena'")
             continue
-        if name != _CUDA and name != _TENSORRT and name not in _GENERIC_PROVIDER_NAMES:
-            _left_out(name, f"ortagent cannot configure execution provider {name} (supported: {_CPU}, "
-                            f"{_CUDA}, {_TENSORRT}, {', '.join(_GENERIC_PROVIDER_NAMES)})", strict)
+        if name != CUDA_PROVIDER and name != _TENSORRT and name not in _GENERIC_PROVIDER_NAMES:
+            _left_out(name, f"ortagent cannot configure execution provider {name} (supported: {CPU_PROVIDER}, "
+                            f"{CUDA_PROVIDER}, {_TENSORRT}, {', '.join(_GENERIC_PROVIDER_NAMES)})", strict)
             continue
         try:
-            if name == _CUDA:
+            if name == CUDA_PROVIDER:
                 _append_cuda(options, settings)
             elif name == _TENSORRT:
                 _append_tensorrt(options, settings)
@@ -290,7 +290,7 @@ cdef list _configure_providers(ort.OrtSessionOptions* options, list requested, b
         registered.append((name, settings))
     # onnxruntime reports no options for its CPU provider (use_arena is applied to the session
     # options before this): the same here
-    registered.append((_CPU, {}))
+    registered.append((CPU_PROVIDER, {}))
     return registered
 
 
@@ -298,7 +298,7 @@ cdef int require_provider_loads(str name) except -1:
     """Raise ProviderError unless the provider `name` can be created here: appended to scratch
     session options, which loads its library. Some C API calls (CreateAndRegisterAllocatorV2)
     abort the process instead of failing when a listed provider's library cannot load."""
-    if name == _CPU:
+    if name == CPU_PROVIDER:
         return 0
     cdef ort.OrtSessionOptions* scratch = NULL
     check(ort.CreateSessionOptions(&scratch))
@@ -333,7 +333,7 @@ cdef ort.OrtSession* _create(const ort.OrtSessionOptions* base, object model_pat
     cdef ort.OrtStatus* status
     check(ort.CloneSessionOptions(base, &options))
     try:
-        if _settings_for(requested, _CPU).get("use_arena") in ("0", "False", "false"):
+        if _settings_for(requested, CPU_PROVIDER).get("use_arena") in ("0", "False", "false"):
             check(ort.DisableCpuMemArena(options))
         chosen = _configure_providers(options, requested, strict)
         if model_path is not None:
@@ -359,12 +359,12 @@ cdef ort.OrtSession* create_session(const ort.OrtSessionOptions* base, object mo
     CPU's, and neither `strict` nor fallback is off, it is created again on onnxruntime's
     fallback providers, with onnxruntime's "EP Error" text as a warning; fell_back[0] says so."""
     fell_back[0] = False
-    strict = strict or _strict.get()            # inside strict_providers(): no fallback either
+    strict = strict or strict_scope.get()            # inside strict_providers(): no fallback either
     try:
         return _create(base, model_path, model_bytes, requested, strict, registered)
     except OrtError as exc:
         attempted = [name for name, _ in requested]
-        if strict or not fallback or attempted == [_CPU]:
+        if strict or not fallback or attempted == [CPU_PROVIDER]:
             raise
         retry = _fallback_providers(requested)
         warnings.warn(f"EP Error {exc} when using {attempted}\nFalling back to "

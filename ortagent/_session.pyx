@@ -50,10 +50,11 @@ from ortagent._containers import parse_type_string
 from ortagent._metadata import NodeArg, ModelMetadata
 from ortagent._options cimport SessionOptions, RunOptions
 from ortagent._epdevices cimport session_input_devices
-from ortagent._providers cimport create_session, _effective_cuda_options, set_dynamic_options
+from ortagent._providers cimport create_session, effective_cuda_options, set_dynamic_options
 from ortagent._memory import as_device
 from ortagent._options import GraphOptimizationLevel, ExecutionMode, effective_options, per_session_threads_refused
-from ortagent._providers import _warn_unavailable, _normalise_providers, _CPU, _CUDA, _strict as _strict_scope
+from ortagent._providers import (warn_unavailable, normalise_providers, CPU_PROVIDER as _CPU, CUDA_PROVIDER as _CUDA,
+                                 strict_scope as _strict_scope)
 import ortagent._options as _options_module
 
 # the option classes, also under this module's name (where they lived before); the cimported
@@ -173,7 +174,7 @@ cdef class InferenceSession:
         self._sess_options = effective_options(sess_options, kwargs, self._model_path, self._model_bytes)
         self._strict = strict_providers or _strict_scope.get()
         self._fallback = True
-        self._create_with_fallback(_normalise_providers(providers, provider_options, self._strict))
+        self._create_with_fallback(normalise_providers(providers, provider_options, self._strict))
         self._read_io_metadata()
 
     cdef _create_with_fallback(self, list requested):
@@ -418,7 +419,7 @@ cdef class InferenceSession:
         """{provider: {option: value}}; for CUDA the full effective option set."""
         result = {}
         for name, settings in zip(self._providers, self._provider_options):
-            result[name] = _effective_cuda_options(settings) if name == _CUDA else dict(settings)
+            result[name] = effective_cuda_options(settings) if name == _CUDA else dict(settings)
         return result
 
     def get_session_options(self):
@@ -685,14 +686,14 @@ cdef class InferenceSession:
         if busy:
             raise OrtInvalidArgument("set_providers() while runs are in flight on other threads")
         try:
-            requested = _normalise_providers(providers, provider_options, self._strict)
+            requested = normalise_providers(providers, provider_options, self._strict)
             if not (self._strict or _strict_scope.get()):
                 available = get_available_providers()
                 for name, _ in requested:
                     if name not in available and name not in _ALL_PROVIDERS:
                         # onnxruntime warns, then its recreation fails (set_providers does not
                         # fall back the way the constructor does): the session keeps its providers
-                        _warn_unavailable(name, available)
+                        warn_unavailable(name, available)
                         raise OrtFail(f"Unknown Provider Type: {name}")
             self._create_with_fallback(requested)
         finally:

@@ -28,7 +28,7 @@ from ortagent._memory cimport (
     OrtDevice, MEMORY_CPU, MEMORY_CUDA, MEMORY_CUDA_PINNED, MEMORY_OTHER, memory_kind_of,
 )
 from ortagent._tensors cimport tensor_for_feed, tensor_data, fill_string_tensor, strings_to_numpy
-from ortagent._dtypes import _element_type_from
+from ortagent._dtypes import element_type_from
 from ortagent._memory import (
     as_device, _int_argument, _DEVICE_NAMES, _CPU_DEVICE, _ORT_DEVICE_CPU, _ORT_DEVICE_GPU,
     _ORT_MEM_DEFAULT, _ORT_MEM_CUDA_PINNED,
@@ -250,7 +250,7 @@ cdef class OrtValue:
         'tensor(...)'), allocated by onnxruntime on the given device; contents uninitialised
         (strings: empty)."""
         device = as_device(device_type, device_id)
-        cdef int onnx_type = _element_type_from(element_type)
+        cdef int onnx_type = element_type_from(element_type)
         dims = _checked_shape(shape, element_size(onnx_type))
         if (<OrtDevice>device).kind != MEMORY_CPU:
             return _allocate_device_value(dims, onnx_type, device)
@@ -474,7 +474,7 @@ cdef class OrtValue:
         if not 0 <= address <= _SIZE_MAX:
             raise OrtInvalidArgument(f"buffer_ptr must be an address in [0, 2**64), got {address}")
         device = as_device(device_type, device_id)
-        return value_over_memory(<void*><size_t>address, shape, _element_type_from(element_type),
+        return value_over_memory(<void*><size_t>address, shape, element_type_from(element_type),
                                  <OrtDevice>device, owner, False)
 
 
