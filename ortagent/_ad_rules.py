@@ -564,13 +564,16 @@ def _reduce_prod_reverse(ctx, node, grads):
     are counted: none, ``y / x``; exactly one, the product of the slice's other elements at
     the zero (ReduceProd over the slice with its zeros replaced by 1) and 0 elsewhere; two
     or more, 0 everywhere. Axes as onnx-ad reads them (attribute, or a constant input from
-    opset 18; all axes when none are given; none with ``noop_with_empty_axes``)."""
+    opset 18; all axes when none are given; none with ``noop_with_empty_axes``); a 0-d
+    input passes its gradient through (onnx-ad's axis arithmetic divided by its rank 0)."""
     from onnx_ad.rules import _reduction_axes
 
-    axes, keepdims = _reduction_axes(ctx, node)
     seeded = ctx.full(grads[0], node.output[0])
+    if ctx.rank(node.input[0]) == 0:        # a 0-d input (torch: prod(x, 0) of a scalar): y is x
+        return [seeded] + [None] * (len(node.input) - 1)
+    axes, keepdims = _reduction_axes(ctx, node)
     if not axes:                            # nothing reduced: y is x
-        return [seeded]
+        return [seeded] + [None] * (len(node.input) - 1)
     if not keepdims:
         seeded = ctx.unsqueeze(seeded, axes)
     x = node.input[0]
