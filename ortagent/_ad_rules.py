@@ -47,6 +47,10 @@ amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 specification's function body, in which it cannot place its seed axis): see
 :func:`_nll_loss_reverse`.
 
+``ReduceProd``'s rule is replaced: onnx-ad writes the product of the other elements as
+``y / x``, inf or NaN where ``x`` is zero; ortagent's counts the zeros of each reduced slice
+and is exact at them, as torch's ``prod`` backward is (see :func:`_reduce_prod_reverse`).
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
