@@ -47,6 +47,10 @@ amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 specification's function body, in which it cannot place its seed axis): see
 :func:`_nll_loss_reverse`.
 
+``ReduceProd``'s rule is replaced: onnx-ad writes the product of the other elements as
+``y / x``, inf or NaN where ``x`` is zero; ortagent's counts the zeros of each reduced slice
+and is exact at them, as torch's ``prod`` backward is (see :func:`_reduce_prod_reverse`).
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
@@ -556,6 +560,43 @@ def _reducing_scatter_reverse(ctx, node, grads):
             _with_seed_axis(ctx, to_updates, "scatter_adjoint") if ctx.asked_for(updates) else None]
 
 
+def _reduce_prod_reverse(ctx, node, grads):
+    """The gradient of ReduceProd, exact at zeros as torch's: each element gets the output
+    gradient times the product of the other elements of its slice. onnx-ad writes that
+    product as ``y / x``, which is inf or NaN wherever ``x`` is zero (torch's ``prod`` on a
+    tensor holding zeros got a wrong gradient, silently). Here the zeros of each reduced slice
+    are counted: none, ``y / x``; exactly one, the product of the slice's other elements at
+    the zero (ReduceProd over the slice with its zeros replaced by 1) and 0 elsewhere; two
+    or more, 0 everywhere. Axes as onnx-ad reads them (attribute, or a constant input from
+    opset 18; all axes when none are given; none with ``noop_with_empty_axes``); a 0-d
+    input passes its gradient through (onnx-ad's axis arithmetic divided by its rank 0)."""
+    from onnx_ad.rules import _reduction_axes
+
+    seeded = ctx.full(grads[0], node.output[0])
+    if ctx.rank(node.input[0]) == 0:        # a 0-d input (torch: prod(x, 0) of a scalar): y is x
+        return [seeded] + [None] * (len(node.input) - 1)
+    axes, keepdims = _reduction_axes(ctx, node)
+    if not axes:                            # nothing reduced: y is x
+        return [seeded] + [None] * (len(node.input) - 1)
+    if not keepdims:
+        seeded = ctx.unsqueeze(seeded, axes)
+    x = node.input[0]
+    dtype = ctx.dtype(node.output[0], x)
+    zero, one = ctx.constant(0.0, dtype), ctx.constant(1.0, dtype)
+    is_zero = ctx.b.op("Equal", [x, zero], stem="prod_is_zero")
+    nonzero = ctx.b.op("Where", [is_zero, one, x], stem="prod_nonzero")
+    if ctx.opset >= 18:
+        rest = ctx.b.op("ReduceProd", [nonzero, ctx.b.ints(axes)], keepdims=1, stem="prod_rest")
+    else:
+        rest = ctx.b.op("ReduceProd", [nonzero], axes=list(axes), keepdims=1, stem="prod_rest")
+    zeros = ctx.reduce_sum(ctx.b.op("Cast", [is_zero], to=dtype, stem="prod_zero_mask"), axes, keepdims=1)
+    at_zero = ctx.b.op("Where", [ctx.b.op("Equal", [zeros, one]), rest, zero], stem="prod_at_zero")
+    elsewhere = ctx.b.op("Where", [ctx.b.op("Equal", [zeros, zero]), ctx.b.op("Div", [rest, nonzero]), zero],
+                         stem="prod_elsewhere")
+    weight = ctx.b.op("Where", [is_zero, at_zero, elsewhere], stem="prod_others")
+    return [ctx.full(ctx.b.op("Mul", [ctx.lift(weight), seeded]), x)] + [None] * (len(node.input) - 1)
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -578,6 +619,7 @@ def _register() -> None:
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
         rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
+        rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
         if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
             rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse

@@ -320,3 +320,73 @@ def test_cross_entropy_of_one_unbatched_sample(reduction):
     _check(lambda x, t: (F.cross_entropy(x, t, reduction=reduction),
                          F.nll_loss(F.log_softmax(x * 3, 0), t, reduction=reduction)),
            scores, target, grad_inputs={0})
+
+
+# -- ReduceProd: the product of the other elements, exact at zeros --------------------------------
+
+def _with_zeros(shape, zeros, seed=0):
+    """A tensor of values away from 0 (some negative), with 0 written at ``zeros``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.rand(shape, generator=generator) + 0.5
+    signs = torch.where(torch.rand(shape, generator=generator) < 0.3, -1.0, 1.0)
+    values = values * signs
+    for position in zeros:
+        values[position] = 0.0
+    return values
+
+
+@pytest.mark.parametrize("zeros", [
+    [],                                        # zero-free: y / x
+    [(1, 2)],                                  # one zero: only it gets a gradient
+    [(0, 1), (2, 3)],                          # two zeros: every gradient is 0
+], ids=["zero_free", "one_zero", "two_zeros"])
+def test_prod_of_all_elements(zeros):
+    """torch.prod(x) (ReduceProd over every axis): onnx-ad's y / x rule gave inf/NaN at zeros."""
+    import torch
+
+    _check(lambda x: torch.prod(x), _with_zeros((3, 4), zeros))
+
+
+@pytest.mark.parametrize("dim, keepdim", [(1, False), (1, True), (0, False), (-1, True)])
+def test_prod_along_a_dimension_with_zeros_in_some_slices(dim, keepdim):
+    """torch.prod(x, dim, keepdim): per reduced slice, none, one and two zeros side by side."""
+    import torch
+
+    x = _with_zeros((4, 5), [])
+    if dim in (1, -1):
+        x[1, 2] = 0.0                          # row 1: one zero
+        x[2, 0] = x[2, 4] = 0.0                # row 2: two zeros
+        x[3, 1] = x[3, 2] = x[3, 3] = 0.0      # row 3: three zeros (row 0 has none)
+    else:
+        x[0, 1] = 0.0                          # column 1: one zero
+        x[1, 3] = x[3, 3] = 0.0                # column 3: two zeros
+    _check(lambda value: torch.prod(value, dim, keepdim=keepdim), x)
+
+
+def test_prod_of_a_zero_dimensional_tensor():
+    """torch.prod of a 0-d tensor, zero or not: the gradient is the output gradient."""
+    import torch
+
+    _check(lambda x, z: torch.prod(x) + torch.prod(z), torch.tensor(-1.5), torch.tensor(0.0))
+
+
+def test_prod_inside_a_larger_graph():
+    """The exact weight multiplies an output gradient that is not all ones, on a 3-d input
+    reduced along its middle axis, with the input reached through another operation."""
+    import torch
+
+    x = _with_zeros((2, 3, 4), [(0, 1, 2), (1, 0, 0), (1, 2, 0)], seed=3)
+    _check(lambda value, scale: torch.prod(value * scale, 1).sin(), x, torch.tensor(1.25))
+
+
+def test_masked_prod_with_zeros():
+    """torch.masked._ops.prod: masked-out elements count as 1, so a masked zero is no zero."""
+    import torch
+
+    x = _with_zeros((3, 4), [(0, 1), (1, 1), (1, 3), (2, 0), (2, 2)], seed=5)
+    mask = torch.tensor([[True, True, False, True],
+                         [True, True, True, False],
+                         [True, False, True, True]])
+    _check(lambda value: torch.masked._ops.prod(value, 1, mask=mask), x)

@@ -100,3 +100,21 @@ def test_float64_reference_tells_rounding_from_a_difference():
     assert sweep._compare_tensors("x", [expected + 2e-3], [expected], [reference]) is None
     assert sweep._compare_tensors("x", [expected + 0.5], [expected], [reference]) is not None
     assert sweep._compare_tensors("x", [torch.tensor([1, 2])], [torch.tensor([1, 3])], None) is not None
+
+
+def test_prod_samples_holding_zeros_match():
+    """The fixed sample takes each op's first samples only; op_db's prod samples that hold zeros
+    come later (the sweep once found their gradients inf/NaN), so those run here by content:
+    every prod / masked.prod sample whose input has a zero must match or be refused (op_db's
+    masked.prod samples hold none today; test_torch_reverse_rules checks masked prod at zeros)."""
+    sweep = _sweep()
+    import torch
+
+    outcomes = []
+    for op in sweep.op_infos(["prod", "masked.prod"]):
+        samples = list(op.sample_inputs("cpu", torch.float32, requires_grad=True))
+        for index, sample in enumerate(samples):
+            if isinstance(sample.input, torch.Tensor) and sample.input.numel() and bool((sample.input == 0).any()):
+                outcomes.append(sweep.run_op_sample(op, sample, index))
+    assert sum(o.name == "prod" for o in outcomes) >= 4, "op_db no longer has prod samples with zeros"
+    _assert_no_silent_difference(outcomes)

@@ -487,3 +487,63 @@ def test_module_outputs_keep_their_declared_types():
     training = build_training_graph(forward, [], input_gradients=["x"])
     declared = {value.name: value for value in training.graph.value_info}
     assert declared["y"] == forward.graph.output[0]
+
+
+def _product_of_the_others(x, axes):
+    """d prod(x over axes) / d x at each element, by brute force: the product of its slice with
+    that element replaced by 1 (numpy, no division)."""
+    others = np.empty_like(x)
+    for position in np.ndindex(*x.shape):
+        replaced = x.copy()
+        replaced[position] = 1.0
+        others[position] = np.broadcast_to(np.prod(replaced, axis=axes, keepdims=True), x.shape)[position]
+    return others
+
+
+@pytest.mark.parametrize("opset, axes, keepdims, noop", [
+    (13, [1], 0, 0),              # axes as an attribute
+    (13, None, 1, 0),             # every axis, attribute spelling
+    (18, [0, 2], 1, 0),           # axes as an input
+    (18, [-1], 0, 0),             # a negative axis
+    (18, None, 0, 0),             # no axes input: every axis
+    (18, None, 1, 1),             # no axes with noop_with_empty_axes: y is x
+])
+def test_reduce_prod_is_differentiated_exactly_at_zeros(opset, axes, keepdims, noop):
+    """ReduceProd's gradient is the product of the other elements of each reduced slice
+    (onnx-ad wrote it y / x, inf or NaN at zeros): slices without zeros, with one zero (only it
+    gets a gradient) and with two (none does), negative values, on symbolic shapes; against
+    numpy by brute force."""
+    d = np.float64
+    nodes, operands, attributes = [], ["x"], dict(keepdims=keepdims)
+    if noop:
+        attributes["noop_with_empty_axes"] = 1
+    if axes is not None and opset >= 18:
+        nodes.append(helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array(axes, np.int64))))
+        operands.append("axes")
+    elif axes is not None:
+        attributes["axes"] = axes
+    nodes.append(helper.make_node("ReduceProd", operands, ["y"], **attributes))
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["a", "b", "c"])],
+                            [helper.make_tensor_value_info("y", TensorProto.DOUBLE, None)], [], opset=opset,
+                            ms_domain=False)
+    runner = tg.SplitRunner(split_training_graph(build_training_graph(forward, [], input_gradients=["x"])))
+    rng = np.random.default_rng(4)
+    reduced = None if noop else (tuple(a % 3 for a in axes) if axes is not None else (0, 1, 2))
+    for shape, zeros in [((3, 4, 5), [(0, 1, 2)]),                                 # one zero
+                         ((3, 4, 5), [(0, 1, 2), (1, 2, 2), (2, 3, 4), (2, 3, 0)]),  # one, one, two (same row)
+                         ((2, 3, 2), [(0, 0, 0), (1, 2, 1)]),
+                         ((2, 3, 2), [])]:
+        x = rng.uniform(0.5, 1.5, shape) * rng.choice([-1.0, 1.0], shape)
+        for position in zeros:
+            x[position] = 0.0
+        expected_y = x if reduced is None else np.prod(x, axis=reduced, keepdims=bool(keepdims))
+        g = rng.standard_normal(expected_y.shape)
+        (y,), (dx,) = runner.run({"x": x}, [g])
+        np.testing.assert_allclose(y, expected_y, rtol=1e-12)
+        if reduced is None:
+            np.testing.assert_array_equal(dx, g)
+            continue
+        g_broadcast = np.broadcast_to(g if keepdims else np.expand_dims(g, reduced), shape)
+        expected = g_broadcast * _product_of_the_others(x, reduced)
+        assert np.all(np.isfinite(dx))
+        np.testing.assert_allclose(dx, expected, rtol=1e-12, atol=1e-15)
