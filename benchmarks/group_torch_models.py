@@ -3,8 +3,9 @@ built from configs (random weights, nothing downloaded), interleaved in the same
 
 Per model: the training step (``zero_grad(set_to_none=True)``, forward, loss, ``backward()``; no
 optimizer), the forward alone (forward and loss; the graph is dropped unused), and the backward
-as their difference; the first call's time split into the export (discovery included), the
-training-graph build (autodiff, lowering, passes) and the session creation (the agent's two
+as their difference; the first call's time split into the export (discovery included; itself
+split into discovery, torch.export's trace, and torch.onnx's registry, decompositions, type
+promotion, translation and onnxscript optimizer), the training-graph build (autodiff, lowering, passes) and the session creation (the agent's two
 sessions), by thread CPU time. Torch runs with one thread, onnxruntime with 1 intra-op and 1
 inter-op thread (the session settings of every group).
 
@@ -61,13 +62,42 @@ class _FirstCall:
         from ortagent.torch import _bridge, _module
 
         self._patched = []
-        for owner, attr, key in ((_module, "discover", "export"), (_module, "export", "export"),
-                                 (_bridge.GraphRunner, "_training_graph", "graph build"),
-                                 (agent, "TrainingAgent", "sessions")):
+        targets = [(_module, "discover", "export"), (_module, "export", "export"),
+                   (_bridge.GraphRunner, "_training_graph", "graph build"), (agent, "TrainingAgent", "sessions")]
+        targets += self._export_parts()
+        for owner, attr, key in targets:
             original = getattr(owner, attr)
-            self._patched.append((owner, attr, original))
-            setattr(owner, attr, self._timed(original, key))
+            raw = vars(owner).get(attr, original) if isinstance(owner, type) else original
+            self._patched.append((owner, attr, raw))
+            timed = self._timed(original, key)
+            setattr(owner, attr, staticmethod(timed) if isinstance(raw, classmethod) else timed)
         return self
+
+    @staticmethod
+    def _export_parts():
+        """The export's parts, timed inside it (their spans are part of "export"): ortagent's
+        discovery run, torch.export's trace, and torch.onnx's steps on the traced program (its
+        decompositions, which trace the program once more; its type promotion; the torchlib
+        registry it builds on every export, onnxscript's import included on the first; the
+        translation; onnxscript's optimizer). Private torch.onnx names: a part that moved is
+        left out rather than failing the group."""
+        import torch
+        from ortagent.torch import _export
+
+        parts = [(_export, "discover", "export: discovery"), (torch.export, "export", "export: torch.export"),
+                 (torch.export.ExportedProgram, "run_decompositions", "export: decompositions")]
+        try:
+            from torch.onnx._internal.exporter import _core, _fx_passes, _onnx_program, _registration
+        except ImportError:
+            return parts
+        for owner, attr, key in ((_fx_passes, "insert_type_promotion_nodes", "export: type promotion"),
+                                 (_core, "_exported_program_to_onnx_program", "export: translation"),
+                                 (_onnx_program.ONNXProgram, "optimize", "export: onnxscript optimizer")):
+            if hasattr(owner, attr):
+                parts.append((owner, attr, key))
+        if isinstance(_registration.ONNXRegistry.__dict__.get("from_torchlib"), classmethod):
+            parts.append((_registration.ONNXRegistry, "from_torchlib", "export: torchlib registry"))
+        return parts
 
     def _timed(self, original, key):
         def timed(*args, **kwargs):
@@ -128,7 +158,10 @@ def run(settings) -> Group:
             worst = max(worst, (pe.grad - pb.grad).abs().max().item() / scale)
         if worst > 1e-3:
             raise AssertionError(f"{tag}: the bridge's gradients differ from eager's ({worst:.2g} relative)")
-        split = ", ".join(f"{key} {seconds:.2f} s" for key, seconds in first.spans.items())
+        parts = ", ".join(f"{key[len('export: '):]} {seconds:.2f} s" for key, seconds in first.spans.items()
+                          if key.startswith("export: "))
+        split = ", ".join(f"{key} {seconds:.2f} s" + (f" ({parts})" if key == "export" and parts else "")
+                          for key, seconds in first.spans.items() if not key.startswith("export: "))
         group.notes.append(f"{title}: first call {wall:.2f} s wall ({split}, thread CPU); largest gradient "
                            f"difference to eager {worst:.1e}")
         labels[tag] = title

@@ -763,6 +763,41 @@ def test_disk_cache_skips_the_export_of_a_restarted_job(tmp_path, monkeypatch):
     torch.testing.assert_close(step(damaged)[0], expected[0], rtol=0, atol=0)
 
 
+def test_disk_cache_key_ignores_a_held_objects_hash_of_itself(tmp_path, monkeypatch):
+    """transformers' GenerationConfig records ``hash(self)`` (salted, so another number in each
+    process): a restarted job whose module holds such an object still finds its graphs on disk,
+    while a changed setting of the same object still makes a new export."""
+    torch = _torch()
+    import ortagent.torch._module as module_impl
+    from ortagent.torch import ORTModule
+
+    class Settings:
+        def __init__(self, identity, scale):
+            self._original_object_hash = identity
+            self.scale = scale
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, identity, scale=2.0):
+            super().__init__()
+            torch.manual_seed(5)
+            self.linear = torch.nn.Linear(4, 3)
+            self.settings = Settings(identity, scale)
+
+        def forward(self, x):
+            return self.linear(x) * self.settings.scale
+
+    x = torch.randn(2, 4)
+    first = ORTModule(Scaled(identity=12345), cache_dir=tmp_path)
+    expected = first(x)
+    with monkeypatch.context() as patch:
+        patch.setattr(module_impl, "export", lambda *a, **k: (_ for _ in ()).throw(AssertionError("exported")))
+        restarted = ORTModule(Scaled(identity=-987654321), cache_dir=tmp_path)
+        torch.testing.assert_close(restarted(x), expected, rtol=0, atol=0)
+    rescaled = ORTModule(Scaled(identity=12345, scale=3.0), cache_dir=tmp_path)
+    torch.testing.assert_close(rescaled(x), expected * 1.5, rtol=1e-6, atol=1e-6)
+    assert rescaled.exported_graphs == 1
+
+
 def test_what_real_models_use_and_return():
     """Boolean-mask assignment into an input, a TransformerEncoder with a causal mask and a
     padding mask in training, torchvision-style stochastic depth (a Bernoulli row mask drawn as
@@ -832,3 +867,36 @@ def test_what_real_models_use_and_return():
     out = ORTModule(clamp)(x)
     assert torch.equal(x, expected_x)
     _close(out.detach(), expected.detach(), "output")
+
+
+def test_disk_cache_key_is_the_same_in_another_process():
+    """The folder name of an export must not depend on the process: a module keeping names in a
+    set (as transformers' GPT-2 does) got another key under each salted string hash, so a
+    restarted job exported again. The key of one module and call, computed under two hash seeds."""
+    _torch()
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from ortagent.torch import _trees\n"
+        "from ortagent.torch._cache import structure_key\n"
+        "from ortagent.torch._state import StateGuard\n"
+        "class Named(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = torch.nn.Linear(3, 2)\n"
+        "        self.tied = {'alpha.weight', 'beta.bias', 'gamma', 'delta.kernel', 'epsilon'}\n"
+        "    def forward(self, x):\n"
+        "        return self.linear(x) if 'gamma' in {'gamma', 'zeta', 'eta', 'theta'} else x\n"
+        "module = Named()\n"
+        "print(structure_key(module, (StateGuard(module).key(),)))\n"
+    )
+    keys = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        keys.add(done.stdout.strip())
+    assert len(keys) == 1, keys

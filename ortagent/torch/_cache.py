@@ -32,6 +32,7 @@ from torch import nn
 
 from ._export import ExportedGraph, ShapeGuard
 from ._rewrites import BatchStatistics, Site
+from ._state import StateKey
 
 __all__ = ["GraphStore", "ExportEntry", "structure_key"]
 
@@ -45,7 +46,7 @@ def _code_digest(code: types.CodeType, digest: Any) -> None:
         if isinstance(const, types.CodeType):
             _code_digest(const, digest)
         else:
-            digest.update(repr(const).encode())
+            digest.update(_stable_repr(const).encode())
 
 
 def _versions() -> str:
@@ -60,6 +61,21 @@ def _versions() -> str:
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{package}=none")
     return ",".join(parts)
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr(value)`` with the items of every set in a fixed order: a set of strings (names a
+    module keeps in a set, read into the state key) lists them in an order that changes with the
+    process's salted string hashes, and the key must be the same in a restarted job."""
+    if isinstance(value, StateKey):
+        return f"StateKey({_stable_repr(value.values)})"
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}({{{', '.join(sorted(_stable_repr(item) for item in value))}}})"
+    if isinstance(value, tuple):
+        return f"({''.join(_stable_repr(item) + ', ' for item in value)})"
+    if isinstance(value, list):
+        return f"[{', '.join(_stable_repr(item) for item in value)}]"
+    return repr(value)
 
 
 def structure_key(module: nn.Module, signature: Any, extra: str = "") -> str:
@@ -78,7 +94,7 @@ def structure_key(module: nn.Module, signature: Any, extra: str = "") -> str:
                 _code_digest(code, digest)
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         digest.update(f"|{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tensor.requires_grad}".encode())
-    digest.update(repr(signature).encode())
+    digest.update(_stable_repr(signature).encode())
     return digest.hexdigest()[:32]
 
 

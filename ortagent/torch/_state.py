@@ -61,6 +61,11 @@ def _is_plain_object(value: Any) -> bool:
 
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))     # nn.Module's own bookkeeping (hooks, training)
+#: attributes of held objects that record the object's identity in this process, not a setting
+#: a forward reads: transformers' GenerationConfig keeps ``hash(self)``, which differs from one
+#: process to the next (str hashes are salted), so in the key it made every restarted job miss
+#: the disk cache
+_IDENTITY_ATTRIBUTES = frozenset({"_original_object_hash"})
 
 
 class StateKey:
@@ -106,7 +111,7 @@ class StateGuard:
                 if _plain(value) is not _MISSING:
                     places.setdefault(id(holder), (entries, []))[1].append(name)
                 elif depth < _NESTED_DEPTH and _is_plain_object(value):
-                    visit(value, depth + 1, frozenset())
+                    visit(value, depth + 1, _IDENTITY_ATTRIBUTES)
 
         for submodule in module.modules():
             visit(submodule, 0, _MODULE_INTERNALS)
