@@ -51,6 +51,9 @@ specification's function body, in which it cannot place its seed axis): see
 ``y / x``, inf or NaN where ``x`` is zero; ortagent's counts the zeros of each reduced slice
 and is exact at them, as torch's ``prod`` backward is (see :func:`_reduce_prod_reverse`).
 
+``Det``'s rule is replaced too: onnx-ad gives a determinant a zero gradient; ortagent refuses
+to differentiate it (see :func:`_det_reverse`).
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
@@ -597,6 +600,21 @@ def _reduce_prod_reverse(ctx, node, grads):
     return [ctx.full(ctx.b.op("Mul", [ctx.lift(weight), seeded]), x)] + [None] * (len(node.input) - 1)
 
 
+def _det_reverse(ctx, node, grads):
+    """Det's gradient is refused, not left at zero. onnx-ad lists Det among the operators a
+    derivative does not flow through, so a determinant (torch's ``det``, ``logdet``) got a zero
+    gradient, silently. The true one, ``det(A) * inverse(A)^T``, needs an inverse that standard
+    ONNX lacks and that is undefined where ``A`` is singular (torch's stays finite there), so
+    until an exact rule exists the gradient is refused whenever one is asked for."""
+    from onnx_ad._build import UnsupportedOperator
+
+    if ctx.asked_for(node.input[0]):
+        raise UnsupportedOperator("Det (torch's det, logdet) is not differentiated: onnx-ad would give it a "
+                                  "zero gradient, and an exact one needs a matrix inverse that also holds "
+                                  "at singular matrices")
+    return [None]
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -620,6 +638,7 @@ def _register() -> None:
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
         rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
         rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
+        rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
         if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
             rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse

@@ -390,3 +390,26 @@ def test_masked_prod_with_zeros():
                          [True, True, True, False],
                          [True, False, True, True]])
     _check(lambda value: torch.masked._ops.prod(value, 1, mask=mask), x)
+
+
+# -- Det: refused, not a zero gradient ------------------------------------------------------------
+
+@pytest.mark.parametrize("function", ["det", "logdet"])
+def test_determinant_gradient_is_refused_rather_than_zero(function):
+    """onnx-ad gives Det a zero derivative: torch.det / torch.logdet trained with a zero gradient.
+    Until an exact rule exists (one that holds at singular matrices too) it must be refused."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+
+    x = torch.tensor([[2.0, 0.5, 0.0], [0.25, 1.5, -0.5], [0.0, 0.75, 1.0]])
+    with pytest.raises(OrtNotImplemented, match="Det"):
+        _check(getattr(torch, function), x)
+
+
+def test_determinant_without_a_gradient_still_runs():
+    """A Det no gradient flows through (its matrix a constant input) is not refused."""
+    import torch
+
+    x = torch.tensor([[2.0, 0.5], [0.25, 1.5]])
+    _check(lambda a, s: torch.det(a) * s, x, torch.tensor(1.5), grad_inputs=[1])
