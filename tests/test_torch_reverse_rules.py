@@ -270,6 +270,22 @@ def test_gru(options):
     _check(run, torch.randn(5, 2, 3), *weights)
 
 
+def test_lstm_with_a_projection_is_refused_and_without_one_matches():
+    """torch.onnx writes nn.LSTM(proj_size=...) as an ONNX LSTM, which has no projection (onnxruntime
+    refuses its initial cell state; once typed, it would compute another LSTM): refused at the first
+    call with the reason. The same LSTM without a projection matches eager."""
+    import torch
+    import ortagent.torch as ot
+    from ortagent.errors import OrtNotImplemented
+
+    torch.manual_seed(10)
+    x = torch.randn(2, 5, 4)
+    with pytest.raises(OrtNotImplemented, match="proj_size"):
+        ot.ORTModule(torch.nn.LSTM(4, 8, proj_size=3, batch_first=True))(x)
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)
+    torch.testing.assert_close(ot.ORTModule(lstm)(x)[0], lstm(x)[0])
+
+
 # -- integer operands of floating-point arithmetic ------------------------------------------------
 
 def test_masked_variance_divides_by_an_integer_count():

@@ -490,6 +490,10 @@ class _TraceMode(TorchFunctionMode):
             return self._draw(func, args, kwargs)
         if func is F.embedding:
             return _embedding(*args, **kwargs)
+        if func is torch.lstm and _projects(args):
+            raise OrtNotImplemented("ORTModule: nn.LSTM with proj_size is not supported: torch's ONNX exporter "
+                                    "writes an ONNX LSTM, which has no projection of the hidden state, so the "
+                                    "graph does not compute torch's LSTM")
         if func in _INTERNAL_NORMS:
             raise OrtNotImplemented(f"ORTModule: {_function_name(func)} called directly is not supported (torch's "
                                     "ONNX exporter returns its saved statistics otherwise than the CPU kernel); use "
@@ -611,6 +615,15 @@ def _embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | Non
         frozen = stop_gradient(result)
         result = frozen + (result - frozen) * scale
     return result
+
+
+def _projects(lstm_args: tuple) -> bool:
+    """Whether a torch.lstm call has a projection (nn.LSTM's proj_size): its initial state (h, c) then
+    has h of the projected size, smaller than c's hidden size."""
+    for arg in lstm_args:
+        if isinstance(arg, (tuple, list)) and len(arg) == 2 and all(isinstance(t, torch.Tensor) for t in arg):
+            return arg[0].shape[-1] != arg[1].shape[-1]
+    return False
 
 
 def _called_from(code: Any) -> bool:
