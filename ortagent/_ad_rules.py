@@ -438,6 +438,12 @@ def _ceil_average_pool_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
 
 
+def _zeros_like(ctx, name, dtype, stem):
+    """Zeros of ``name``'s shape, of element type ``dtype``."""
+    return ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [name])],
+                    value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem=stem)
+
+
 def _nll_loss_forward(ctx, node, tangents):
     from onnx_ad._build import UnsupportedOperator
 
@@ -482,8 +488,7 @@ def _nll_loss_reverse(ctx, node, grads):
     elif reduction not in ("sum", "none"):
         raise UnsupportedOperator(f"NegativeLogLikelihoodLoss with reduction={reduction!r} is not differentiated")
     scale = ctx.b.op("Neg", [ctx.b.op("Mul", [g, coefficient])], stem="nll_scale")
-    zeros = ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [x])],
-                     value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem="nll_zeros")
+    zeros = _zeros_like(ctx, x, dtype, "nll_zeros")
     axis = ctx.b.ints([1])
     dx = ctx.b.op("ScatterElements", [zeros, ctx.b.op("Unsqueeze", [target, axis]),
                                       ctx.b.op("Unsqueeze", [scale, axis])], axis=1, stem="nll_dx")
@@ -527,10 +532,6 @@ def _reducing_scatter_reverse(ctx, node, grads):
     zero, one = ctx.constant(0.0, dtype), ctx.constant(1.0, dtype)
     g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="scatter_grad")
 
-    def zeros_like(name):
-        return ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [name])],
-                        value=onnx.helper.make_tensor("zero", dtype, [1], [0]), stem="scatter_zeros")
-
     def scatter(target, values, how):
         return ctx.b.op("ScatterElements", [target, indices, values], axis=axis, reduction=how, stem="scatter_acc")
 
@@ -543,7 +544,8 @@ def _reducing_scatter_reverse(ctx, node, grads):
     if reduction in ("min", "max"):
         data_wins = as_float(ctx.b.op("Equal", [data, y]))
         update_wins = as_float(ctx.b.op("Equal", [updates, gather(y)]))
-        count = ctx.b.op("Add", [data_wins, scatter(zeros_like(y), update_wins, "add")], stem="scatter_ties")
+        count = ctx.b.op("Add", [data_wins, scatter(_zeros_like(ctx, y, dtype, "scatter_zeros"), update_wins, "add")],
+                         stem="scatter_ties")
         share = ctx.b.op("Div", [g, ctx.b.op("Max", [count, one])], stem="scatter_share")
         to_data = ctx.b.op("Mul", [data_wins, share], stem="scatter_to_data")
         to_updates = ctx.b.op("Mul", [update_wins, gather(share)], stem="scatter_to_updates")
@@ -553,7 +555,7 @@ def _reducing_scatter_reverse(ctx, node, grads):
         others = ctx.b.op("Div", [scatter(data_or_one, updates, "mul"), data_or_one], stem="scatter_update_product")
         to_data = ctx.b.op("Mul", [g, others], stem="scatter_to_data")
         update_zero = ctx.b.op("Equal", [updates, zero])
-        zeros_at = scatter(zeros_like(y), as_float(update_zero), "add")
+        zeros_at = scatter(_zeros_like(ctx, y, dtype, "scatter_zeros"), as_float(update_zero), "add")
         single = ctx.b.op("And", [update_zero, ctx.b.op("Equal", [gather(zeros_at), one])], stem="scatter_single_zero")
         without_it = scatter(data, ctx.b.op("Where", [single, one, updates]), "mul")
         plain = ctx.b.op("Div", [gather(ctx.b.op("Mul", [g, y])), ctx.b.op("Where", [update_zero, one, updates])])
