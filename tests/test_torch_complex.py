@@ -142,7 +142,8 @@ def test_complex128_from_float64_and_inference():
     _close(signal, expected[1], "inference signal")
 
 
-@pytest.mark.parametrize("function", ["view_as_complex", "polar", "fft", "irfftn", "hfft"])
+@pytest.mark.parametrize("function", ["view_as_complex", "polar", "fft", "irfftn", "hfft", "fft2_padded",
+                                      "ihfft2_padded", "pad", "conj_physical"])
 def test_complex_ops_of_inputs_match_eager(function):
     """Input gradients through complex-valued ops and the multi-axis inverse onesided DFT."""
     import torch
@@ -155,6 +156,11 @@ def test_complex_ops_of_inputs_match_eager(function):
         "fft": lambda a, b: torch.fft.fft(a * b, dim=0),
         "irfftn": lambda a, b: torch.fft.irfftn(torch.complex(a, b), s=(4, 7), dim=(0, 1), norm="ortho"),
         "hfft": lambda a, b: torch.fft.hfft(torch.complex(a, b), n=5),
+        # complex pads and conjugations, which torch.onnx translates only through real views
+        "fft2_padded": lambda a, b: torch.fft.fft2(a * b, s=(3, 7), norm="ortho"),
+        "ihfft2_padded": lambda a, b: torch.fft.ihfft2(a - b, s=(6, 5)),
+        "pad": lambda a, b: torch.nn.functional.pad(torch.fft.fft(a + b), (1, 2, 0, 1)),
+        "conj_physical": lambda a, b: torch.conj_physical(torch.fft.rfft(a)) * torch.fft.rfft(b),
     }
 
     class Wrapped(torch.nn.Module):
