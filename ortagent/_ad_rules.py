@@ -41,6 +41,11 @@ one) onnx-ad tried to differentiate and refused for float32 bases; and ``Average
 gradient, divided by onnxruntime's own divisor per window, back over each window's elements
 inside the input (see :func:`_ceil_average_pool_reverse`).
 
+``DFT`` is extended to the inverse onesided transform (torch's ``irfft``, ``hfft`` and the last
+axis of their 2-d and n-d forms), which onnx-ad refuses: its reverse is the forward onesided
+transform of the output gradient, scaled by ``1/n``, with the bins that stand for two in the
+full spectrum doubled (see :func:`_c2r_dft_reverse`).
+
 ``ScatterElements`` with ``reduction`` mul, min or max (torch's ``scatter_reduce`` prod, amin,
 amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 :func:`_reducing_scatter_reverse`). ``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
@@ -438,6 +443,66 @@ def _ceil_average_pool_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
 
 
+def _dft_reverse_or_c2r(rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import attribute
+
+        if attribute(node, "inverse", 0) and attribute(node, "onesided", 0):
+            return _c2r_dft_reverse(ctx, node, grads)
+        return rule(ctx, node, grads)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _c2r_dft_reverse(ctx, node, grads):
+    """The gradient of an inverse onesided DFT (complex to real, IRFFT): ``x`` holds the bins
+    ``0 .. n//2`` of a Hermitian spectrum (a trailing (re, im) axis), ``y`` the real signal of
+    length ``n`` (``[..., n, 1]``, as onnxruntime returns it):
+
+        y[t] = (1/n) (Re x[0] + sum_{0<k<n/2} 2 Re(x[k] w^kt) + [n even] Re x[n/2] (-1)^t),
+        w = exp(2 pi i / n)
+
+    (the imaginary parts of bin 0 and, for even n, bin n/2 are not read). So dL/dRe x[k] =
+    (c_k/n) sum_t g[t] cos(2 pi k t / n) and dL/dIm x[k] = -(c_k/n) sum_t g[t] sin(2 pi k t / n),
+    with c_k = 2 for the bins that stand for two (all but bin 0 and, for even n, bin n/2) and 1
+    for the others: the forward onesided DFT of ``g`` with each bin scaled by ``c_k / n``,
+    which is what torch's ``_fft_c2r`` backward computes. Needs static shapes, a constant
+    ``dft_length`` and ``n//2 + 1`` input bins (what torch hands the exporter: it resizes
+    the spectrum first)."""
+    from onnx_ad._build import UnsupportedOperator
+    from onnx_ad.rules import _dft, _dft_axis, _seed_back, _seed_front
+
+    x, y = node.input[0], node.output[0]
+    shape_in, shape_out = ctx.shapes.static(x), ctx.shapes.static(y)
+    if shape_in is None or shape_out is None:
+        raise UnsupportedOperator("an inverse onesided DFT needs declared shapes to be differentiated in reverse")
+    axis, as_input = _dft_axis(ctx, node)
+    bins = shape_in[axis]
+    length = 2 * (bins - 1)
+    if len(node.input) > 1 and node.input[1]:
+        given = ctx.integers(node.input[1])
+        if given is None:
+            raise UnsupportedOperator("an inverse onesided DFT is differentiable in reverse only with a "
+                                      "constant dft_length")
+        length = given[0]
+    rank = len(shape_in)
+    if shape_in[-1] != 2 or shape_out[-1] != 1 or shape_out[axis] != length or bins != length // 2 + 1:
+        raise UnsupportedOperator(f"an inverse onesided DFT is differentiated in reverse only from a complex "
+                                  f"input of n//2 + 1 bins to a real signal of n; here {shape_in} to "
+                                  f"{shape_out} with n = {length}")
+    dtype = ctx.dtype(x)
+    g = _seed_front(ctx, ctx.full(grads[0], y), rank)               # [seeds, ..., n, 1]
+    spectrum = _dft(ctx, g, axis, as_input, onesided=1)             # [seeds, ..., n//2 + 1, 2]
+    weights = np.full(bins, 2.0 / length)
+    weights[0] = 1.0 / length
+    if length % 2 == 0:
+        weights[-1] = 1.0 / length
+    weight = ctx.b.constant(weights, dtype, (bins,) + (1,) * (rank - axis - 1))
+    scaled = ctx.b.op("Mul", [spectrum, weight], stem="c2r_adjoint")
+    return [_seed_back(ctx, scaled, rank)] + [None] * (len(node.input) - 1)
+
+
 def _zeros_like(ctx, name, dtype, stem):
     """Zeros of ``name``'s shape, of element type ``dtype``."""
     return ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [name])],
@@ -638,6 +703,7 @@ def _register() -> None:
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
+        rules.REVERSE["DFT"] = _dft_reverse_or_c2r(rules.REVERSE["DFT"])
         rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
         rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient

@@ -30,7 +30,11 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "cummax", "cummin", "masked.cumprod", "kthvalue", "median", "nanmedian", "masked.median", "fmax",
              "fmin", "copysign", "hypot", "frexp", "lgamma", "digamma", "polygamma", "special.polygamma",
              "mvlgamma", "erfinv", "special.ndtri", "i0", "special.i0e", "special.i1", "special.i1e", "cdist",
-             "nn.functional.pdist", "combinations"]
+             "nn.functional.pdist", "combinations",
+             # complex results crossing as real views; the inverse onesided DFT's reverse rule
+             "complex", "polar", "cfloat", "cdouble", "stft", "fft.fft", "fft.ifft", "fft.rfft", "fft.rfft2",
+             "fft.rfftn", "fft.ihfft", "fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", "fft.hfftn",
+             "fft.fft2", "fft.fftn", "fft.ifft2", "fft.ifftn", "fft.ihfft2", "fft.ihfftn"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",

@@ -32,6 +32,7 @@ from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
+from ._complex import decompose_complex
 from .translations import translation_table
 from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
 
@@ -385,6 +386,7 @@ def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names
         warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module="torch.onnx")
         exported_program = torch.export.export(functional, tuple(flat), dynamic_shapes=dynamic_shapes, strict=False)
+        exported_program = decompose_complex(exported_program)
         program = torch.onnx.export(exported_program, (), dynamo=True, input_names=input_names, opset_version=opset,
                                     optimize=True, verbose=False, report=False,
                                     custom_translation_table=translation_table())
