@@ -34,4 +34,6 @@ def translation_table() -> dict[Any, Callable]:
     table: dict[Any, Callable] = {}
     for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances):
         table.update(family.translations())
+    from . import linalg
+    table.update(linalg.translations())
     return table
