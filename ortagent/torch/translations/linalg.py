@@ -17,8 +17,8 @@ composes their gradients:
   diagonal for ``unitriangular``) inverted, so the coefficient's gradient stays in that triangle
   as torch's does;
 * ``cholesky_solve`` and ``cholesky_inverse``: ``inverse(L L^T)``. torch reads only the factor's
-  triangle but differentiates as if the whole factor were used; the translation does the same
-  (the other triangle is cut from the value, not from the gradient);
+  triangle, but its backward multiplies by the whole factor as given; the translation does the
+  same (the value is the triangle's product, the gradient the whole factor's);
 * ``linalg_cholesky_ex``: the factorisation unrolled over a size known at export, column by
   column, on ``A`` whose gradient is symmetrised as torch's is (torch's backward returns the
   symmetric gradient); ``info`` is torch's: 0, or the order of the first leading minor that is
@@ -79,9 +79,9 @@ def _contrib() -> Any:
     return onnxscript.values.Opset(_MS_DOMAIN, 1)
 
 
-def _transpose(x: Any) -> Any:
-    """``x`` with its last two axes swapped."""
-    n = rank(x)
+def _transpose(x: Any, n: int | None = None) -> Any:
+    """``x`` (of rank ``n``, its own when not given) with its last two axes swapped."""
+    n = rank(x) if n is None else n
     return op.Transpose(x, perm=[*range(n - 2), n - 1, n - 2])
 
 
@@ -182,17 +182,19 @@ def triangular_solve(b: Any, a: Any, upper: bool = True, transpose: bool = False
     return op.MatMul(inverse(t), b), op.Identity(a)
 
 
-def _read_triangle(factor: Any, upper: bool) -> Any:
-    """``factor`` as torch's Cholesky solves read it: the value is its triangle, the gradient
-    that of the whole factor (torch's backward of cholesky_solve / cholesky_inverse)."""
-    outside = op.Where(_triangle_mask(factor, not upper, True), factor, constant(factor, 0.0))
-    return op.Sub(factor, stop_gradient(outside))
-
-
 def _gram(factor: Any, upper: bool) -> Any:
-    """``L L^T`` (``U^T U`` when ``upper``)."""
-    f = _read_triangle(factor, upper)
-    return op.MatMul(_transpose(f), f) if upper else op.MatMul(f, _transpose(f))
+    """``L L^T`` (``U^T U`` when ``upper``) as torch's Cholesky solves use it: the value from the
+    factor's triangle only (torch reads no other entry), the gradient that of the whole
+    factor's product (torch's backward multiplies by the factor as given), the two equal for a
+    triangular factor."""
+    r = rank(factor)
+
+    def product(f: Any) -> Any:
+        return op.MatMul(_transpose(f, r), f) if upper else op.MatMul(f, _transpose(f, r))
+
+    triangle = op.Where(_triangle_mask(factor, upper, False), factor, constant(factor, 0.0))
+    whole = product(factor)
+    return op.Add(stop_gradient(product(triangle)), op.Sub(whole, stop_gradient(whole)))
 
 
 def cholesky_solve(b: Any, factor: Any, upper: bool = False) -> Any:
@@ -215,7 +217,7 @@ def linalg_cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) 
         a = _transpose(a)           # torch reads the upper triangle; L of its transpose is U^T
     # the value is a's; the gradient is symmetrised: an off-diagonal entry read from the lower
     # triangle passes half its gradient to its mirror, as torch's symmetric gradient has it
-    mirror = op.Sub(_transpose(a), a)
+    mirror = op.Sub(_transpose(a, r), a)
     half = constant(a, 0.5)
     a = op.Add(a, op.Mul(half, op.Sub(mirror, stop_gradient(mirror))))
     zero = constant(a, 0.0)
@@ -239,7 +241,7 @@ def linalg_cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) 
     for j in reversed(range(n)):        # the first failing pivot wins
         info = op.Where(failed[j], op.Constant(value_int=j + 1), info)
     info = op.Cast(info, to=INT32)
-    return (_transpose(lower) if upper else lower), info
+    return (_transpose(lower, r) if upper else lower), info
 
 
 def _linalg_slogdet(a: Any) -> tuple[Any, Any, Any, Any]:
