@@ -628,7 +628,9 @@ def _det_reverse(ctx, node, grads):
     dtype = ctx.dtype(node.output[0], a)
     g = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="det_dy")
     g = ctx.b.op("Unsqueeze", [g, ctx.b.ints([-2, -1])], stem="det_dy_matrix")
-    if n == 1:
+    if n == 0:          # an empty matrix (determinant 1): an empty gradient
+        cofactors = a
+    elif n == 1:
         cofactors = ctx.b.op("Expand", [ctx.constant(1.0, dtype), ctx.b.op("Shape", [a])], stem="det_cofactors")
     else:
         others = ctx.b.constant([[k for k in range(n) if k != i] for i in range(n)], onnx.TensorProto.INT64)

@@ -38,6 +38,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 from onnxscript import opset18 as op
 
 from ._common import INT32, INT64, constant, ints, rank, static_dims, stop_gradient
@@ -51,7 +52,9 @@ _schema_registered = False
 
 def _same_as_input(ctx: Any) -> None:
     """ONNX shape inference for Inverse: the result has its operand's type and shape."""
-    ctx.set_output_type(0, ctx.get_input_type(0))
+    operand = ctx.get_input_type(0)
+    if operand is not None:
+        ctx.set_output_type(0, operand)
 
 
 def _contrib() -> Any:
@@ -100,10 +103,12 @@ def _batch_shape(a: Any) -> Any:
 def _finite_info(a: Any, y: Any) -> Any:
     """0 per matrix whose inverse ``y`` is finite, else the matrix's order (int32)."""
     (n,) = static_dims(a, [rank(a) - 1], "linalg.inv_ex")
-    finite = op.Cast(op.IsInf(y), to=INT32)
-    finite = op.Add(finite, op.Cast(op.IsNaN(y), to=INT32))
-    bad = op.ReduceMax(finite, ints([-2, -1]), keepdims=0)
-    return op.Mul(op.Min(bad, op.Constant(value_int=1)), op.Constant(value_int=n))
+    if n == 0:              # an empty matrix is invertible
+        return op.Cast(op.ConstantOfShape(_batch_shape(a)), to=INT64)
+    bad = op.Cast(op.Or(op.IsInf(y), op.IsNaN(y)), to=INT64)
+    # (kept dims, then the batch shape: onnxruntime's reduction of an empty tensor keeps its shape)
+    bad = op.Reshape(op.ReduceMax(bad, ints([-2, -1]), keepdims=1), _batch_shape(a))
+    return op.Mul(bad, op.Constant(value_int=n))
 
 
 def linalg_inv_ex(a: Any, check_errors: bool = False) -> tuple[Any, Any]:
@@ -142,18 +147,25 @@ def _linalg_solve_ex(a: Any, b: Any, left: bool = True, check_errors: bool = Fal
     y = inverse(a)
     x = _solve(y, b, left, vector)
     (n,) = static_dims(a, [rank(a) - 1], "linalg.solve")
-    pivots = op.Expand(op.Constant(value_ints=list(range(1, n + 1))), op.Shape(a, end=-1))
+    pivots = op.Expand(_array(np.arange(1, n + 1, dtype=np.int64)), op.Shape(a, end=-1))
     return x, op.Identity(a), op.Cast(pivots, to=INT32), op.Cast(_finite_info(a, y), to=INT32)
+
+
+def _array(values: Any) -> Any:
+    """A constant tensor of a NumPy array (also an empty one, whose element type a list of
+    values would not tell)."""
+    from onnx import numpy_helper
+
+    return op.Constant(value=numpy_helper.from_array(np.asarray(values)))
 
 
 def _triangle_mask(a: Any, upper: bool, strict: bool) -> Any:
     """A boolean (n, n) mask of the triangle torch reads (the diagonal left out when ``strict``)."""
     n, m = static_dims(a, [rank(a) - 2, rank(a) - 1], "a triangular solve")
-    rows = op.Reshape(op.Constant(value_ints=list(range(n))), ints([n, 1]))
-    cols = op.Reshape(op.Constant(value_ints=list(range(m))), ints([1, m]))
+    rows, cols = np.arange(n)[:, None], np.arange(m)[None, :]
     if upper:
-        return op.Less(rows, cols) if strict else op.LessOrEqual(rows, cols)
-    return op.Greater(rows, cols) if strict else op.GreaterOrEqual(rows, cols)
+        return _array(rows < cols if strict else rows <= cols)
+    return _array(rows > cols if strict else rows >= cols)
 
 
 def _triangle(a: Any, upper: bool, unitriangular: bool) -> Any:
@@ -197,11 +209,19 @@ def _gram(factor: Any, upper: bool) -> Any:
     return op.Add(stop_gradient(product(triangle)), op.Sub(whole, stop_gradient(whole)))
 
 
+def _empty(factor: Any) -> bool:
+    return static_dims(factor, [rank(factor) - 1], "a Cholesky solve")[0] == 0
+
+
 def cholesky_solve(b: Any, factor: Any, upper: bool = False) -> Any:
+    if _empty(factor):          # (onnxruntime's shape inference refuses the empty products)
+        return op.Identity(b)
     return op.MatMul(inverse(_gram(factor, upper)), b)
 
 
 def cholesky_inverse(factor: Any, upper: bool = False) -> Any:
+    if _empty(factor):
+        return op.Identity(factor)
     return inverse(_gram(factor, upper))
 
 
@@ -223,7 +243,7 @@ def linalg_cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) 
     zero = constant(a, 0.0)
     columns = []        # each (..., n): column j of L, zero above the diagonal
     failed = []         # each (...): whether the j-th pivot is not positive
-    rows = ints(list(range(n)))
+    rows = _array(np.arange(n, dtype=np.int64))
     for j in range(n):
         c = _column(a, j)
         if columns:
@@ -249,7 +269,7 @@ def _linalg_slogdet(a: Any) -> tuple[Any, Any, Any, Any]:
     det = op.Det(a)
     sign = op.Sign(stop_gradient(det))
     logabs = op.Log(op.Abs(det))
-    pivots = op.Expand(op.Constant(value_ints=list(range(1, n + 1))), op.Shape(a, end=-1))
+    pivots = op.Expand(_array(np.arange(1, n + 1, dtype=np.int64)), op.Shape(a, end=-1))
     return sign, logabs, op.Identity(a), op.Cast(pivots, to=INT32)
 
 
