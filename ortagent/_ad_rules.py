@@ -607,8 +607,10 @@ _COFACTOR_LIMIT = 16     # largest order whose Det gradient is built from its n^
 
 def _det_reverse(ctx, node, grads):
     """Det's gradient: the output gradient times the cofactor matrix of ``A`` (the transposed
-    adjugate), each cofactor the signed determinant of a minor, so it is exact and finite at
-    singular matrices as torch's is, where ``det(A) * inverse(A)^T`` would be 0 * inf. onnx-ad
+    adjugate, ``det(A) * inverse(A)^T`` where ``A`` is invertible), each cofactor the signed
+    determinant of a minor, so no inverse is needed and nothing is 0 * inf. Where the
+    determinant is exactly 0 the gradient is 0, as torch's is (its rule scales a solve by the
+    determinant; the adjugate there would be the true derivative, but not torch's). onnx-ad
     lists Det among the operators a derivative does not flow through (a silent zero); this rule
     replaces it for matrices of an order known at export up to ``_COFACTOR_LIMIT`` (all minors
     at once: two Gathers drop one row and one column each, one batched Det), and refuses the
@@ -639,6 +641,11 @@ def _det_reverse(ctx, node, grads):
         minors = ctx.b.op("Transpose", [minors], perm=[*range(r - 2), r - 2, r, r - 1, r + 1], stem="det_minors")
         signs = ctx.b.constant([[(-1.0) ** (i + j) for j in range(n)] for i in range(n)], dtype)
         cofactors = ctx.b.op("Mul", [ctx.b.op("Det", [minors], stem="det_minor_dets"), signs], stem="det_cofactors")
+    # torch's gradient at a matrix whose determinant is exactly 0 is 0 (its rule scales the
+    # solve by the determinant), not the adjugate: the same here
+    det = ctx.b.op("Unsqueeze", [node.output[0], ctx.b.ints([-2, -1])], stem="det_matrix")
+    singular = ctx.b.op("Equal", [det, ctx.constant(0.0, dtype)], stem="det_singular")
+    cofactors = ctx.b.op("Where", [singular, ctx.constant(0.0, dtype), cofactors], stem="det_cofactors_or_zero")
     grad = ctx.b.op("Mul", [g, cofactors], stem="det_grad")
     return [_with_seed_axis(ctx, grad, "det_adjoint")]
 

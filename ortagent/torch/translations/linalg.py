@@ -190,7 +190,7 @@ def triangular_solve(b: Any, a: Any, upper: bool = True, transpose: bool = False
                      unitriangular: bool = False) -> tuple[Any, Any]:
     t = _triangle(a, upper, unitriangular)
     if transpose:
-        t = _transpose(t)
+        t = _transpose(t, rank(a))
     return op.MatMul(inverse(t), b), op.Identity(a)
 
 
