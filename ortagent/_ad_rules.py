@@ -51,8 +51,10 @@ specification's function body, in which it cannot place its seed axis): see
 ``y / x``, inf or NaN where ``x`` is zero; ortagent's counts the zeros of each reduced slice
 and is exact at them, as torch's ``prod`` backward is (see :func:`_reduce_prod_reverse`).
 
-``Det``'s rule is replaced too: onnx-ad gives a determinant a zero gradient; ortagent refuses
-to differentiate it (see :func:`_det_reverse`).
+``Det``'s rule is replaced too: onnx-ad gives a determinant a zero gradient; ortagent's is the
+cofactor matrix, for a static order up to 16 (see :func:`_det_reverse`). onnxruntime's contrib
+``com.microsoft:Inverse`` (torch's ``linalg.inv``, see ortagent/torch/translations/linalg.py)
+gets the rule ``-Y^T g Y^T`` (see :func:`_inverse_reverse`).
 
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
