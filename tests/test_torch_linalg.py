@@ -248,3 +248,49 @@ def test_what_has_no_exact_composition_stays_refused():
 
     with pytest.raises(OrtNotImplemented):
         ORTModule(Pinv())(torch.ones(()))
+
+
+def _compare_inputs(function, *inputs, rtol=2e-4):
+    """``function`` of the given tensors through ORTModule against eager: outputs and the
+    gradients of the floating-point inputs."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    class Wrapped(torch.nn.Module):
+        def forward(self, *tensors):
+            return function(*tensors)
+
+    def run(module):
+        leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+        result = module(*leaves)
+        outputs = list(result) if isinstance(result, tuple) else [result]
+        generator = torch.Generator().manual_seed(7)
+        loss = sum((out * torch.randn(out.shape, generator=generator)).sum() for out in outputs)
+        loss.backward()
+        return [o.detach() for o in outputs], [t.grad for t in leaves if t.requires_grad]
+
+    (expected, expected_grads), (actual, grads) = run(Wrapped()), run(ORTModule(Wrapped()))
+    for a, e in list(zip(actual, expected)) + list(zip(grads, expected_grads)):
+        torch.testing.assert_close(a, e, rtol=rtol, atol=rtol * max(1.0, float(e.abs().max())))
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 3, 3), (3, 5), (5, 3)])
+def test_lu_unpack(shape):
+    import torch
+
+    torch.manual_seed(3)
+    lu, pivots = torch.linalg.lu_factor(torch.randn(shape))
+    assert (pivots != torch.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype)).any()     # real swaps
+    _compare_inputs(lambda f, p: torch.lu_unpack(f, p), lu, pivots)
+
+
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("adjoint", [False, True])
+def test_lu_solve(left, adjoint):
+    import torch
+
+    torch.manual_seed(4)
+    lu, pivots = torch.linalg.lu_factor(torch.randn(2, 4, 4) + 2.0 * torch.eye(4))
+    b = torch.randn(2, 4, 3) if left else torch.randn(2, 3, 4)
+    _compare_inputs(lambda f, p, rhs: torch.linalg.lu_solve(f, p, rhs, left=left, adjoint=adjoint), lu, pivots, b)

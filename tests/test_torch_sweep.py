@@ -33,7 +33,8 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "nn.functional.pdist", "combinations",
              "linalg.inv", "linalg.inv_ex", "linalg.solve", "linalg.solve_ex", "linalg.tensorinv",
              "linalg.tensorsolve", "linalg.solve_triangular", "triangular_solve", "cholesky_solve",
-             "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet"]
+             "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet",
+             "lu_unpack", "lu_solve", "linalg.lu_solve"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",

@@ -24,11 +24,14 @@ composes their gradients:
   symmetric gradient); ``info`` is torch's: 0, or the order of the first leading minor that is
   not positive definite;
 * ``_linalg_slogdet`` (``slogdet``, ``logdet``): sign and ``log|det|`` of ``Det``, whose reverse
-  rule (:mod:`ortagent._ad_rules`) is the cofactor matrix.
+  rule (:mod:`ortagent._ad_rules`) is the cofactor matrix;
+* ``lu_unpack`` and ``linalg_lu_solve`` (``lu_solve`` too) of a factorisation given as input:
+  the permutation built from LAPACK's pivots by their swaps in turn (unrolled over a static
+  count), ``L`` and ``U`` each from its own triangle, the solve as ``inverse(P L U)``.
 
-Refused, with the exporter's own message: SVD, eigendecompositions, QR, LU factorisations with
-pivoting, ``pinv`` (its result depends on a numerical rank no composition here can tell),
-``matrix_exp``, ``householder_product``.
+Refused, with the exporter's own message: SVD, eigendecompositions, QR, the LU factorisation
+itself (pivoting), ``pinv`` (its result depends on a numerical rank no composition here can
+tell), ``matrix_exp``, ``householder_product``.
 """
 
 from __future__ import annotations
@@ -288,6 +291,8 @@ def translations() -> dict:
         aten.cholesky_inverse.default: cholesky_inverse,
         aten.linalg_cholesky_ex.default: linalg_cholesky_ex,
         aten._linalg_slogdet.default: _linalg_slogdet,
+        aten.lu_unpack.default: lu_unpack,
+        aten.linalg_lu_solve.default: linalg_lu_solve,
     }
 
 
@@ -309,3 +314,60 @@ def without_error_checks() -> Iterator[None]:
             yield
         finally:
             holder.register(previous)
+
+
+def _permutation(pivots: Any, m: int, like: Any) -> Any:
+    """The (..., m, m) permutation matrix ``P`` of LAPACK's ``pivots`` (1-based, row ``i`` swapped
+    with row ``pivots[i]`` in turn), for which torch has ``A = P L U``."""
+    k = static_dims(pivots, [rank(pivots) - 1], "an LU permutation")[0]
+    pivots = op.Sub(op.Cast(pivots, to=INT64), op.Constant(value_int=1))
+    order = op.Expand(_array(np.arange(m, dtype=np.int64)), op.Concat(op.Shape(pivots, end=-1), ints([m]), axis=0))
+    positions = _array(np.arange(m, dtype=np.int64))
+    for i in range(k):
+        j = op.Slice(pivots, ints([i]), ints([i + 1]), ints([-1]))                 # (..., 1)
+        at_i = op.Slice(order, ints([i]), ints([i + 1]), ints([-1]))
+        at_j = op.GatherElements(order, j, axis=-1)
+        is_i = op.Equal(positions, op.Constant(value_int=i))
+        is_j = op.Equal(positions, j)
+        order = op.Where(is_i, at_j, op.Where(is_j, at_i, order))
+    # row r of L U is row order[r] of A: P[order[r], r] = 1
+    chosen = op.Equal(op.Reshape(positions, ints([m, 1])), op.Unsqueeze(order, ints([-2])))
+    return op.CastLike(chosen, like)
+
+
+def _unpacked(lu: Any) -> tuple[Any, Any, int, int, int]:
+    """(L, U, m, n, k) of a packed LU factorisation (..., m, n): L (..., m, k) unit lower, U
+    (..., k, n) upper, each reading its own triangle only."""
+    r = rank(lu)
+    m, n = static_dims(lu, [r - 2, r - 1], "an LU factorisation")
+    k = min(m, n)
+    rows, cols = np.arange(m)[:, None], np.arange(n)[None, :]
+    zero = constant(lu, 0.0)
+    lower = op.Add(op.Where(_array(rows > cols), lu, zero), op.CastLike(_array((rows == cols).astype(np.float32)), lu))
+    upper = op.Where(_array(rows <= cols), lu, zero)
+    lower = op.Slice(lower, ints([0]), ints([k]), ints([-1]))
+    upper = op.Slice(upper, ints([0]), ints([k]), ints([-2]))
+    return lower, upper, m, n, k
+
+
+def lu_unpack(lu: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True) -> tuple[Any, Any, Any]:
+    if not (unpack_data and unpack_pivots):
+        from ortagent.errors import OrtNotImplemented
+
+        raise OrtNotImplemented("ortagent's translation of lu_unpack unpacks both the data and the pivots only")
+    lower, upper, m, _, _ = _unpacked(lu)
+    return _permutation(pivots, m, lu), lower, upper
+
+
+def linalg_lu_solve(lu: Any, pivots: Any, b: Any, left: bool = True, adjoint: bool = False) -> Any:
+    r = rank(lu)
+    lower, upper, m, n, _ = _unpacked(lu)
+    if m != n:
+        from ortagent.errors import OrtNotImplemented
+
+        raise OrtNotImplemented("linalg.lu_solve needs a square factorisation")
+    a = op.MatMul(_permutation(pivots, m, lu), op.MatMul(lower, upper))
+    if adjoint:
+        a = _transpose(a, r)
+    y = inverse(a)
+    return op.MatMul(y, b) if left else op.MatMul(b, y)
