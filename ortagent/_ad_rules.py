@@ -648,7 +648,7 @@ def _det_reverse(ctx, node, grads):
     det = ctx.b.op("Unsqueeze", [node.output[0], ctx.b.ints([-2, -1])], stem="det_matrix")
     singular = ctx.b.op("Equal", [det, ctx.constant(0.0, dtype)], stem="det_singular")
     cofactors = ctx.b.op("Where", [singular, ctx.constant(0.0, dtype), cofactors], stem="det_cofactors_or_zero")
-    grad = ctx.b.op("Mul", [g, cofactors], stem="det_grad")
+    grad = ctx.b.op("Mul", [g, cofactors], stem="det_times_cofactors")
     return [_with_seed_axis(ctx, grad, "det_adjoint")]
 
 
@@ -781,7 +781,7 @@ def _inverse_reverse(ctx, node, grads):
     r = ctx.rank(a)
     g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="inverse_dy")
     y_t = ctx.b.op("Transpose", [y], perm=[*range(r - 2), r - 1, r - 2], stem="inverse_t")
-    grad = ctx.b.op("Neg", [ctx.b.op("MatMul", [ctx.b.op("MatMul", [y_t, g]), y_t])], stem="inverse_grad")
+    grad = ctx.b.op("Neg", [ctx.b.op("MatMul", [ctx.b.op("MatMul", [y_t, g]), y_t])], stem="inverse_transposed_product")
     return [_with_seed_axis(ctx, grad, "inverse_adjoint")]
 
 
