@@ -30,16 +30,17 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "cummax", "cummin", "masked.cumprod", "kthvalue", "median", "nanmedian", "masked.median", "fmax",
              "fmin", "copysign", "hypot", "frexp", "lgamma", "digamma", "polygamma", "special.polygamma",
              "mvlgamma", "erfinv", "special.ndtri", "i0", "special.i0e", "special.i1", "special.i1e", "cdist",
-             "nn.functional.pdist", "combinations",
-             "linalg.inv", "linalg.inv_ex", "linalg.solve", "linalg.solve_ex", "linalg.tensorinv",
-             "linalg.tensorsolve", "linalg.solve_triangular", "triangular_solve", "cholesky_solve",
-             "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet",
-             "lu_unpack", "lu_solve", "linalg.lu_solve"]
+             "nn.functional.pdist", "combinations"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
                  "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "RNN", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm",
                  "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d"]
+# translated by ortagent's linalg family (inverses, solves, Cholesky, determinants, LU solves)
+OPS_FIXED += ["linalg.inv", "linalg.inv_ex", "linalg.solve", "linalg.solve_ex", "linalg.tensorinv",
+              "linalg.tensorsolve", "linalg.solve_triangular", "triangular_solve", "cholesky_solve",
+              "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet",
+              "lu_unpack", "lu_solve", "linalg.lu_solve"]
 
 
 def _sweep():
