@@ -40,6 +40,11 @@ MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "C
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
                  "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "RNN", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm",
                  "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d"]
+# translated by ortagent's linalg family (inverses, solves, Cholesky, determinants, LU solves)
+OPS_FIXED += ["linalg.inv", "linalg.inv_ex", "linalg.solve", "linalg.solve_ex", "linalg.tensorinv",
+              "linalg.tensorsolve", "linalg.solve_triangular", "triangular_solve", "cholesky_solve",
+              "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet",
+              "lu_unpack", "lu_solve", "linalg.lu_solve"]
 
 
 def _sweep():

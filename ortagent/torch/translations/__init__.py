@@ -10,7 +10,7 @@ Two kinds live here, one module per family of operators:
   dims, ...), :mod:`.scans` (cumprod, cummax, cummin, ...), :mod:`.pooling` (adaptive pools),
   :mod:`.elementwise` (fmax, fmin, copysign, hypot, ...), :mod:`.special` (lgamma, digamma,
   erfinv, Bessel functions, ...), :mod:`.selection` (kthvalue, median, mode, ...) and
-  :mod:`.attention`.
+  :mod:`.attention`; and :mod:`.linalg` (inverses, solves, Cholesky, slogdet).
 
 Every translation is written with standard ONNX operators that the autodiff (onnx-ad and
 :mod:`ortagent._ad_rules`) already differentiates, so none needs a reverse rule of its own;
@@ -34,4 +34,6 @@ def translation_table() -> dict[Any, Callable]:
     table: dict[Any, Callable] = {}
     for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances):
         table.update(family.translations())
+    from . import linalg
+    table.update(linalg.translations())
     return table
