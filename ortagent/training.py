@@ -253,6 +253,7 @@ def build_training_graph(
 
     _ad_rules.finish(adjoint)
     _unique_node_names(adjoint)
+    _rename_reserved_values(adjoint, set(gradient_outputs) | set(yield_outputs))
     if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)
         adjoint = lower_training_ops(adjoint)
     result_graph = adjoint.graph
@@ -308,6 +309,26 @@ def build_training_graph(
                     for output, gradient in zip(seeded, yield_outputs)]
         simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
     return adjoint
+
+
+def _rename_reserved_values(model: ModelProto, reserved: set[str]) -> None:
+    """Rename the values the autodiff produced under a name reserved for the result (the
+    YieldOp's ``<output>_grad`` and the gradients' ``<input>_grad``; onnx-ad does not know them
+    and names its values from stems, so a rule's ``conv_grad`` met a module output ``conv``),
+    with every use of them, in every graph of ``model``."""
+    graphs = list(walk_graphs(model.graph))
+    clashes = {name for graph in graphs for node in graph.node for name in node.output if name in reserved}
+    if not clashes:
+        return
+    names = NameAllocator(all_value_names(model.graph) | reserved)
+    renamed = {name: names.fresh(name + "_value") for name in sorted(clashes)}
+    for graph in graphs:
+        for node in graph.node:
+            node.input[:] = [renamed.get(name, name) for name in node.input]
+            node.output[:] = [renamed.get(name, name) for name in node.output]
+        for value in [*graph.output, *graph.value_info]:
+            if value.name in renamed:
+                value.name = renamed[value.name]
 
 
 def _unique_node_names(model: ModelProto) -> None:

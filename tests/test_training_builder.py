@@ -547,3 +547,29 @@ def test_reduce_prod_is_differentiated_exactly_at_zeros(opset, axes, keepdims, n
         expected = g_broadcast * _product_of_the_others(x, reduced)
         assert np.all(np.isfinite(dx))
         np.testing.assert_allclose(dx, expected, rtol=1e-12, atol=1e-15)
+
+
+def test_an_autodiff_value_named_like_a_gradient_output_is_renamed():
+    """The YieldOp's outputs are named ``<output>_grad``, but the autodiff names its own values
+    from stems (``conv_grad`` for the outputs of ortagent's ConvGrad): a module output named
+    ``conv`` had two values named ``conv_grad``, the input gradient and the output's gradient,
+    and one of them was lost without an error."""
+    d = np.float32
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, 5)).astype(d)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(d)
+    forward = tg.make_model([helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1])],
+                            [tg.tensor("x", d, [2, 3, 5, 5])], [tg.tensor("conv", d, [2, 4, 5, 5])],
+                            [numpy_helper.from_array(w, "w")], ms_domain=False)
+    model = build_training_graph(forward, ["w"], input_gradients=["x"])
+    produced = [name for graph_node in model.graph.node for name in graph_node.output if name]
+    assert len(produced) == len(set(produced)), sorted({n for n in produced if produced.count(n) > 1})
+    g = rng.standard_normal((2, 4, 5, 5)).astype(d)
+    (out,), grads = tg.SplitRunner(split_training_graph(model)).run({"x": x, "w": w}, [g])
+    torch = pytest.importorskip("torch")
+    tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    expected = torch.nn.functional.conv2d(tx, tw, padding=1)
+    expected.backward(torch.from_numpy(g))
+    np.testing.assert_allclose(out, expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grads[0], tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads[1], tw.grad.numpy(), rtol=1e-4, atol=1e-4)
