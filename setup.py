@@ -74,8 +74,7 @@ class ParallelBuildExt(build_ext):
             self.parallel = BUILD_JOBS
 
 
-MODULES = ["_runtime", "_dtypes", "_memory", "_tensors", "_values", "_containers", "_sparse", "_options",
-           "_providers", "_allocators", "_cpu_pool", "_metadata", "_epdevices", "_compile", "_run_core", "_session", "_iobinding", "_device", "_dlpack", "_agent_run", "_agent"]
+MODULES = ["_runtime", "_core"]
 
 # The C warnings that mean a declaration is wrong are errors: a `.pxd` signature that disagrees
 # with the ABI header (include/ortagent/ort_abi.h) is an incompatible pointer type where the call
@@ -102,8 +101,9 @@ extensions = [
         f"ortagent.{name}",
         [f"ortagent/{name}.pyx"],
         include_dirs=["include", numpy.get_include()],
-        # the ABI declarations are compiled into every module: a change to them rebuilds all
-        depends=sorted(glob.glob("include/ortagent/*.h")),
+        # the ABI declarations are compiled into every module: a change to them rebuilds all;
+        # the core's concerns are .pxi files its .pyx and .pxd include
+        depends=sorted(glob.glob("include/ortagent/*.h") + glob.glob("ortagent/*.pxi")),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=extra_compile_args,
         extra_link_args=extra_link_args,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ortagent.errors import OrtFail, OrtInvalidArgument, OrtInvalidType, OrtNoSuchFile
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ortagent._values import OrtValue
+    from ortagent._core import OrtValue
 
 _FILE_IDENTIFIER = b"TORT"
 _FORMAT_VERSION = 1
@@ -75,7 +75,7 @@ def _path(file_path: Any, what: str) -> str | bytes:
 def _tensor_parts(name: Any, value: Any) -> tuple[str, int, list[int], bytes]:
     """(name, element type, dims, raw bytes) of one parameter, refused with the reason when it
     cannot be stored in an adapter file."""
-    from ortagent import _values
+    from ortagent import _core as _values
 
     text = str(name)            # onnxruntime's module takes str() of each key too
     if not text:
@@ -180,7 +180,7 @@ def _parameter(data: bytes, table: _Table) -> tuple[str, OrtValue]:
     """(name, read-only OrtValue over `data`) of one Parameter table."""
     import numpy as np
 
-    from ortagent import _values
+    from ortagent import _core as _values
 
     name = table.string(_PARAM_NAME) or ""
     elem = table.int32(_PARAM_DATA_TYPE)
@@ -205,7 +205,7 @@ def _parameter(data: bytes, table: _Table) -> tuple[str, OrtValue]:
 
 def _read(file_path: Any) -> tuple[int, int, int, dict[str, OrtValue]]:
     """(format version, adapter version, model version, parameters) of an adapter file."""
-    from ortagent._options import LoraAdapter
+    from ortagent._core import LoraAdapter
 
     path = _path(file_path, "file_path")
     try:
@@ -278,7 +278,7 @@ class AdapterFormat:
 
     def set_parameters(self, params: Mapping[str, OrtValue]) -> None:
         """The parameters to export: names (str() of each key) to ortagent.OrtValue tensors."""
-        from ortagent import _values
+        from ortagent import _core as _values
 
         if not isinstance(params, Mapping):
             raise OrtInvalidType(f"params must be a dict of names to OrtValues, got {type(params).__name__}")
