@@ -37,11 +37,18 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ortagent._core import PartialGraphExecutionState, _AgentEngine, _AgentHotPath
-from ortagent._core import RunOptions, SessionOptions
-from ortagent._core import IOBinding
-from ortagent._core import OrtDevice, as_device
-from ortagent._core import OrtValue, output_target
+from ortagent._core import (
+    IOBinding,
+    OrtDevice,
+    OrtValue,
+    PartialGraphExecutionState,
+    RunOptions,
+    SessionOptions,
+    _AgentEngine,
+    _AgentHotPath,
+    as_device,
+    output_target,
+)
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,
