@@ -104,7 +104,11 @@ extensions = [
         # the ABI declarations are compiled into every module: a change to them rebuilds all;
         # the core's concerns are .pxi files its .pyx and .pxd include
         depends=sorted(glob.glob("include/ortagent/*.h") + glob.glob("ortagent/*.pxi")),
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # CYTHON_CLINE_IN_TRACEBACK: Cython caches a traceback frame's code object by its .pyx
+        # line alone, so two functions of _core's included files on the same line number would
+        # share one (a traceback naming the wrong file and function); keyed by the C line they
+        # cannot, and the frame shows that C line too. Only raising paths change.
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("CYTHON_CLINE_IN_TRACEBACK", "1")],
         extra_compile_args=extra_compile_args,
         extra_link_args=extra_link_args,
         libraries=["dl"],

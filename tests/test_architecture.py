@@ -308,3 +308,50 @@ def test_the_core_exports_no_c_function():
 
     assert not hasattr(_core, "__pyx_capi__"), sorted(getattr(_core, "__pyx_capi__", {}))
     assert "encode_text" in _runtime.__pyx_capi__
+
+
+_FUNCTION_LINE = re.compile(r"^\s*(?:async\s+)?(?:def|cdef|cpdef)\b[^(=]*?(\w+)\s*\(")
+
+
+def _enclosing_function(path: Path, line: int) -> str | None:
+    lines = path.read_text(encoding="utf-8").splitlines()[:line]
+    for text in reversed(lines):
+        match = _FUNCTION_LINE.match(text)
+        if match:
+            return match.group(1)
+    return None
+
+
+def test_tracebacks_name_the_right_file_and_function():
+    """A frame of _core names the included file and the function its line is in. Cython caches
+    a frame's code object by line number; without C lines in the key (setup.py), a frame of one
+    .pxi could take the cached file and name of another file's function on the same line (seen:
+    copy_tensors in _device.pxi shown as the CUDA-options helper of _providers.pxi once a CUDA
+    value had failed on a CPU-only machine)."""
+    import traceback
+
+    import numpy as np
+
+    import ortagent
+
+    host = ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32))
+    try:                                   # fails on a machine without CUDA: frames get cached
+        ortagent.OrtValue.ortvalue_from_numpy(np.ones(2, np.float32), "cuda")
+    except ortagent.OrtError:
+        pass
+    calls = [(lambda: ortagent.copy_tensors([host], [host, host]),
+              {("_device.pxi", "copy_tensors"), ("_values.pxi", "copy_value_tensors")}),
+             (lambda: ortagent.OrtValue.ortvalue_from_shape_and_type([2], np.float32, "no device"),
+              {("_values.pxi", "ortvalue_from_shape_and_type")}),
+             (lambda: ortagent.InferenceSession(b"not a model"), {("_session.pxi", "__init__")})]
+    for call, expected in calls:
+        with pytest.raises(ortagent.OrtError) as caught:
+            call()
+        frames = [frame for frame in traceback.extract_tb(caught.value.__traceback__)
+                  if frame.filename.endswith(".pxi")]
+        seen = {(Path(frame.filename).name, frame.name.split(" (")[0].rsplit(".", 1)[-1]) for frame in frames}
+        assert expected <= seen, f"expected frames {sorted(expected)}, the traceback has {sorted(seen)}"
+        for frame in frames:
+            name = frame.name.split(" (")[0].rsplit(".", 1)[-1]
+            assert _enclosing_function(PACKAGE / Path(frame.filename).name, frame.lineno) == name, (
+                f"frame {frame.filename}:{frame.lineno} says {frame.name!r}")
