@@ -74,8 +74,7 @@ class ParallelBuildExt(build_ext):
             self.parallel = BUILD_JOBS
 
 
-MODULES = ["_runtime", "_dtypes", "_memory", "_tensors", "_values", "_containers", "_sparse", "_options",
-           "_providers", "_allocators", "_cpu_pool", "_metadata", "_epdevices", "_compile", "_run_core", "_session", "_iobinding", "_device", "_dlpack", "_agent_run", "_agent"]
+MODULES = ["_runtime", "_core"]
 
 # The C warnings that mean a declaration is wrong are errors: a `.pxd` signature that disagrees
 # with the ABI header (include/ortagent/ort_abi.h) is an incompatible pointer type where the call
@@ -102,9 +101,14 @@ extensions = [
         f"ortagent.{name}",
         [f"ortagent/{name}.pyx"],
         include_dirs=["include", numpy.get_include()],
-        # the ABI declarations are compiled into every module: a change to them rebuilds all
-        depends=sorted(glob.glob("include/ortagent/*.h")),
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        # the ABI declarations are compiled into every module: a change to them rebuilds all;
+        # the core's concerns are .pxi files its .pyx and .pxd include
+        depends=sorted(glob.glob("include/ortagent/*.h") + glob.glob("ortagent/*.pxi")),
+        # CYTHON_CLINE_IN_TRACEBACK: Cython caches a traceback frame's code object by its .pyx
+        # line alone, so two functions of _core's included files on the same line number would
+        # share one (a traceback naming the wrong file and function); keyed by the C line they
+        # cannot, and the frame shows that C line too. Only raising paths change.
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"), ("CYTHON_CLINE_IN_TRACEBACK", "1")],
         extra_compile_args=extra_compile_args,
         extra_link_args=extra_link_args,
         libraries=["dl"],

@@ -45,13 +45,13 @@ WARMUP = 50
 CASES = {
     "run": ("ortagent InferenceSession.run(None, {'x': f32[1]}) on Identity", [
         ("loop", None),
-        ("symbol: InferenceSession.run wrapper", "__pyx_pw_8ortagent_8_session_16InferenceSession_*run"),
+        ("symbol: InferenceSession.run wrapper", "__pyx_pw_8ortagent_5_core_16InferenceSession_*run"),
     ]),
     "ort-run": ("onnxruntime InferenceSession.run(None, {'x': f32[1]}) on Identity", [("loop", None)]),
     "agent-tiny": ("ortagent TrainingAgent step, state API, x*w+bias f32 (forward + backward)", [
         ("loop", None),
-        ("symbol: _AgentEngine.forward_run", "__pyx_f_8ortagent_6_agent_12_AgentEngine_forward_run"),
-        ("symbol: _AgentEngine.backward_run", "__pyx_f_8ortagent_6_agent_12_AgentEngine_backward_run"),
+        ("symbol: _AgentEngine.forward_run", "__pyx_f_8ortagent_5_core_12_AgentEngine_forward_run"),
+        ("symbol: _AgentEngine.backward_run", "__pyx_f_8ortagent_5_core_12_AgentEngine_backward_run"),
     ]),
     "c-run": ("the C floor: OrtApi::Run on Identity f32[1] (benchmarks/c_floor, mode run)",
               [("symbol: time_calls (the timed loop)", "time_calls")]),

@@ -33,47 +33,47 @@ _LAZY = {
     "enable_telemetry_events": "ortagent._runtime",
     "disable_telemetry_events": "ortagent._runtime",
     # values
-    "OrtValue": "ortagent._values",
-    "OrtDevice": "ortagent._memory",
-    "OrtMemoryInfo": "ortagent._memory",
-    "OrtAllocatorType": "ortagent._memory",
-    "OrtMemType": "ortagent._memory",
-    "OrtMemoryInfoDeviceType": "ortagent._memory",
-    "OrtDeviceMemoryType": "ortagent._memory",
-    "OrtArenaCfg": "ortagent._allocators",
-    "create_and_register_allocator": "ortagent._allocators",
-    "create_and_register_allocator_v2": "ortagent._allocators",
-    "from_dlpack": "ortagent._dlpack",
-    "is_dlpack_uint8_tensor": "ortagent._dlpack",
-    "copy_tensors": "ortagent._device",
-    "SparseTensor": "ortagent._sparse",
-    "OrtSparseFormat": "ortagent._sparse",
+    "OrtValue": "ortagent._core",
+    "OrtDevice": "ortagent._core",
+    "OrtMemoryInfo": "ortagent._core",
+    "OrtAllocatorType": "ortagent._core",
+    "OrtMemType": "ortagent._core",
+    "OrtMemoryInfoDeviceType": "ortagent._core",
+    "OrtDeviceMemoryType": "ortagent._core",
+    "OrtArenaCfg": "ortagent._core",
+    "create_and_register_allocator": "ortagent._core",
+    "create_and_register_allocator_v2": "ortagent._core",
+    "from_dlpack": "ortagent._core",
+    "is_dlpack_uint8_tensor": "ortagent._core",
+    "copy_tensors": "ortagent._core",
+    "SparseTensor": "ortagent._core",
+    "OrtSparseFormat": "ortagent._core",
     # sessions
-    "SessionOptions": "ortagent._options",
-    "RunOptions": "ortagent._options",
-    "InferenceSession": "ortagent._session",
-    "IOBinding": "ortagent._iobinding",
-    "NodeArg": "ortagent._metadata",
-    "ModelMetadata": "ortagent._metadata",
-    "OrtEpAssignedSubgraph": "ortagent._metadata",
-    "OrtEpAssignedNode": "ortagent._metadata",
-    "GraphOptimizationLevel": "ortagent._options",
-    "ExecutionMode": "ortagent._options",
-    "LoraAdapter": "ortagent._options",
+    "SessionOptions": "ortagent._core",
+    "RunOptions": "ortagent._core",
+    "InferenceSession": "ortagent._core",
+    "IOBinding": "ortagent._core",
+    "NodeArg": "ortagent._core",
+    "ModelMetadata": "ortagent._core",
+    "OrtEpAssignedSubgraph": "ortagent._core",
+    "OrtEpAssignedNode": "ortagent._core",
+    "GraphOptimizationLevel": "ortagent._core",
+    "ExecutionMode": "ortagent._core",
+    "LoraAdapter": "ortagent._core",
     "AdapterFormat": "ortagent._adapter_format",
-    "strict_providers": "ortagent._providers",
+    "strict_providers": "ortagent._core",
     # execution-provider devices and model compilation
-    "get_ep_devices": "ortagent._epdevices",
-    "register_execution_provider_library": "ortagent._epdevices",
-    "unregister_execution_provider_library": "ortagent._epdevices",
-    "OrtEpDevice": "ortagent._epdevices",
-    "OrtHardwareDevice": "ortagent._epdevices",
-    "OrtHardwareDeviceType": "ortagent._epdevices",
-    "OrtExecutionProviderDevicePolicy": "ortagent._epdevices",
-    "OrtDeviceVendorId": "ortagent._epdevices",
-    "OrtSyncStream": "ortagent._epdevices",
-    "ModelCompiler": "ortagent._compile",
-    "OrtCompileApiFlags": "ortagent._compile",
+    "get_ep_devices": "ortagent._core",
+    "register_execution_provider_library": "ortagent._core",
+    "unregister_execution_provider_library": "ortagent._core",
+    "OrtEpDevice": "ortagent._core",
+    "OrtHardwareDevice": "ortagent._core",
+    "OrtHardwareDeviceType": "ortagent._core",
+    "OrtExecutionProviderDevicePolicy": "ortagent._core",
+    "OrtDeviceVendorId": "ortagent._core",
+    "OrtSyncStream": "ortagent._core",
+    "ModelCompiler": "ortagent._core",
+    "OrtCompileApiFlags": "ortagent._core",
     # training
     "TrainingAgent": "ortagent.agent",
     "PartialGraphExecutionState": "ortagent.agent",
@@ -110,45 +110,45 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from ortagent._runtime import library_path as library_path
     from ortagent._runtime import live_handles as live_handles
     from ortagent._runtime import set_default_logger_severity as set_default_logger_severity
-    from ortagent._options import ExecutionMode as ExecutionMode
-    from ortagent._options import GraphOptimizationLevel as GraphOptimizationLevel
-    from ortagent._options import LoraAdapter as LoraAdapter
+    from ortagent._core import ExecutionMode as ExecutionMode
+    from ortagent._core import GraphOptimizationLevel as GraphOptimizationLevel
+    from ortagent._core import LoraAdapter as LoraAdapter
     from ortagent._adapter_format import AdapterFormat as AdapterFormat
-    from ortagent._providers import strict_providers as strict_providers
-    from ortagent._epdevices import get_ep_devices as get_ep_devices
-    from ortagent._epdevices import register_execution_provider_library as register_execution_provider_library
-    from ortagent._epdevices import unregister_execution_provider_library as unregister_execution_provider_library
-    from ortagent._epdevices import OrtEpDevice as OrtEpDevice
-    from ortagent._epdevices import OrtHardwareDevice as OrtHardwareDevice
-    from ortagent._epdevices import OrtHardwareDeviceType as OrtHardwareDeviceType
-    from ortagent._epdevices import OrtExecutionProviderDevicePolicy as OrtExecutionProviderDevicePolicy
-    from ortagent._epdevices import OrtDeviceVendorId as OrtDeviceVendorId
-    from ortagent._epdevices import OrtSyncStream as OrtSyncStream
-    from ortagent._compile import ModelCompiler as ModelCompiler
-    from ortagent._compile import OrtCompileApiFlags as OrtCompileApiFlags
-    from ortagent._session import InferenceSession as InferenceSession
-    from ortagent._iobinding import IOBinding as IOBinding
-    from ortagent._metadata import ModelMetadata as ModelMetadata
-    from ortagent._metadata import NodeArg as NodeArg
-    from ortagent._metadata import OrtEpAssignedNode as OrtEpAssignedNode
-    from ortagent._metadata import OrtEpAssignedSubgraph as OrtEpAssignedSubgraph
-    from ortagent._options import RunOptions as RunOptions
-    from ortagent._options import SessionOptions as SessionOptions
-    from ortagent._allocators import OrtArenaCfg as OrtArenaCfg
-    from ortagent._allocators import create_and_register_allocator as create_and_register_allocator
-    from ortagent._allocators import create_and_register_allocator_v2 as create_and_register_allocator_v2
-    from ortagent._device import copy_tensors as copy_tensors
-    from ortagent._memory import OrtAllocatorType as OrtAllocatorType
-    from ortagent._memory import OrtDevice as OrtDevice
-    from ortagent._memory import OrtDeviceMemoryType as OrtDeviceMemoryType
-    from ortagent._memory import OrtMemoryInfo as OrtMemoryInfo
-    from ortagent._memory import OrtMemoryInfoDeviceType as OrtMemoryInfoDeviceType
-    from ortagent._memory import OrtMemType as OrtMemType
-    from ortagent._sparse import OrtSparseFormat as OrtSparseFormat
-    from ortagent._sparse import SparseTensor as SparseTensor
-    from ortagent._values import OrtValue as OrtValue
-    from ortagent._values import from_dlpack as from_dlpack
-    from ortagent._dlpack import is_dlpack_uint8_tensor as is_dlpack_uint8_tensor
+    from ortagent._core import strict_providers as strict_providers
+    from ortagent._core import get_ep_devices as get_ep_devices
+    from ortagent._core import register_execution_provider_library as register_execution_provider_library
+    from ortagent._core import unregister_execution_provider_library as unregister_execution_provider_library
+    from ortagent._core import OrtEpDevice as OrtEpDevice
+    from ortagent._core import OrtHardwareDevice as OrtHardwareDevice
+    from ortagent._core import OrtHardwareDeviceType as OrtHardwareDeviceType
+    from ortagent._core import OrtExecutionProviderDevicePolicy as OrtExecutionProviderDevicePolicy
+    from ortagent._core import OrtDeviceVendorId as OrtDeviceVendorId
+    from ortagent._core import OrtSyncStream as OrtSyncStream
+    from ortagent._core import ModelCompiler as ModelCompiler
+    from ortagent._core import OrtCompileApiFlags as OrtCompileApiFlags
+    from ortagent._core import InferenceSession as InferenceSession
+    from ortagent._core import IOBinding as IOBinding
+    from ortagent._core import ModelMetadata as ModelMetadata
+    from ortagent._core import NodeArg as NodeArg
+    from ortagent._core import OrtEpAssignedNode as OrtEpAssignedNode
+    from ortagent._core import OrtEpAssignedSubgraph as OrtEpAssignedSubgraph
+    from ortagent._core import RunOptions as RunOptions
+    from ortagent._core import SessionOptions as SessionOptions
+    from ortagent._core import OrtArenaCfg as OrtArenaCfg
+    from ortagent._core import create_and_register_allocator as create_and_register_allocator
+    from ortagent._core import create_and_register_allocator_v2 as create_and_register_allocator_v2
+    from ortagent._core import copy_tensors as copy_tensors
+    from ortagent._core import OrtAllocatorType as OrtAllocatorType
+    from ortagent._core import OrtDevice as OrtDevice
+    from ortagent._core import OrtDeviceMemoryType as OrtDeviceMemoryType
+    from ortagent._core import OrtMemoryInfo as OrtMemoryInfo
+    from ortagent._core import OrtMemoryInfoDeviceType as OrtMemoryInfoDeviceType
+    from ortagent._core import OrtMemType as OrtMemType
+    from ortagent._core import OrtSparseFormat as OrtSparseFormat
+    from ortagent._core import SparseTensor as SparseTensor
+    from ortagent._core import OrtValue as OrtValue
+    from ortagent._core import from_dlpack as from_dlpack
+    from ortagent._core import is_dlpack_uint8_tensor as is_dlpack_uint8_tensor
     from ortagent.agent import PartialGraphExecutionState as PartialGraphExecutionState
     from ortagent.agent import TrainingAgent as TrainingAgent
     from ortagent.training_ops import lower_training_ops as lower_training_ops

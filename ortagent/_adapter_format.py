@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ortagent.errors import OrtFail, OrtInvalidArgument, OrtInvalidType, OrtNoSuchFile
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ortagent._values import OrtValue
+    from ortagent._core import OrtValue
 
 _FILE_IDENTIFIER = b"TORT"
 _FORMAT_VERSION = 1
@@ -75,13 +75,13 @@ def _path(file_path: Any, what: str) -> str | bytes:
 def _tensor_parts(name: Any, value: Any) -> tuple[str, int, list[int], bytes]:
     """(name, element type, dims, raw bytes) of one parameter, refused with the reason when it
     cannot be stored in an adapter file."""
-    from ortagent import _values
+    from ortagent import _core
 
     text = str(name)            # onnxruntime's module takes str() of each key too
     if not text:
         raise OrtInvalidArgument("an adapter parameter needs a name: onnxruntime refuses to load a "
                                  "parameter without one")
-    if not isinstance(value, _values.OrtValue):
+    if not isinstance(value, _core.OrtValue):
         raise OrtInvalidType(f"adapter parameter {text!r} must be an ortagent.OrtValue, got "
                              f"{type(value).__name__}")
     if not value.is_tensor():
@@ -180,7 +180,7 @@ def _parameter(data: bytes, table: _Table) -> tuple[str, OrtValue]:
     """(name, read-only OrtValue over `data`) of one Parameter table."""
     import numpy as np
 
-    from ortagent import _values
+    from ortagent import _core
 
     name = table.string(_PARAM_NAME) or ""
     elem = table.int32(_PARAM_DATA_TYPE)
@@ -200,12 +200,12 @@ def _parameter(data: bytes, table: _Table) -> tuple[str, OrtValue]:
     word = {1: np.dtype(np.uint8), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8")}.get(
         item, np.dtype((np.void, item)))
     words = np.frombuffer(data, dtype=word, count=count, offset=raw_at).reshape(dims)
-    return name, _values.OrtValue.ortvalue_from_numpy_with_onnx_type(words, elem)
+    return name, _core.OrtValue.ortvalue_from_numpy_with_onnx_type(words, elem)
 
 
 def _read(file_path: Any) -> tuple[int, int, int, dict[str, OrtValue]]:
     """(format version, adapter version, model version, parameters) of an adapter file."""
-    from ortagent._options import LoraAdapter
+    from ortagent._core import LoraAdapter
 
     path = _path(file_path, "file_path")
     try:
@@ -278,12 +278,12 @@ class AdapterFormat:
 
     def set_parameters(self, params: Mapping[str, OrtValue]) -> None:
         """The parameters to export: names (str() of each key) to ortagent.OrtValue tensors."""
-        from ortagent import _values
+        from ortagent import _core
 
         if not isinstance(params, Mapping):
             raise OrtInvalidType(f"params must be a dict of names to OrtValues, got {type(params).__name__}")
         for name, value in params.items():
-            if not isinstance(value, _values.OrtValue):
+            if not isinstance(value, _core.OrtValue):
                 raise OrtInvalidType(f"adapter parameter {str(name)!r} must be an ortagent.OrtValue, got "
                                      f"{type(value).__name__}")
         self._parameters = dict(params)

@@ -37,11 +37,18 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ortagent._agent import PartialGraphExecutionState, _AgentEngine, _AgentHotPath
-from ortagent._options import RunOptions, SessionOptions
-from ortagent._iobinding import IOBinding
-from ortagent._memory import OrtDevice, as_device
-from ortagent._values import OrtValue, output_target
+from ortagent._core import (
+    IOBinding,
+    OrtDevice,
+    OrtValue,
+    PartialGraphExecutionState,
+    RunOptions,
+    SessionOptions,
+    _AgentEngine,
+    _AgentHotPath,
+    as_device,
+    output_target,
+)
 from ortagent.errors import (
     ObjectClosedError,
     OrtInvalidArgument,

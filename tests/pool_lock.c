@@ -3,7 +3,7 @@
  * take or release the pooled CPU allocator's lock from outside ortagent, as a thread inside
  * the pool's Alloc or Free holds it, so that the test can fork meanwhile.
  *
- * `allocator` is what ortagent._cpu_pool's pooled_cpu_allocator() returns: the address of the
+ * `allocator` is what pooled_cpu_allocator() (ortagent/_cpu_pool.pxi) returns: the address of the
  * process's ortagent_cpu_pool, whose first member is the OrtAllocator handed to onnxruntime.
  */
 #include "ortagent/cpu_pool.h"

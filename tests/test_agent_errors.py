@@ -411,7 +411,7 @@ def test_session_iobinding_instead_of_the_agents(no_leaks):
     """1.19.2-style code passing a session's IOBinding is told to use agent.io_binding()."""
     driver = Driver.for_model(CASE.model, "run_id")
     ours = driver.agent.forward_session.io_binding()
-    with pytest.raises(ortagent.OrtInvalidType, match=r"use agent\.io_binding\(\).*ortagent\._iobinding\.IOBinding"):
+    with pytest.raises(ortagent.OrtInvalidType, match=r"use agent\.io_binding\(\).*ortagent\._core\.IOBinding"):
         driver.agent.run_forward(ours, None)
     del ours
     ort = pytest.importorskip("onnxruntime")

@@ -1,4 +1,4 @@
-"""The run state machine of a PartialGraphExecutionState (the diagram in ortagent/_agent.pyx):
+"""The run state machine of a PartialGraphExecutionState (the diagram in ortagent/_agent.pxi):
 every transition and every refusal, through the direct path (names in graph order) and through
 TrainingAgent's reordering path, with the numbers checked against NumPy.
 

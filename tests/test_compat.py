@@ -396,16 +396,16 @@ def test_optional_output(ort_ref, empty):
 
 def test_container_values_round_trip():
     """ortagent's own conversions: Python object -> OrtValue of an ONNX type -> Python object."""
-    from ortagent import _containers
+    from ortagent import _core
 
     cases = [("seq(tensor(int64))", [np.arange(3), np.arange(2)]),
              ("map(int64,tensor(float))", {1: 0.5, 9: 2.0}),
              ("map(string,tensor(double))", {"k": 1.25}),
              ("seq(map(string,tensor(float)))", [{"a": 1.0}, {"b": 2.0, "c": 3.0}])]
     for type_string, obj in cases:
-        value = _containers.value_from_python(obj, type_string)
-        assert _containers.type_string(_containers.describe_value_type(value)) == type_string
-        back = _containers.value_to_python(value)
+        value = _core.value_from_python(obj, type_string)
+        assert _core.type_string(_core.describe_value_type(value)) == type_string
+        back = _core.value_to_python(value)
         if isinstance(obj, list) and isinstance(obj[0], np.ndarray):
             assert [a.tolist() for a in back] == [a.tolist() for a in obj]
         else:

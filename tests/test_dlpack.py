@@ -258,7 +258,7 @@ def test_value_keeps_producer_alive(no_leaks):
 
 def test_alternate_entry_points(no_leaks):
     x = np.ones(3, np.float32)
-    for make in (ortagent.from_dlpack, OrtValue.from_dlpack, ortagent._values.from_dlpack):
+    for make in (ortagent.from_dlpack, OrtValue.from_dlpack):
         assert make(x).data_ptr() == x.ctypes.data
 
 

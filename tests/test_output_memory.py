@@ -1,6 +1,6 @@
 """Where a TrainingAgent's preallocated outputs live: tensors a caller drops go back to the
-agent (ortagent._values.SpareOutputs) for the next step to write into, and new tensors come
-from the pooled CPU allocator (include/ortagent/cpu_pool.h, ortagent._cpu_pool).
+agent (SpareOutputs, ortagent/_values.pxi) for the next step to write into, and new tensors come
+from the pooled CPU allocator (include/ortagent/cpu_pool.h, ortagent/_cpu_pool.pxi).
 
 What must hold: every value stays right while anything can still see it (held outputs, NumPy
 views, an output of another session aliasing it, a closed value); the same tensors go round
@@ -33,9 +33,8 @@ from onnx import helper
 
 import ortagent
 from ortagent_testkit import training_graphs as tg
-from ortagent._cpu_pool import _pool_counts as counts
-from ortagent import _cpu_pool
-from ortagent._cpu_pool import _pooled_tensor
+from ortagent._core import _pool_counts as counts
+from ortagent._core import _pool_address, _pooled_tensor
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -354,8 +353,7 @@ def hold_pool_lock(tmp_path_factory):
     """hold_pool_lock(True/False): take or release the pool's lock from outside ortagent.
 
     The shipped modules have no such hook: tests/pool_lock.c is compiled here against
-    include/ortagent/cpu_pool.h and given the pool's address, which _cpu_pool exports to the
-    modules that cimport it (its capsule in __pyx_capi__)."""
+    include/ortagent/cpu_pool.h and given the pool's address (_core._pool_address())."""
     compiler = shutil.which("gcc")
     if compiler is None:
         pytest.skip("gcc is not installed: this test compiles tests/pool_lock.c")
@@ -368,17 +366,8 @@ def hold_pool_lock(tmp_path_factory):
     helper_lib = ctypes.CDLL(str(library))
     helper_lib.ortagent_test_hold_pool_lock.argtypes = [ctypes.c_void_p, ctypes.c_int]
     helper_lib.ortagent_test_hold_pool_lock.restype = None
-    capsule = _cpu_pool.__pyx_capi__["pooled_cpu_allocator"]
-    api = ctypes.pythonapi
-    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
-    api.PyCapsule_GetName.restype = ctypes.c_char_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    # ort.OrtAllocator* pooled_cpu_allocator() except NULL: called with the GIL held
-    pooled_cpu_allocator = ctypes.PYFUNCTYPE(ctypes.c_void_p)(
-        api.PyCapsule_GetPointer(capsule, api.PyCapsule_GetName(capsule)))
-    pool = pooled_cpu_allocator()
-    assert pool, "pooled_cpu_allocator() returned NULL"
+    pool = _pool_address()
+    assert pool, "the pool's address is NULL"
     return lambda hold: helper_lib.ortagent_test_hold_pool_lock(pool, int(hold))
 
 

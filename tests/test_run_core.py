@@ -1,4 +1,4 @@
-"""The run core's one retry rule (ortagent/_run_core.pyx), the same for InferenceSession.run,
+"""The run core's one retry rule (ortagent/_run_core.pxi), the same for InferenceSession.run,
 the TrainingAgent's halves and IOBinding: a run that fails with INVALID_ARGUMENT while
 onnxruntime wrote into buffers of ours runs once more with onnxruntime allocating them; any
 other failure is raised at once.

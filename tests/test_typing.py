@@ -11,10 +11,7 @@ import pytest
 
 from conftest import REPO_ROOT
 
-MODULES = ["ortagent._runtime", "ortagent._dtypes", "ortagent._memory", "ortagent._tensors", "ortagent._values",
-           "ortagent._containers", "ortagent._sparse", "ortagent._options", "ortagent._providers",
-           "ortagent._allocators", "ortagent._cpu_pool", "ortagent._metadata", "ortagent._epdevices", "ortagent._compile", "ortagent._run_core", "ortagent._session", "ortagent._iobinding",
-           "ortagent._dlpack", "ortagent._device", "ortagent._agent_run", "ortagent._agent"]
+MODULES = ["ortagent._runtime", "ortagent._core"]
 
 
 def mypy_available():

@@ -56,18 +56,18 @@ def main() -> int:
         with tarfile.open(sdist) as archive:
             names = archive.getnames()
         for required in ("include/ortagent/ort_abi.h", "include/ortagent/ort_call.h",
-                         "include/ortagent/dlpack_abi.h", "ortagent/_session.pyx", "ortagent/_capi.pxd",
-                         "ortagent/_session.pyi", "ortagent/py.typed", "setup.py", "pyproject.toml"):
+                         "include/ortagent/dlpack_abi.h", "ortagent/_core.pyx", "ortagent/_session.pxi", "ortagent/_capi.pxd",
+                         "ortagent/_core.pyi", "ortagent/py.typed", "setup.py", "pyproject.toml"):
             if not any(name.endswith(required) for name in names):
                 raise SystemExit(f"the sdist lacks {required}")
         with zipfile.ZipFile(wheel) as archive:
             wheel_names = archive.namelist()
-        for required in ("ortagent/_session.pyi", "ortagent/py.typed", "ortagent/agent.py",
+        for required in ("ortagent/_core.pyi", "ortagent/py.typed", "ortagent/agent.py",
                          "ortagent/training_ops/__init__.py", "ortagent/training_ops/aten.py",
                          "ortagent/torch/__init__.py", "ortagent/torch/_module.py", "ortagent/_ad_rules.py", "ortagent/_graph_passes.py"):
             if required not in wheel_names:
                 raise SystemExit(f"the wheel lacks {required}")
-        if not any(name.startswith("ortagent/_session.") and name.endswith(".so") for name in wheel_names):
+        if not any(name.startswith("ortagent/_core.") and name.endswith(".so") for name in wheel_names):
             raise SystemExit("the wheel lacks the compiled extension modules")
         # the support of tests and benchmarks (ortagent_testkit, benchmarks/) ships in neither; the
         # wheel holds the package alone (setuptools' sdist adds tests/test*.py by default, as ever)

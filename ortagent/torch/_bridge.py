@@ -35,7 +35,7 @@ _SPECIALIZED_GRAPHS = 8         # training graphs kept per runner when the autod
 def to_ort(tensor: torch.Tensor, stream: int | None = None) -> Any:
     """An OrtValue over the tensor's memory. For a CUDA tensor, ``stream`` is the stream
     onnxruntime computes on: torch makes its pending work on the tensor visible to it."""
-    from ortagent._dlpack import from_dlpack
+    from ortagent._core import from_dlpack
 
     tensor = tensor.detach()
     if not tensor.is_contiguous():
@@ -120,8 +120,8 @@ class GraphRunner:
     def inference_session(self) -> Any:
         with self._lock:
             if self._session is None:
-                from ortagent._providers import strict_providers
-                from ortagent._session import InferenceSession
+                from ortagent._core import strict_providers
+                from ortagent._core import InferenceSession
 
                 with strict_providers():        # the module's device, or an error: never another
                     self._session = InferenceSession(inference_model(self.exported.model).SerializeToString(),
@@ -181,7 +181,7 @@ class GraphRunner:
     def check(self, plan: AgentPlan, feeds: Sequence[torch.Tensor]) -> None:
         """Run ``plan``'s agent forward and backward once on ``feeds``, outside autograd, with
         zero output gradients: errors of the graph show now rather than in torch's backward."""
-        from ortagent._agent import PartialGraphExecutionState
+        from ortagent._core import PartialGraphExecutionState
 
         state = PartialGraphExecutionState()
         outputs: list = []
@@ -300,7 +300,7 @@ class ORTFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, runner: GraphRunner, plan: AgentPlan, *feeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        from ortagent._agent import PartialGraphExecutionState
+        from ortagent._core import PartialGraphExecutionState
 
         state = PartialGraphExecutionState()
         outputs: list = []

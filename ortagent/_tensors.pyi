@@ -1,1 +1,0 @@
-# ortagent._tensors has no Python API: its functions are cimported by the other modules.
