@@ -20,6 +20,13 @@ table keyed by operator type. ortagent adds entries for operators of its own dom
   that ``Conv`` (a ``ConvGrad`` whose output gradient is the forward's input), and its bias
   gradient the output gradient summed over batch and space. Becomes ``ConvTranspose`` again.
 
+* ``BatchNormTraining(X, scale, B) -> (Y, mean, var)`` (attributes ``epsilon``, ``axes``):
+  BatchNorm over the batch's own statistics, as torch's training-mode BatchNorm; the torch
+  bridge writes one for each. Its reverse is torch's formula, a few reductions (see
+  :func:`_batch_norm_training_reverse`), where differentiating the statistics' operations one by
+  one gave tens of nodes per BatchNorm (ResNet-18's and MobileNetV3's backward graphs were most
+  of their nodes). Becomes those operations in standard ONNX (:func:`_batch_norm_training_nodes`).
+
 Two of onnx-ad's rules are extended, not replaced. ``Pad`` in ``reflect``, ``edge`` and ``wrap``
 modes (torch's ReflectionPad, ReplicationPad and CircularPad), which onnx-ad refuses: the
 gradient is the output gradient's centre plus, on each padded axis (last first), the padded
@@ -78,13 +85,14 @@ from onnx import ModelProto, ValueInfoProto
 from ._onnx_graph import walk_graphs
 from .errors import OrtNotImplemented
 
-__all__ = ["DOMAIN", "STOP_GRADIENT", "prepare", "finish", "uses_private_ops"]
+__all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "prepare", "finish", "uses_private_ops"]
 
 DOMAIN = "ai.ortagent.ad"
 STOP_GRADIENT = "StopGradient"
 CONVOLUTION = "Convolution"
 CONVOLUTION_TRANSPOSE = "ConvolutionTranspose"
-_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE}
+BATCH_NORM_TRAINING = "BatchNormTraining"
+_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE, BATCH_NORM_TRAINING}
 _CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
 _MS_DOMAIN = "com.microsoft"
 
@@ -717,6 +725,99 @@ def _det_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, grad, "det_adjoint")]
 
 
+def _batch_norm_axes(node) -> list[int]:
+    return next(list(a.ints) for a in node.attribute if a.name == "axes")
+
+
+def _batch_norm_epsilon(node) -> float:
+    return next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
+
+
+def _batch_norm_training_reverse(ctx, node, grads):
+    """torch's BatchNorm gradient: with ``x_hat = (x - mean) / sqrt(var + eps)`` and ``n`` the
+    count per channel, ``dB = sum(dY)``, ``dscale = sum(dY x_hat)`` and ``dX = scale /
+    sqrt(var + eps) * (dY - dB / n - x_hat dscale / n)``, sums over ``axes``. The batch
+    statistics are outputs the bridge never differentiates (they update the running buffers):
+    a gradient asked of them is refused rather than dropped."""
+    from onnx_ad._build import UnsupportedOperator
+
+    if any(grad is not None for grad in grads[1:]):
+        raise UnsupportedOperator("BatchNormTraining's batch statistics are not differentiated")
+    found = _output_gradient(ctx, node, grads, "batch_norm_dy")
+    if found is None:
+        return [None] * len(node.input)
+    inputs, wanted, dy = found
+    x, scale = node.input[0], node.input[1]
+    axes = _batch_norm_axes(node)
+    view = ctx.b.ints([1, -1] + [1] * (len(axes) - 1))
+    dtype = ctx.dtype(x)
+    mean = ctx.b.op("Reshape", [node.output[1], view], stem="batch_norm_mean")
+    variance = ctx.b.op("Reshape", [node.output[2], view], stem="batch_norm_var")
+    inv_std = ctx.b.op("Reciprocal", [ctx.b.op("Sqrt", [ctx.b.op("Add", [
+        variance, ctx.constant(_batch_norm_epsilon(node), dtype)])])], stem="batch_norm_inv_std")
+    x_hat = ctx.b.op("Mul", [ctx.b.op("Sub", [x, mean]), inv_std], stem="batch_norm_x_hat")
+    sum_dy = ctx.reduce_sum(dy, axes, keepdims=1)
+    sum_dy_x_hat = ctx.reduce_sum(ctx.b.op("Mul", [dy, x_hat]), axes, keepdims=1)
+    flat = ctx.b.ints([-1])
+    result = [None, None, None]
+    if wanted[0]:
+        count = ctx.b.op("Div", [ctx.b.op("Cast", [ctx.b.op("Size", [x])], to=dtype),
+                                 ctx.b.op("Cast", [ctx.b.op("Size", [scale])], to=dtype)], stem="batch_norm_count")
+        inner = ctx.b.op("Sub", [ctx.b.op("Sub", [dy, ctx.b.op("Div", [sum_dy, count])]),
+                                 ctx.b.op("Mul", [x_hat, ctx.b.op("Div", [sum_dy_x_hat, count])])])
+        factor = ctx.b.op("Mul", [ctx.b.op("Reshape", [scale, view]), inv_std])
+        result[0] = ctx.b.op("Mul", [factor, inner], stem="batch_norm_dx")
+    if wanted[1]:
+        result[1] = ctx.b.op("Reshape", [sum_dy_x_hat, flat], stem="batch_norm_dscale")
+    if wanted[2]:
+        result[2] = ctx.b.op("Reshape", [sum_dy, flat], stem="batch_norm_dbias")
+    return [None if name is None else _with_seed_axis(ctx, name, "batch_norm_adjoint") for name in result]
+
+
+def _batch_norm_training_nodes(node, opset: int) -> list:
+    """``node`` (a BatchNormTraining) as standard operators: mean, centred square mean, the
+    normalised input scaled and shifted, and the flat statistics under the node's own output
+    names."""
+    make = onnx.helper.make_node
+    x, scale, bias = node.input[:3]
+    y, mean_out, var_out = node.output[:3]
+    axes = _batch_norm_axes(node)
+    stem = (node.name or y) + "/"
+    name = lambda part: stem + part      # noqa: E731
+    nodes = [make("Constant", [], [name("axes")], value=onnx.helper.make_tensor("axes", onnx.TensorProto.INT64,
+                                                                                 [len(axes)], axes)),
+             make("Constant", [], [name("view")], value=onnx.helper.make_tensor(
+                 "view", onnx.TensorProto.INT64, [len(axes) + 1], [1, -1] + [1] * (len(axes) - 1))),
+             make("Constant", [], [name("flat")], value=onnx.helper.make_tensor("flat", onnx.TensorProto.INT64,
+                                                                                 [1], [-1])),
+             make("Constant", [], [name("epsilon")], value=onnx.helper.make_tensor(
+                 "epsilon", onnx.TensorProto.FLOAT, [], [_batch_norm_epsilon(node)]))]
+
+    def mean_of(source, out):
+        if opset >= 18:
+            return make("ReduceMean", [source, name("axes")], [out], keepdims=1)
+        return make("ReduceMean", [source], [out], axes=axes, keepdims=1)
+
+    nodes += [mean_of(x, name("mean")),
+              make("Sub", [x, name("mean")], [name("centered")]),
+              make("Mul", [name("centered"), name("centered")], [name("squared")]),
+              mean_of(name("squared"), name("var")),
+              make("CastLike", [name("epsilon"), name("var")], [name("eps")]),
+              make("Add", [name("var"), name("eps")], [name("var_eps")]),
+              make("Sqrt", [name("var_eps")], [name("std")]),
+              make("Reciprocal", [name("std")], [name("inv_std")]),
+              make("Mul", [name("centered"), name("inv_std")], [name("x_hat")]),
+              make("Reshape", [scale, name("view")], [name("scale")]),
+              make("Reshape", [bias, name("view")], [name("bias")]),
+              make("Mul", [name("x_hat"), name("scale")], [name("scaled")]),
+              make("Add", [name("scaled"), name("bias")], [y])]
+    if mean_out:
+        nodes.append(make("Reshape", [name("mean"), name("flat")], [mean_out]))
+    if var_out:
+        nodes.append(make("Reshape", [name("var"), name("flat")], [var_out]))
+    return nodes
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -727,7 +828,8 @@ def _register() -> None:
         # (ortagent only builds reverse-mode graphs; StopGradient's forward rule is as trivial)
         for op_type, reverse, forward in ((STOP_GRADIENT, _stop_gradient_reverse, _stop_gradient_forward),
                                           (CONVOLUTION, _convolution_reverse, None),
-                                          (CONVOLUTION_TRANSPOSE, _convolution_transpose_reverse, None)):
+                                          (CONVOLUTION_TRANSPOSE, _convolution_transpose_reverse, None),
+                                          (BATCH_NORM_TRAINING, _batch_norm_training_reverse, None)):
             if op_type in rules.REVERSE or op_type in rules.FORWARD:
                 raise RuntimeError(f"onnx-ad defines a rule for {op_type} itself; ortagent's private "
                                    "operator of that name would shadow it")
@@ -785,6 +887,11 @@ def prepare(model: ModelProto) -> None:
         _declare(model, node.output[0], known.get(node.output[0]))
     if not any(entry.domain == DOMAIN for entry in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    for node in model.graph.node:
+        if node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING:
+            for output, like in zip(node.output, (node.input[0], node.input[1], node.input[1])):
+                if output:
+                    _declare(model, output, known.get(like))
     for _ in range(8):      # a chain of markers needs one round per link
         known = _known_types(model)
         added = False
@@ -825,11 +932,21 @@ _STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv", CONVOLUTION_TRANSPO
 
 def finish(model: ModelProto) -> None:
     """Replace ``model``'s private operators by standard ones (in place)."""
+    opset = _default_opset(model)
     for graph in walk_graphs(model.graph):
         for node in graph.node:
             if node.domain == DOMAIN and node.op_type in _STANDARD:
                 node.op_type = _STANDARD[node.op_type]
                 node.domain = ""
+        if any(node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING for node in graph.node):
+            expanded = []
+            for node in graph.node:
+                if node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING:
+                    expanded.extend(_batch_norm_training_nodes(node, opset))
+                else:
+                    expanded.append(node)
+            del graph.node[:]
+            graph.node.extend(expanded)
     kept = [opset for opset in model.opset_import if opset.domain != DOMAIN]
     del model.opset_import[:]
     model.opset_import.extend(kept)

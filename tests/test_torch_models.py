@@ -50,27 +50,36 @@ def _train(make_model, make_batch, loss_of, steps, *, lr=1e-3, exports=1):
     optimizer = torch.optim.AdamW(bridged.parameters(), lr=lr)
     for step in range(steps):
         state = copy.deepcopy(inner.state_dict())
-        eager.load_state_dict(state)                        # the same state before each step
-        eager.zero_grad()
-        batch = make_batch(step)
-        torch.manual_seed(100 + step)
-        loss = loss_of(_call(bridged, batch))
-        loss.backward()
-        torch.manual_seed(100 + step)
-        expected = loss_of(_call(eager, batch))
-        expected.backward()
-        _compare_tensor(f"step {step} loss", loss.detach(), expected.detach())
-        mismatched = []
-        for (name, p_eager), p_bridged in zip(eager.named_parameters(), inner.parameters()):
-            if p_eager.grad is None:
-                assert p_bridged.grad is None or not p_bridged.grad.any(), name
-                continue
+        for redraw in range(_REDRAWS + 1):
+            inner.load_state_dict(state)                    # (a redrawn batch starts over)
+            inner.zero_grad()
+            eager.load_state_dict(state)                    # the same state before each step
+            eager.zero_grad()
+            batch = make_batch(step) if not redraw else make_batch(step, redraw=redraw)
+            torch.manual_seed(100 + step)
+            loss = loss_of(_call(bridged, batch))
+            loss.backward()
+            torch.manual_seed(100 + step)
+            expected = loss_of(_call(eager, batch))
+            expected.backward()
+            _compare_tensor(f"step {step} loss", loss.detach(), expected.detach())
+            mismatched = []
+            for (name, p_eager), p_bridged in zip(eager.named_parameters(), inner.parameters()):
+                if p_eager.grad is None:
+                    assert p_bridged.grad is None or not p_bridged.grad.any(), name
+                    continue
+                try:
+                    _compare_tensor(f"step {step} gradient of {name}", p_bridged.grad, p_eager.grad)
+                except AssertionError:
+                    mismatched.append(name)
+            if not mismatched:
+                break
             try:
-                _compare_tensor(f"step {step} gradient of {name}", p_bridged.grad, p_eager.grad)
-            except AssertionError:
-                mismatched.append(name)
-        if mismatched:
-            _against_float64(eager, state, batch, loss_of, step, mismatched, inner)
+                _against_float64(eager, state, batch, loss_of, step, mismatched, inner)
+                break
+            except _AtAKink:
+                if redraw == _REDRAWS:
+                    raise
         for (name, b_eager), b_bridged in zip(eager.named_buffers(), inner.buffers()):
             if b_eager.is_floating_point():
                 _compare_tensor(f"step {step} buffer {name}", b_bridged, b_eager, rtol=1e-5)
@@ -81,6 +90,18 @@ def _train(make_model, make_batch, loss_of, steps, *, lr=1e-3, exports=1):
     # one export for every shape (the Python state of the module is part of the key: see BERT)
     assert bridged.exported_graphs == exports
     return bridged
+
+
+_REDRAWS = 2
+#: a ReLU input this close to 0 in float64 (relative to the largest) may fall on either side in
+#: float32 (the summation order of a convolution moves it by a few 1e-7): the gradient then has
+#: two right answers
+_KINK = 1e-5
+
+
+class _AtAKink(AssertionError):
+    """The float64 reference has a ReLU input within float32 rounding of 0: the batch is redrawn
+    (a ``make_batch`` that takes ``redraw``), the comparison made again on the new one."""
 
 
 def _against_float64(eager, state, batch, loss_of, step, names, inner):
@@ -99,9 +120,19 @@ def _against_float64(eager, state, batch, loss_of, step, names, inner):
         return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
     wide_batch = {k: wide(v) for k, v in batch.items()} if isinstance(batch, dict) else tuple(map(wide, batch))
+    margins = []
+
+    def record_margin(module, inputs):
+        margins.append((inputs[0].detach().abs().min().item(), inputs[0].detach().abs().max().item()))
+
+    hooks = [module.register_forward_pre_hook(record_margin) for module in exact.modules()
+             if isinstance(module, torch.nn.ReLU)]
     torch.manual_seed(100 + step)
     loss_of(_call(exact, wide_batch)).backward()
+    for hook in hooks:
+        hook.remove()
     params = dict(exact.named_parameters())
+    at_a_kink = any(smallest <= _KINK * largest for smallest, largest in margins if largest > 0)
     eager_params = dict(eager.named_parameters())
     bridged_params = dict(zip((n for n, _ in eager.named_parameters()), inner.parameters()))
     for name in names:
@@ -109,6 +140,9 @@ def _against_float64(eager, state, batch, loss_of, step, names, inner):
         scale = reference.abs().max().item()
         eager_error = (eager_params[name].grad.double() - reference).abs().max().item()
         error = (bridged_params[name].grad.double() - reference).abs().max().item()
+        if at_a_kink and error > max(4 * eager_error, RTOL * max(scale, 1e-3)):
+            raise _AtAKink(f"step {step} gradient of {name}: a ReLU input of the float64 run is within float32 "
+                           "rounding of 0")
         assert error <= max(4 * eager_error, RTOL * max(scale, 1e-3)), (
             f"step {step} gradient of {name}: max abs error {error:.3g} to float64 at scale {scale:.3g} "
             f"(eager float32's: {eager_error:.3g})")
@@ -217,14 +251,16 @@ def _images(step, batch, size=64):
 def test_resnet18_batchnorm_in_training():
     torchvision = pytest.importorskip("torchvision")
     sizes = [2, 3, 2]
-    model = _train(lambda: torchvision.models.resnet18(num_classes=10), lambda step: _images(step, sizes[step]),
+    model = _train(lambda: torchvision.models.resnet18(num_classes=10),
+                   lambda step, redraw=0: _images(step + 1000 * redraw, sizes[step]),
                    lambda out: out.square().mean(), len(sizes))
     assert model.exported_graphs == 1
 
 
 def test_mobilenet_v3_depthwise_convolutions():
     torchvision = pytest.importorskip("torchvision")
-    _train(lambda: torchvision.models.mobilenet_v3_small(num_classes=10), lambda step: _images(step, 2),
+    _train(lambda: torchvision.models.mobilenet_v3_small(num_classes=10),
+           lambda step, redraw=0: _images(step + 1000 * redraw, 2),
            lambda out: out.square().mean(), 2)
 
 

@@ -48,8 +48,8 @@ from torch.overrides import TorchFunctionMode
 
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
-__all__ = ["Layout", "Site", "Trace", "tracing", "draw", "draw_all", "stop_gradient", "BatchStatistics",
-           "default_generator"]
+__all__ = ["Layout", "Site", "Trace", "tracing", "draw", "draw_all", "stop_gradient", "batch_norm_training",
+           "BatchStatistics", "default_generator"]
 
 
 # -- what a traced forward records -----------------------------------------------------------------
@@ -282,24 +282,20 @@ def _batch_norm(original: Callable) -> Callable:
 def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tensor | None,
                          running_var: torch.Tensor | None, weight: torch.Tensor | None,
                          bias: torch.Tensor | None, momentum: float | None, eps: float) -> torch.Tensor:
-    """BatchNorm over the batch's own statistics, written as the operations that define it (so
-    the gradient is the exact one), with the statistics recorded for the running buffers."""
+    """BatchNorm over the batch's own statistics, as one :func:`batch_norm_training` node (whose
+    derivative ortagent writes itself, see :mod:`ortagent._ad_rules`), with the statistics
+    recorded for the running buffers."""
     if x.dim() < 2:
         raise OrtInvalidArgument(f"BatchNorm expects an input of 2 or more dimensions, got {x.dim()}")
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
     if count <= 1:
         raise OrtInvalidArgument(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
-    dims = [0, *range(2, x.dim())]
-    view = [1, channels] + [1] * (x.dim() - 2)
-    mean = x.mean(dim=dims, keepdim=True)
-    centered = x - mean
-    var = (centered * centered).mean(dim=dims, keepdim=True)
-    y = centered * torch.rsqrt(var + eps)
-    if weight is not None:
-        y = y * weight.reshape(view)
-    if bias is not None:
-        y = y + bias.reshape(view)
+    if weight is None:
+        weight = torch.ones(channels, dtype=x.dtype, device=x.device)
+    if bias is None:
+        bias = torch.zeros(channels, dtype=x.dtype, device=x.device)
+    y, mean, var = batch_norm_training(x, weight, bias, float(eps), x.dim())
     if (running_mean is None) != (running_var is None):
         raise OrtNotImplemented("ORTModule: batch_norm with only one of running_mean / running_var")
     if running_mean is not None and running_var is not None:
@@ -311,8 +307,8 @@ def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tens
         trace.statistics.append(BatchStatistics(names[0], names[1],
                                                 counter if counter in trace.state_names.values() else None,
                                                 None if momentum is None else float(momentum)))
-        trace.statistic_values.append(mean.reshape(channels))
-        trace.statistic_values.append(var.reshape(channels) * (count / max(count - 1, 1)))
+        trace.statistic_values.append(mean)
+        trace.statistic_values.append(var * (count / max(count - 1, 1)))
     return y
 
 
@@ -434,6 +430,66 @@ def stop_gradient(x: torch.Tensor) -> torch.Tensor:
 @stop_gradient.register_fake
 def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def _batch_statistics(x: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    dims = [0, *range(2, rank)]
+    view = [1, x.shape[1]] + [1] * (rank - 2)
+    mean = x.mean(dim=dims, keepdim=True)
+    centered = x - mean
+    return mean, (centered * centered).mean(dim=dims, keepdim=True), dims, view
+
+
+@torch.library.custom_op("ortagent::batch_norm_training", mutates_args=())
+def batch_norm_training(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                        rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BatchNorm over the batch's own statistics: (normalised ``x`` scaled by ``weight`` and
+    shifted by ``bias`` per channel (axis 1), the batch mean and the biased batch variance per
+    channel). ``rank`` is ``x.dim()``, kept in the exported node. In the exported graph one
+    node, whose gradient ortagent writes as torch's (a few reductions) instead of differentiating
+    the statistics' operations one by one (tens of nodes per BatchNorm)."""
+    mean, var, _, view = _batch_statistics(x, rank)
+    y = (x - mean) * torch.rsqrt(var + eps) * weight.reshape(view) + bias.reshape(view)
+    return y, mean.reshape(-1), var.reshape(-1)
+
+
+@batch_norm_training.register_fake
+def _batch_norm_training_fake(x, weight, bias, eps, rank):
+    return torch.empty_like(x), x.new_empty(x.shape[1]), x.new_empty(x.shape[1])
+
+
+def _batch_norm_training_setup(ctx, inputs, output) -> None:
+    x, weight, bias, eps, rank = inputs
+    ctx.save_for_backward(x, weight, output[1], output[2])
+    ctx.eps, ctx.rank = eps, rank
+
+
+def _batch_norm_training_backward(ctx, grad_y, grad_mean, grad_var):
+    """torch's BatchNorm gradient (the statistics' own gradients, which the bridge never asks
+    for, included for completeness)."""
+    x, weight, mean, var = ctx.saved_tensors
+    rank = ctx.rank
+    dims = [0, *range(2, rank)]
+    view = [1, x.shape[1]] + [1] * (rank - 2)
+    count = x.numel() // max(x.shape[1], 1)
+    inv_std = torch.rsqrt(var.reshape(view) + ctx.eps)
+    x_hat = (x - mean.reshape(view)) * inv_std
+    grad_x = grad_weight = grad_bias = None
+    if grad_y is not None:
+        sum_dy = grad_y.sum(dim=dims, keepdim=True)
+        sum_dy_xhat = (grad_y * x_hat).sum(dim=dims, keepdim=True)
+        grad_x = weight.reshape(view) * inv_std * (grad_y - sum_dy / count - x_hat * sum_dy_xhat / count)
+        grad_weight, grad_bias = sum_dy_xhat.reshape(-1), sum_dy.reshape(-1)
+    extra = torch.zeros_like(x)
+    if grad_mean is not None:
+        extra = extra + grad_mean.reshape(view) / count
+    if grad_var is not None:
+        extra = extra + grad_var.reshape(view) * 2.0 * (x - mean.reshape(view)) / count
+    grad_x = extra if grad_x is None else grad_x + extra
+    return grad_x, grad_weight, grad_bias, None, None
+
+
+batch_norm_training.register_autograd(_batch_norm_training_backward, setup_context=_batch_norm_training_setup)
 
 
 # in-place random methods whose result depends only on the tensor's layout and scalar arguments

@@ -23,6 +23,9 @@ database (tests/torch_sweep.py):
   ``include_self``) divided by their count, positions no index reaches keeping ``self``.
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
   (:mod:`._rewrites`).
+* ``ortagent::batch_norm_training`` (every training-mode BatchNorm, see :mod:`._rewrites`):
+  one ``BatchNormTraining`` node of ortagent's domain, which :mod:`ortagent._ad_rules`
+  differentiates and then writes as standard operators.
 """
 
 from __future__ import annotations
@@ -60,6 +63,38 @@ def _register_stop_gradient_schema() -> None:
     _registered = True
 
 
+_batch_norm_registered = False
+
+
+def _register_batch_norm_schema() -> None:
+    """The ONNX schema of ortagent's BatchNormTraining, registered once so the exporter and
+    ONNX shape inference know its three outputs and their element type."""
+    global _batch_norm_registered
+    import onnx
+    from onnx.defs import OpSchema
+
+    from ortagent._ad_rules import BATCH_NORM_TRAINING
+
+    if _batch_norm_registered:
+        return
+    try:
+        onnx.defs.get_schema(BATCH_NORM_TRAINING, 1, STOP_GRADIENT_DOMAIN)
+    except Exception:
+        floats = ["tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)"]
+        onnx.defs.register_schema(OpSchema(
+            BATCH_NORM_TRAINING, STOP_GRADIENT_DOMAIN, 1,
+            doc="BatchNorm over the batch's statistics (axes: every axis but 1): the normalised "
+                "input scaled and shifted per channel, the batch mean and the biased batch variance.",
+            inputs=[OpSchema.FormalParameter("X", "T"), OpSchema.FormalParameter("scale", "T"),
+                    OpSchema.FormalParameter("B", "T")],
+            outputs=[OpSchema.FormalParameter("Y", "T"), OpSchema.FormalParameter("mean", "T"),
+                     OpSchema.FormalParameter("var", "T")],
+            type_constraints=[("T", floats, "floating-point tensors")],
+            attributes=[OpSchema.Attribute("epsilon", OpSchema.AttrType.FLOAT, "added to the variance"),
+                        OpSchema.Attribute("axes", OpSchema.AttrType.INTS, "the reduced axes")]))
+    _batch_norm_registered = True
+
+
 def _dims(dim: Any) -> list[int] | None:
     if dim is None:
         return None
@@ -78,6 +113,15 @@ def translations() -> dict[Any, Callable]:
 
     def stop_gradient(x: Any) -> Any:
         return marker.StopGradient(x)
+
+    _register_batch_norm_schema()
+
+    def batch_norm_training(x: Any, weight: Any, bias: Any, eps: float, rank: int) -> Any:
+        y, mean, var = marker.BatchNormTraining(x, weight, bias, epsilon=float(eps),
+                                                axes=[0, *range(2, rank)], _num_outputs=3)
+        # shape inference knows the element types from the schema, the ranks from these
+        flat = op.Constant(value_ints=[-1])
+        return op.Reshape(y, op.Shape(x)), op.Reshape(mean, flat), op.Reshape(var, flat)
 
     def log_sigmoid(x: Any) -> Any:
         return op.Neg(op.Softplus(op.Neg(x)))
@@ -149,6 +193,7 @@ def translations() -> dict[Any, Callable]:
     return {
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
+        torch.ops.ortagent.batch_norm_training.default: batch_norm_training,
         aten.log_sigmoid.default: log_sigmoid,
         aten._safe_softmax.default: safe_softmax,
         aten.linalg_vector_norm.default: vector_norm,
