@@ -490,6 +490,11 @@ class _TraceMode(TorchFunctionMode):
             return self._draw(func, args, kwargs)
         if func is F.embedding:
             return _embedding(*args, **kwargs)
+        if func is F.gaussian_nll_loss:
+            raise OrtNotImplemented("ORTModule: F.gaussian_nll_loss (nn.GaussianNLLLoss) is not supported: on every "
+                                    "call torch raises ValueError when the variance has a negative entry, a check "
+                                    "on tensor values that an exported graph cannot make, and the bridge does not "
+                                    "drop a check eager makes")
         if func is torch.lstm and _projects(args):
             raise OrtNotImplemented("ORTModule: nn.LSTM with proj_size is not supported: torch's ONNX exporter "
                                     "writes an ONNX LSTM, which has no projection of the hidden state, so the "
