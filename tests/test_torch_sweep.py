@@ -30,12 +30,17 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "cummax", "cummin", "masked.cumprod", "kthvalue", "median", "nanmedian", "masked.median", "fmax",
              "fmin", "copysign", "hypot", "frexp", "lgamma", "digamma", "polygamma", "special.polygamma",
              "mvlgamma", "erfinv", "special.ndtri", "i0", "special.i0e", "special.i1", "special.i1e", "cdist",
-             "nn.functional.pdist", "combinations"]
+             "nn.functional.pdist", "combinations",
+             # small ops (unfold, padding, scatters, mode, segment_reduce, nextafter, flash attention)
+             "nn.functional.unfold", "nn.functional.pad.circular", "nn.functional.pad.replicate_negative",
+             "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
+             "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "as_strided_scatter", "nextafter",
+             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
                  "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "RNN", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm",
-                 "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d"]
+                 "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d", "CircularPad2d", "GaussianNLLLoss"]
 
 
 def _sweep():

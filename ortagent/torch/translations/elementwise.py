@@ -75,7 +75,7 @@ def nextafter(x: Any, y: Any) -> Any:
     spacing above ``|x| = m 2^e`` (1 <= m < 2) is ``2^(e-23)``, below it the same unless ``|x|``
     is a power of two (then half), and never under the subnormal spacing ``2^-149``. float64
     inputs are refused (their neighbours need bit access ONNX's opset 18 lacks). The
-    gradient is torch's: 1 to ``x`` (where finite), none to ``y``."""
+    gradient is torch's: 1 to ``x`` where it differs from ``y`` (and is finite), none to ``y``."""
     dtype = getattr(x, "dtype", None)
     if dtype is None or getattr(dtype, "name", "") != "FLOAT":
         raise OrtNotImplemented("ortagent's nextafter supports float32 tensors only")
@@ -105,7 +105,8 @@ def nextafter(x: Any, y: Any) -> Any:
     value = op.Where(op.Or(op.IsNaN(xd), op.IsNaN(yd)), constant(xd, float("nan")), value)
     value = op.CastLike(value, x)
     finite = op.Where(op.IsInf(x), constant(x, 0.0), x)
-    return op.Add(stop_gradient(value), op.Sub(finite, stop_gradient(finite)))
+    offset = op.Where(op.Equal(x, op.CastLike(y, x)), constant(x, 0.0), op.Sub(finite, stop_gradient(finite)))
+    return op.Add(stop_gradient(value), offset)
 
 
 def translations() -> dict:

@@ -223,6 +223,10 @@ def col2im(x: Any, output_size: Any, kernel_size: Any, dilation: Any, padding: A
                                 f"output {size}")
     lead = [0] * (n - 2)
     channels = rows // cells
+    shape = list(x.shape)
+    if 0 in shape[:n - 2]:
+        # an empty batch: an empty result (the reverse of the scatter would reshape with -1)
+        return op.Expand(op.ReduceSum(x, keepdims=0), ints(shape[:n - 2] + [channels] + size))
     values = op.Reshape(x, ints(lead + [channels, cells * count]))
     index = op.Expand(op.Constant(value=_tensor(positions.reshape(-1))), op.Shape(values))
     plane = op.Expand(op.CastLike(op.Constant(value_float=0.0), x),
