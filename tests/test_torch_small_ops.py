@@ -1,7 +1,8 @@
 """The op_db ops that torch.onnx translated into graphs onnxruntime could not run, or could not
 translate at all, and that ortagent now translates (ortagent/torch/translations: pooling's
 unfold/fold, padding, scatters, special's log_ndtr, selection's mode, reductions'
-segment_reduce and vecdot, elementwise's nextafter, attention's CPU flash kernel): each runs
+segment_reduce and vecdot, elementwise's nextafter, attention's CPU flash kernel, sampling's
+grid_sample on volumes): each runs
 through ORTModule and matches torch eager on its outputs and every gradient, on op_db's own
 samples and on cases those samples miss (strides, dilations, ties, extreme arguments, empty
 batches); the ops refused instead are refused with their reason."""
@@ -18,7 +19,7 @@ SMALL_OPS = ["nn.functional.unfold", "nn.functional.adaptive_avg_pool1d", "nn.fu
              "nn.functional.pad.replicate_negative", "nn.functional.pdist", "linalg.vecdot",
              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
              "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "special.log_ndtr", "nextafter",
-             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets"]
+             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "grid_sampler_3d"]
 
 
 @pytest.fixture(autouse=True)
@@ -202,6 +203,32 @@ def test_flash_attention_kernel_returns_the_logsumexp():
     for causal in (False, True):
         _assert_same(lambda a, b, c: kernel(a, b, c, is_causal=causal), q, k, v)
     _assert_same(lambda a, b, c: kernel(a, b, c, scale=0.3), q, k, v)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_on_volumes(mode, padding_mode, align_corners):
+    """Grid points inside and outside the volume (zeros padding reads 0 there, border clamps)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(8)
+    x = torch.randn(2, 3, 4, 5, 6)
+    grid = torch.rand(2, 3, 2, 4, 3) * 2.4 - 1.2
+    _assert_same(lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
+                 x, grid)
+
+
+def test_grid_sample_on_volumes_refuses_reflection_padding():
+    import torch
+    import torch.nn.functional as F
+
+    from ortagent.errors import OrtNotImplemented
+
+    with pytest.raises(OrtNotImplemented, match="reflection"):
+        _assert_same(lambda a, g: F.grid_sample(a, g, padding_mode="reflection", align_corners=False),
+                     torch.randn(1, 1, 2, 3, 4), torch.rand(1, 2, 2, 2, 3) * 2 - 1)
 
 
 def test_gaussian_nll_loss_is_refused_with_its_reason():

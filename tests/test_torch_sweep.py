@@ -35,7 +35,8 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "nn.functional.unfold", "nn.functional.pad.circular", "nn.functional.pad.replicate_negative",
              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
              "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "as_strided_scatter", "nextafter",
-             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss"]
+             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss",
+             "grid_sampler_3d"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
