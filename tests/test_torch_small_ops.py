@@ -19,7 +19,8 @@ SMALL_OPS = ["nn.functional.unfold", "nn.functional.adaptive_avg_pool1d", "nn.fu
              "nn.functional.pad.replicate_negative", "nn.functional.pdist", "linalg.vecdot",
              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
              "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "special.log_ndtr", "nextafter",
-             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "grid_sampler_3d"]
+             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "grid_sampler_3d",
+             "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d"]
 
 
 @pytest.fixture(autouse=True)
@@ -209,13 +210,18 @@ def test_flash_attention_kernel_returns_the_logsumexp():
 @pytest.mark.parametrize("padding_mode", ["zeros", "border"])
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_grid_sample_on_volumes(mode, padding_mode, align_corners):
-    """Grid points inside and outside the volume (zeros padding reads 0 there, border clamps)."""
+    """Grid points inside and outside the volume (zeros padding reads 0 there, border clamps),
+    through aten's grid_sampler_3d as op_db calls it, and through F.grid_sample."""
     import torch
     import torch.nn.functional as F
 
     torch.manual_seed(8)
     x = torch.randn(2, 3, 4, 5, 6)
     grid = torch.rand(2, 3, 2, 4, 3) * 2.4 - 1.2
+    modes = {"bilinear": 0, "nearest": 1}
+    paddings = {"zeros": 0, "border": 1}
+    _assert_same(lambda a, g: torch.grid_sampler_3d(a, g, modes[mode], paddings[padding_mode], align_corners),
+                 x, grid)
     _assert_same(lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners),
                  x, grid)
 
@@ -227,8 +233,26 @@ def test_grid_sample_on_volumes_refuses_reflection_padding():
     from ortagent.errors import OrtNotImplemented
 
     with pytest.raises(OrtNotImplemented, match="reflection"):
-        _assert_same(lambda a, g: F.grid_sample(a, g, padding_mode="reflection", align_corners=False),
+        _assert_same(lambda a, g: torch.grid_sampler_3d(a, g, 0, 2, False),
                      torch.randn(1, 1, 2, 3, 4), torch.rand(1, 2, 2, 2, 3) * 2 - 1)
+
+
+def test_fractional_max_pools_with_their_random_samples():
+    """The windows follow torch's intervals computed from the plane's samples (in float32, as
+    torch's kernel), values and indices, the gradient to the index."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(9)
+    samples = torch.rand(2, 3, 2)
+    _assert_same(lambda a: F.fractional_max_pool2d(a, (2, 3), output_size=(7, 5), _random_samples=samples,
+                                                   return_indices=True), torch.randn(2, 3, 23, 17))
+    samples = torch.rand(2, 2, 3)
+    _assert_same(lambda a: F.fractional_max_pool3d(a, (2, 3, 2), output_size=(5, 4, 3), _random_samples=samples,
+                                                   return_indices=True), torch.randn(2, 2, 13, 11, 9))
+    samples = torch.rand(1, 3, 2)
+    _assert_same(lambda a: F.fractional_max_pool2d(a, 3, output_size=1, _random_samples=samples),
+                 torch.randn(1, 3, 9, 9))
 
 
 def test_gaussian_nll_loss_is_refused_with_its_reason():

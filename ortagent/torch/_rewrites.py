@@ -442,6 +442,10 @@ _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.
                    torch.Tensor.cauchy_}
 _RANDOM_LIKE = {torch.rand_like, torch.randn_like, torch.randint_like}
 _RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal}
+# fractional max pooling draws its samples inside torch's function: drawn before the call
+# (spatial dims by function)
+_FRACTIONAL_POOLS = {F.fractional_max_pool2d: 2, F.fractional_max_pool2d_with_indices: 2, F._fractional_max_pool2d: 2,
+                     F.fractional_max_pool3d: 3, F.fractional_max_pool3d_with_indices: 3, F._fractional_max_pool3d: 3}
 # draws whose distribution depends on tensor values: they cannot be made before the run
 _RANDOM_FROM_DATA = {torch.bernoulli, torch.Tensor.bernoulli, torch.multinomial, torch.Tensor.multinomial,
                      torch.poisson, torch.binomial, torch.rrelu, F.rrelu, torch.rrelu_, torch._standard_gamma,
@@ -490,6 +494,8 @@ class _TraceMode(TorchFunctionMode):
             return self._draw(func, args, kwargs)
         if func is F.embedding:
             return _embedding(*args, **kwargs)
+        if func in _FRACTIONAL_POOLS and len(args) <= 5 and kwargs.get("_random_samples") is None:
+            return func(*args, **{**kwargs, "_random_samples": self._fractional_samples(func, args[0])})
         if func is F.gaussian_nll_loss:
             raise OrtNotImplemented("ORTModule: F.gaussian_nll_loss (nn.GaussianNLLLoss) is not supported: on every "
                                     "call torch raises ValueError when the variance has a negative entry, a check "
@@ -548,6 +554,19 @@ class _TraceMode(TorchFunctionMode):
         if any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
             return stop_gradient(result)
         return result
+
+    def _fractional_samples(self, func: Any, input: torch.Tensor) -> torch.Tensor:
+        """The uniform samples fractional max pooling draws inside torch's function (where this
+        mode no longer sees it), drawn here as the same ``torch.rand`` call torch makes, so the
+        bridge replays it."""
+        spatial = _FRACTIONAL_POOLS[func]
+        batch = 1 if input.dim() == spatial + 1 else input.size(0)
+        shape = (batch, input.size(-spatial - 1), spatial)
+        site = Site("factory", (), (torch.rand, shape, {"dtype": input.dtype}))
+        drawn = self.trace.site(site)
+        if drawn is None:           # a discovery: any samples do
+            return torch.full(shape, 0.5, dtype=input.dtype, device=input.device)
+        return drawn[0]
 
     def _draw(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A primitive random draw: a site whose values the bridge makes before the run."""

@@ -35,6 +35,13 @@ sizes known at export, kernel offset ``k`` of block ``l`` reads flat position
 reads those positions with a GatherElements (its gradient a scatter-add); ``fold``, its
 adjoint, scatter-adds the blocks' entries at the same positions (ScatterElements with
 ``reduction="add"``, linear, its gradient a GatherElements) and crops the padding.
+
+``fractional_max_pool2d/3d``: each plane's windows start where torch's kernel puts them,
+``trunc((i + u) alpha) - trunc(u alpha)`` with ``alpha = (size - k) / (out - 1)`` computed in the
+input's float type and the last window at ``size - k``, from the plane's random sample ``u``
+(the bridge draws the samples as torch does: :mod:`ortagent.torch._rewrites`). The windows'
+flat positions are GatherElements reads; ArgMax picks the first maximum (torch's) and the
+value is read again at that index, so the gradient goes to it alone.
 """
 
 from __future__ import annotations
@@ -237,6 +244,68 @@ def col2im(x: Any, output_size: Any, kernel_size: Any, dilation: Any, padding: A
     return op.Slice(image, ints(pads), ints([pads[0] + size[0], pads[1] + size[1]]), ints([n - 1, n]))
 
 
+def _fractional_max(spatial: int):
+    what = f"fractional_max_pool{spatial}d"
+    # which of a plane's random samples sets each spatial axis's windows (torch's kernels: 2-d
+    # reads (W, H), 3-d reads (T, H, W))
+    sample_of_axis = [1, 0] if spatial == 2 else [0, 1, 2]
+
+    def fractional_max_pool(x: Any, kernel_size: Any, output_size: Any, random_samples: Any) -> tuple[Any, Any]:
+        n = rank(x)
+        if n != spatial + 2:
+            raise OrtNotImplemented(f"ortagent's {what}: input of rank {n} (a batch axis is needed)")
+        kernel = [int(k) for k in kernel_size]
+        outs = [int(o) for o in output_size]
+        sizes = static_dims(x, range(2, n), what)
+        if any(o < 1 for o in outs) or any(o + k - 1 > s for o, k, s in zip(outs, kernel, sizes)):
+            raise OrtNotImplemented(f"ortagent's {what}: output {outs} with kernel {kernel} on {sizes}")
+        samples = op.CastLike(random_samples, x)
+        strides = [int(np.prod(sizes[d + 1:])) for d in range(spatial)]
+        flat_positions = None
+        for d in range(spatial):
+            size, out, k = sizes[d], outs[d], kernel[d]
+            u = op.Slice(samples, ints([sample_of_axis[d]]), ints([sample_of_axis[d] + 1]), ints([2]))   # (N, C, 1)
+            if out > 1:
+                # torch's intervals, in the input's float type as its kernel computes them:
+                # trunc((i + u) alpha) - trunc(u alpha), the last one fixed at size - k
+                alpha = op.CastLike(op.Constant(value_float=float(np.float32(size - k) / np.float32(out - 1))), x)
+                steps = op.CastLike(op.Constant(value=_tensor(np.arange(out, dtype=np.float32))), x)
+                first = op.Cast(op.Floor(op.Mul(op.Add(steps, u), alpha)), to=INT64)
+                starts = op.Sub(first, op.Cast(op.Floor(op.Mul(u, alpha)), to=INT64))           # (N, C, out)
+                last = op.Constant(value=_tensor(np.array([0] * (out - 1) + [1], dtype=bool)))
+                starts = op.Where(last, op.Constant(value_int=size - k), starts)
+            else:
+                starts = op.Expand(op.Constant(value_ints=[size - k]), op.Shape(u))
+            rows = _spread_axis(starts, k, strides[d], d, spatial)
+            flat_positions = rows if flat_positions is None else op.Add(flat_positions, rows)
+        cells, window = int(np.prod(outs)), int(np.prod(kernel))
+        positions = op.Reshape(flat_positions, ints([0, 0, cells * window]))
+        plane = op.Reshape(x, ints([0, 0, int(np.prod(sizes))]))
+        windows = op.Reshape(op.GatherElements(plane, positions, axis=2), ints([0, 0, cells, window]))
+        chosen = op.ArgMax(windows, axis=3, keepdims=1)                                       # first maximum
+        index = op.GatherElements(op.Reshape(positions, ints([0, 0, cells, window])), chosen, axis=3)
+        index = op.Reshape(index, ints([0, 0, cells]))
+        values = op.GatherElements(plane, index, axis=2)          # the gradient goes to the index
+        out_shape = ints([0, 0] + outs)
+        return op.Reshape(values, out_shape), op.Reshape(index, out_shape)
+
+    return fractional_max_pool
+
+
+def _spread_axis(starts: Any, k: int, stride: int, d: int, spatial: int) -> Any:
+    """The flat offsets along axis ``d`` of every (output cell, kernel offset) pair, laid out as
+    (N, C, out_0, ..., out_{s-1}, k_0, ..., k_{s-1}) with size 1 on the other axes."""
+    rows = op.Add(op.Unsqueeze(starts, ints([3])), op.Constant(value=_tensor(np.arange(k, dtype=np.int64))))
+    rows = op.Mul(rows, op.Constant(value_int=stride))                                    # (N, C, out, k)
+    # out goes to axis 2 + d, k to axis 2 + spatial + d
+    before_out = list(range(2, 2 + d))
+    between = list(range(2 + d + 1, 2 + spatial + d))
+    after_k = list(range(2 + spatial + d + 1, 2 + 2 * spatial))
+    rows = op.Unsqueeze(rows, ints(before_out)) if before_out else rows
+    rows = op.Unsqueeze(rows, ints(between)) if between else rows
+    return op.Unsqueeze(rows, ints(after_k)) if after_k else rows
+
+
 def translations() -> dict:
     import torch
     from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
@@ -251,6 +320,8 @@ def translations() -> dict:
         aten._adaptive_avg_pool3d.default: _adaptive_avg(3),
         aten.avg_pool2d.default: _avg_pool_with_divisor(2, torchlib_nn.aten_avg_pool2d),
         aten.avg_pool3d.default: _avg_pool_with_divisor(3, torchlib_nn.aten_avg_pool3d),
+        aten.fractional_max_pool2d.default: _fractional_max(2),
+        aten.fractional_max_pool3d.default: _fractional_max(3),
         aten.im2col.default: im2col,
         aten.col2im.default: col2im,
     }
