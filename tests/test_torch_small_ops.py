@@ -255,12 +255,36 @@ def test_fractional_max_pools_with_their_random_samples():
                  torch.randn(1, 3, 9, 9))
 
 
-def test_gaussian_nll_loss_is_refused_with_its_reason():
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("full", [False, True])
+def test_gaussian_nll_loss_matches_with_its_shapes_and_clamp(reduction, full):
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(10)
+    x, target = torch.randn(4, 3), torch.randn(4, 3)
+    _assert_same(lambda i, t, v: F.gaussian_nll_loss(i, t, v, full=full, reduction=reduction), x, target,
+                 torch.rand(4, 3) * 2)
+    # one variance per sample (the last axis dropped, or of size 1); variances under eps clamped
+    _assert_same(lambda i, t, v: F.gaussian_nll_loss(i, t, v, reduction=reduction), x, target, torch.rand(4))
+    _assert_same(lambda i, t, v: F.gaussian_nll_loss(i, t, v, eps=0.1, reduction=reduction), x, target,
+                 torch.tensor([[0.0], [0.05], [1.0], [2.0]]))
+
+
+def test_gaussian_nll_loss_keeps_torch_s_check_on_a_negative_variance():
+    """Eager raises ValueError on a negative variance; the graph fails its run there (an
+    OrtInvalidArgument, a ValueError too) rather than return a number."""
     import torch
 
-    from ortagent.errors import OrtNotImplemented
     from ortagent.torch import ORTModule
 
     loss = ORTModule(torch.nn.GaussianNLLLoss())
-    with pytest.raises(OrtNotImplemented, match="negative"):
-        loss(torch.randn(4, 2), torch.randn(4, 2), torch.rand(4, 2) + 0.1)
+    x, target, var = torch.randn(4, 2), torch.randn(4, 2), torch.rand(4, 2) + 0.1
+    torch.testing.assert_close(loss(x, target, var), torch.nn.GaussianNLLLoss()(x, target, var))
+    negative = var.clone()
+    negative[2, 1] = -0.5
+    with pytest.raises(ValueError):
+        torch.nn.GaussianNLLLoss()(x, target, negative)
+    with pytest.raises(ValueError):
+        loss(x, target, negative)
+    torch.testing.assert_close(loss(x, target, var), torch.nn.GaussianNLLLoss()(x, target, var))

@@ -436,6 +436,49 @@ def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("ortagent::check_nonnegative", mutates_args=())
+def check_nonnegative(x: torch.Tensor) -> torch.Tensor:
+    """``x`` unchanged, in a graph whose run fails where an entry of ``x`` is negative (a check
+    eager makes in Python on the values, which the graph keeps)."""
+    if bool((x < 0).any()):
+        raise ValueError("ortagent::check_nonnegative: a negative entry")
+    return x.clone()
+
+
+@check_nonnegative.register_fake
+def _check_nonnegative_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+check_nonnegative.register_autograd(lambda ctx, grad: grad)
+
+
+def _gaussian_nll_loss(input: torch.Tensor, target: torch.Tensor, var: Any, full: bool = False,
+                       eps: float = 1e-6, reduction: str = "mean") -> torch.Tensor:
+    """torch's Gaussian negative log likelihood, with its checks: the shape checks here at the
+    trace (as torch makes them), the check for a negative variance in the graph
+    (:func:`check_nonnegative`: the run fails rather than return a number where eager raises).
+    The variance is clamped at ``eps`` outside autograd, as torch does, so its gradient is taken
+    at the clamped value."""
+    if not isinstance(var, torch.Tensor):
+        var = torch.full_like(input, float(var))
+    if var.size() != input.size():
+        if input.size()[:-1] == var.size():
+            var = torch.unsqueeze(var, -1)
+        elif not (input.size()[:-1] == var.size()[:-1] and var.size(-1) == 1):
+            raise ValueError("var is of incorrect size")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(reduction + " is not valid")
+    var = check_nonnegative(var)
+    clamped = var + stop_gradient(var.clamp(min=eps) - var)
+    loss = 0.5 * (torch.log(clamped) + (input - target) ** 2 / clamped)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
 # in-place random methods whose result depends only on the tensor's layout and scalar arguments
 _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.random_,
                    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
@@ -497,10 +540,7 @@ class _TraceMode(TorchFunctionMode):
         if func in _FRACTIONAL_POOLS and len(args) <= 5 and kwargs.get("_random_samples") is None:
             return func(*args, **{**kwargs, "_random_samples": self._fractional_samples(func, args[0])})
         if func is F.gaussian_nll_loss:
-            raise OrtNotImplemented("ORTModule: F.gaussian_nll_loss (nn.GaussianNLLLoss) is not supported: on every "
-                                    "call torch raises ValueError when the variance has a negative entry, a check "
-                                    "on tensor values that an exported graph cannot make, and the bridge does not "
-                                    "drop a check eager makes")
+            return _gaussian_nll_loss(*args, **kwargs)
         if func is torch.lstm and _projects(args):
             raise OrtNotImplemented("ORTModule: nn.LSTM with proj_size is not supported: torch's ONNX exporter "
                                     "writes an ONNX LSTM, which has no projection of the hidden state, so the "
