@@ -14,12 +14,23 @@ only), transformers GPT-2 (2 layers, d64, 4 heads, vocabulary 128) on 2x16 token
 loss. The bridge's gradients are checked against eager's before timing. Skipped, with the
 reason, when torch, torchvision, transformers or onnxscript is missing. This group times the
 CPU; a CUDA run is not part of it yet (noted in the group when a CUDA device exists).
-Peak memory against eager's is not measured yet.
+
+Memory, per model and side, each in a fresh child process (Linux: the kernel's resident-set
+counters in ``/proc/self/status``; skipped elsewhere), all above the resident size of the built
+model before its first call: the peak of the first call (for ORTModule, the export's and the
+sessions' creation), the peak of the next four steps (the high-water mark reset with
+``/proc/self/clear_refs`` between), and what stays resident after them (eager: autograd's and the
+allocator's retained memory; ORTModule: the exported graph, the two sessions with their arenas
+and plans as well), each against eager's; and, apart, what importing the exporter costs.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 import time
 
 from . import _common
@@ -48,6 +59,80 @@ def _models(torch, quick: bool):
     cases.append(("gpt2", "GPT-2 2 layers d64 2x16", lambda: transformers.GPT2LMHeadModel(config), (),
                   {"input_ids": ids, "labels": ids}, lambda out: out.loss))
     return cases
+
+
+def _resident_mb() -> tuple[float, float]:
+    """(resident size, its high-water mark) of this process in MiB, from /proc/self/status."""
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0]) / 1024.0
+    return values["VmRSS"], values["VmHWM"]
+
+
+def _memory_child(tag: str, side: str) -> dict:
+    """Run in a child: one model, one side, resident sizes around its first call and its steps."""
+    import torch
+
+    torch.set_num_threads(1)
+    make, args, kwargs, loss_of = next((m, a, k, f) for t, _, m, a, k, f in _models(torch, quick=False) if t == tag)
+    imports = 0.0
+    if side == "bridge":                    # what importing the exporter costs, apart
+        unloaded, _ = _resident_mb()
+        import onnxscript  # noqa: F401
+        import torch.onnx._internal.exporter._core  # noqa: F401
+
+        from ortagent.torch import ORTModule
+        imports = _resident_mb()[0] - unloaded
+    torch.manual_seed(0)
+    model = make().train()
+    if side == "bridge":
+        model = ORTModule(model, session_options=_common.ortagent_options())
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss_of(model(*args, **kwargs)).backward()
+
+    before, _ = _resident_mb()
+    step()
+    _, first_peak = _resident_mb()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")                    # resets VmHWM to the current resident size
+    for _ in range(4):
+        step()
+    resident, later_peak = _resident_mb()
+    return {"first_peak": first_peak - before, "later_peak": later_peak - before, "resident": resident - before,
+            "imports": imports}
+
+
+def _memory(tag: str) -> dict[str, dict] | str:
+    """Both sides' figures for ``tag``, or why they could not be measured."""
+    if not os.path.exists("/proc/self/clear_refs"):
+        return "no /proc/self/clear_refs (Linux only)"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    figures = {}
+    for side in ("eager", "bridge"):
+        child = subprocess.run([sys.executable, "-m", "benchmarks.group_torch_models", "--memory", tag, side],
+                               cwd=root, capture_output=True, text=True, timeout=600)
+        if child.returncode:
+            return f"the {side} child failed: {child.stderr.strip().splitlines()[-1:]}"
+        figures[side] = json.loads(child.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def _memory_note(title: str, figures: dict[str, dict] | str) -> str:
+    if isinstance(figures, str):
+        return f"{title}: memory not measured ({figures})"
+    eager, bridge = figures["eager"], figures["bridge"]
+    parts = []
+    for key, what in (("first_peak", "first-call peak"), ("later_peak", "peak of the next 4 steps"),
+                      ("resident", "resident after them")):
+        ratio = bridge[key] / eager[key] if eager[key] > 0.5 else float("nan")
+        parts.append(f"{what} {bridge[key]:.0f} vs {eager[key]:.0f} MiB ({ratio:.2f}x)")
+    return (f"{title}: memory, ORTModule vs eager: " + "; ".join(parts)
+            + f" (before these, importing torch.onnx's exporter, onnxscript and ortagent.torch: {bridge['imports']:.0f} MiB)")
 
 
 class _FirstCall:
@@ -164,6 +249,7 @@ def run(settings) -> Group:
                           for key, seconds in first.spans.items() if not key.startswith("export: "))
         group.notes.append(f"{title}: first call {wall:.2f} s wall ({split}, thread CPU); largest gradient "
                            f"difference to eager {worst:.1e}")
+        group.notes.append(_memory_note(title, _memory(tag)))
         labels[tag] = title
         blocks.append([PyCalls(f"{tag}/eager", f"{title}: eager step", "torch", step, eager),
                        PyCalls(f"{tag}/bridge", f"{title}: ORTModule step", "ortagent", step, bridged),
@@ -188,3 +274,10 @@ def run(settings) -> Group:
                        "resnet18/bridge", "resnet18/eager", 1.0)
     group.seconds = time.perf_counter() - started
     return group
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--memory":
+        print(json.dumps(_memory_child(sys.argv[2], sys.argv[3])))
+    else:
+        sys.exit("usage: python -m benchmarks.group_torch_models --memory TAG eager|bridge")

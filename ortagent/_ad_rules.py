@@ -41,6 +41,11 @@ one) onnx-ad tried to differentiate and refused for float32 bases; and ``Average
 gradient, divided by onnxruntime's own divisor per window, back over each window's elements
 inside the input (see :func:`_ceil_average_pool_reverse`).
 
+``DFT`` is extended to the inverse onesided transform (torch's ``irfft``, ``hfft`` and the last
+axis of their 2-d and n-d forms), which onnx-ad refuses: its reverse is the forward onesided
+transform of the output gradient, scaled by ``1/n``, with the bins that stand for two in the
+full spectrum doubled (see :func:`_c2r_dft_reverse`).
+
 ``ScatterElements`` with ``reduction`` mul, min or max (torch's ``scatter_reduce`` prod, amin,
 amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 :func:`_reducing_scatter_reverse`). ``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
@@ -51,8 +56,10 @@ specification's function body, in which it cannot place its seed axis): see
 ``y / x``, inf or NaN where ``x`` is zero; ortagent's counts the zeros of each reduced slice
 and is exact at them, as torch's ``prod`` backward is (see :func:`_reduce_prod_reverse`).
 
-``Det``'s rule is replaced too: onnx-ad gives a determinant a zero gradient; ortagent refuses
-to differentiate it (see :func:`_det_reverse`).
+``Det``'s rule is replaced too: onnx-ad gives a determinant a zero gradient; ortagent's is the
+cofactor matrix, for a static order up to 16 (see :func:`_det_reverse`). onnxruntime's contrib
+``com.microsoft:Inverse`` (torch's ``linalg.inv``, see ortagent/torch/translations/linalg.py)
+gets the rule ``-Y^T g Y^T`` (see :func:`_inverse_reverse`).
 
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
@@ -438,6 +445,66 @@ def _ceil_average_pool_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
 
 
+def _dft_reverse_or_c2r(rule):
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import attribute
+
+        if attribute(node, "inverse", 0) and attribute(node, "onesided", 0):
+            return _c2r_dft_reverse(ctx, node, grads)
+        return rule(ctx, node, grads)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _c2r_dft_reverse(ctx, node, grads):
+    """The gradient of an inverse onesided DFT (complex to real, IRFFT): ``x`` holds the bins
+    ``0 .. n//2`` of a Hermitian spectrum (a trailing (re, im) axis), ``y`` the real signal of
+    length ``n`` (``[..., n, 1]``, as onnxruntime returns it):
+
+        y[t] = (1/n) (Re x[0] + sum_{0<k<n/2} 2 Re(x[k] w^kt) + [n even] Re x[n/2] (-1)^t),
+        w = exp(2 pi i / n)
+
+    (the imaginary parts of bin 0 and, for even n, bin n/2 are not read). So dL/dRe x[k] =
+    (c_k/n) sum_t g[t] cos(2 pi k t / n) and dL/dIm x[k] = -(c_k/n) sum_t g[t] sin(2 pi k t / n),
+    with c_k = 2 for the bins that stand for two (all but bin 0 and, for even n, bin n/2) and 1
+    for the others: the forward onesided DFT of ``g`` with each bin scaled by ``c_k / n``,
+    which is what torch's ``_fft_c2r`` backward computes. Needs static shapes, a constant
+    ``dft_length`` and ``n//2 + 1`` input bins (what torch hands the exporter: it resizes
+    the spectrum first)."""
+    from onnx_ad._build import UnsupportedOperator
+    from onnx_ad.rules import _dft, _dft_axis, _seed_back, _seed_front
+
+    x, y = node.input[0], node.output[0]
+    shape_in, shape_out = ctx.shapes.static(x), ctx.shapes.static(y)
+    if shape_in is None or shape_out is None:
+        raise UnsupportedOperator("an inverse onesided DFT needs declared shapes to be differentiated in reverse")
+    axis, as_input = _dft_axis(ctx, node)
+    bins = shape_in[axis]
+    length = 2 * (bins - 1)
+    if len(node.input) > 1 and node.input[1]:
+        given = ctx.integers(node.input[1])
+        if given is None:
+            raise UnsupportedOperator("an inverse onesided DFT is differentiable in reverse only with a "
+                                      "constant dft_length")
+        length = given[0]
+    rank = len(shape_in)
+    if shape_in[-1] != 2 or shape_out[-1] != 1 or shape_out[axis] != length or bins != length // 2 + 1:
+        raise UnsupportedOperator(f"an inverse onesided DFT is differentiated in reverse only from a complex "
+                                  f"input of n//2 + 1 bins to a real signal of n; here {shape_in} to "
+                                  f"{shape_out} with n = {length}")
+    dtype = ctx.dtype(x)
+    g = _seed_front(ctx, ctx.full(grads[0], y), rank)               # [seeds, ..., n, 1]
+    spectrum = _dft(ctx, g, axis, as_input, onesided=1)             # [seeds, ..., n//2 + 1, 2]
+    weights = np.full(bins, 2.0 / length)
+    weights[0] = 1.0 / length
+    if length % 2 == 0:
+        weights[-1] = 1.0 / length
+    weight = ctx.b.constant(weights, dtype, (bins,) + (1,) * (rank - axis - 1))
+    scaled = ctx.b.op("Mul", [spectrum, weight], stem="c2r_adjoint")
+    return [_seed_back(ctx, scaled, rank)] + [None] * (len(node.input) - 1)
+
+
 def _zeros_like(ctx, name, dtype, stem):
     """Zeros of ``name``'s shape, of element type ``dtype``."""
     return ctx.b.op("ConstantOfShape", [ctx.b.op("Shape", [name])],
@@ -602,19 +669,52 @@ def _reduce_prod_reverse(ctx, node, grads):
     return [ctx.full(ctx.b.op("Mul", [ctx.lift(weight), seeded]), x)] + [None] * (len(node.input) - 1)
 
 
+_COFACTOR_LIMIT = 16     # largest order whose Det gradient is built from its n^2 minors
+
+
 def _det_reverse(ctx, node, grads):
-    """Det's gradient is refused, not left at zero. onnx-ad lists Det among the operators a
-    derivative does not flow through, so a determinant (torch's ``det``, ``logdet``) got a zero
-    gradient, silently. The true one, ``det(A) * inverse(A)^T``, needs an inverse that standard
-    ONNX lacks and that is undefined where ``A`` is singular (torch's stays finite there), so
-    until an exact rule exists the gradient is refused whenever one is asked for."""
+    """Det's gradient: the output gradient times the cofactor matrix of ``A`` (the transposed
+    adjugate, ``det(A) * inverse(A)^T`` where ``A`` is invertible), each cofactor the signed
+    determinant of a minor, so no inverse is needed and nothing is 0 * inf. Where the
+    determinant is exactly 0 the gradient is 0, as torch's is (its rule scales a solve by the
+    determinant; the adjugate there would be the true derivative, but not torch's). onnx-ad
+    lists Det among the operators a derivative does not flow through (a silent zero); this rule
+    replaces it for matrices of an order known at export up to ``_COFACTOR_LIMIT`` (all minors
+    at once: two Gathers drop one row and one column each, one batched Det), and refuses the
+    gradient of larger or symbolic orders rather than give a wrong one."""
     from onnx_ad._build import UnsupportedOperator
 
-    if ctx.asked_for(node.input[0]):
-        raise UnsupportedOperator("Det (torch's det, logdet) is not differentiated: onnx-ad would give it a "
-                                  "zero gradient, and an exact one needs a matrix inverse that also holds "
-                                  "at singular matrices")
-    return [None]
+    a = node.input[0]
+    if not ctx.asked_for(a):
+        return [None]
+    shape = ctx.shapes.shape(a)
+    n = shape[-1] if shape else None
+    if not isinstance(n, int) or n > _COFACTOR_LIMIT:
+        raise UnsupportedOperator(f"Det (torch's det, logdet, slogdet) is differentiated for matrices of a static "
+                                  f"order up to {_COFACTOR_LIMIT} only (its gradient is built from the cofactors); "
+                                  f"this one has order {n}")
+    r = len(shape)
+    dtype = ctx.dtype(node.output[0], a)
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="det_dy")
+    g = ctx.b.op("Unsqueeze", [g, ctx.b.ints([-2, -1])], stem="det_dy_matrix")
+    if n == 0:          # an empty matrix (determinant 1): an empty gradient
+        cofactors = a
+    elif n == 1:
+        cofactors = ctx.b.op("Expand", [ctx.constant(1.0, dtype), ctx.b.op("Shape", [a])], stem="det_cofactors")
+    else:
+        others = ctx.b.constant([[k for k in range(n) if k != i] for i in range(n)], onnx.TensorProto.INT64)
+        rows = ctx.b.op("Gather", [a, others], axis=r - 2, stem="det_minor_rows")        # (..., n, n-1, n)
+        minors = ctx.b.op("Gather", [rows, others], axis=r, stem="det_minor_cols")      # (..., n, n-1, n, n-1)
+        minors = ctx.b.op("Transpose", [minors], perm=[*range(r - 2), r - 2, r, r - 1, r + 1], stem="det_minors")
+        signs = ctx.b.constant([[(-1.0) ** (i + j) for j in range(n)] for i in range(n)], dtype)
+        cofactors = ctx.b.op("Mul", [ctx.b.op("Det", [minors], stem="det_minor_dets"), signs], stem="det_cofactors")
+    # torch's gradient at a matrix whose determinant is exactly 0 is 0 (its rule scales the
+    # solve by the determinant), not the adjugate: the same here
+    det = ctx.b.op("Unsqueeze", [node.output[0], ctx.b.ints([-2, -1])], stem="det_matrix")
+    singular = ctx.b.op("Equal", [det, ctx.constant(0.0, dtype)], stem="det_singular")
+    cofactors = ctx.b.op("Where", [singular, ctx.constant(0.0, dtype), cofactors], stem="det_cofactors_or_zero")
+    grad = ctx.b.op("Mul", [g, cofactors], stem="det_times_cofactors")
+    return [_with_seed_axis(ctx, grad, "det_adjoint")]
 
 
 def _register() -> None:
@@ -638,9 +738,11 @@ def _register() -> None:
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
+        rules.REVERSE["DFT"] = _dft_reverse_or_c2r(rules.REVERSE["DFT"])
         rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
         rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
+        rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
         if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
             rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse
@@ -673,6 +775,7 @@ def prepare(model: ModelProto) -> None:
             elif node.domain in ("", "ai.onnx") and node.op_type == "ConvTranspose" and _explicit(node):
                 convolutions.append((node, CONVOLUTION_TRANSPOSE))
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
+    _declare_inverses(model)
     if not convolutions and not uses_private_ops(model):
         return
     known = _known_types(model)
@@ -730,3 +833,35 @@ def finish(model: ModelProto) -> None:
     kept = [opset for opset in model.opset_import if opset.domain != DOMAIN]
     del model.opset_import[:]
     model.opset_import.extend(kept)
+
+
+INVERSE = "Inverse"     # com.microsoft:Inverse, the batched matrix inverse
+
+
+def _inverse_reverse(ctx, node, grads):
+    """com.microsoft:Inverse's gradient: ``-Y^T g Y^T`` with ``Y`` the inverse, the transposes
+    over the last two axes (every leading axis a batch)."""
+    a, y = node.input[0], node.output[0]
+    if not ctx.asked_for(a):
+        return [None]
+    r = ctx.rank(a)
+    g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="inverse_dy")
+    y_t = ctx.b.op("Transpose", [y], perm=[*range(r - 2), r - 1, r - 2], stem="inverse_t")
+    grad = ctx.b.op("Neg", [ctx.b.op("MatMul", [ctx.b.op("MatMul", [y_t, g]), y_t])], stem="inverse_transposed_product")
+    return [_with_seed_axis(ctx, grad, "inverse_adjoint")]
+
+
+def _declare_inverses(model: ModelProto) -> None:
+    """Declare each com.microsoft:Inverse result's type (its operand's), which ONNX shape
+    inference does not know, for onnx-ad's shape queries."""
+    inverses = [node for node in model.graph.node if node.domain == _MS_DOMAIN and node.op_type == INVERSE]
+    if not inverses:
+        return
+    known = _known_types(model)
+    for node in inverses:
+        source = known.get(node.input[0])
+        declared = [value for value in model.graph.value_info if value.name == node.output[0]]
+        if source is not None and declared and not declared[0].type.tensor_type.elem_type:
+            declared[0].type.CopyFrom(source.type)       # the exporter declared it without a type
+        else:
+            _declare(model, node.output[0], source)

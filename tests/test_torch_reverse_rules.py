@@ -409,19 +409,27 @@ def test_masked_prod_with_zeros():
     _check(lambda value: torch.masked._ops.prod(value, 1, mask=mask), x)
 
 
-# -- Det: refused, not a zero gradient ------------------------------------------------------------
+# -- Det: the cofactor matrix, not a zero gradient -------------------------------------------------
 
 @pytest.mark.parametrize("function", ["det", "logdet"])
-def test_determinant_gradient_is_refused_rather_than_zero(function):
-    """onnx-ad gives Det a zero derivative: torch.det / torch.logdet trained with a zero gradient.
-    Until an exact rule exists (one that holds at singular matrices too) it must be refused."""
+def test_determinant_gradient_is_the_cofactor_matrix_not_zero(function):
+    """onnx-ad gives Det a zero derivative (torch.det / torch.logdet trained with a zero
+    gradient); ortagent's rule is the cofactor matrix, torch's gradient."""
+    import torch
+
+    x = torch.tensor([[2.0, 0.5, 0.0], [0.25, 1.5, -0.5], [0.0, 0.75, 1.0]])
+    _check(getattr(torch, function), x)
+
+
+def test_determinant_gradient_of_a_large_matrix_is_refused_rather_than_zero():
+    """Beyond the cofactor rule's order the gradient is refused, never left at zero."""
     import torch
 
     from ortagent.errors import OrtNotImplemented
 
-    x = torch.tensor([[2.0, 0.5, 0.0], [0.25, 1.5, -0.5], [0.0, 0.75, 1.0]])
+    x = torch.eye(17) + 0.01 * torch.arange(17.0 * 17).reshape(17, 17) / 289
     with pytest.raises(OrtNotImplemented, match="Det"):
-        _check(getattr(torch, function), x)
+        _check(torch.det, x)
 
 
 def test_determinant_without_a_gradient_still_runs():

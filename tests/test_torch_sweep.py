@@ -31,17 +31,29 @@ OPS_FIXED = ["nn.functional.multilabel_soft_margin_loss", "nn.functional.logsigm
              "fmin", "copysign", "hypot", "frexp", "lgamma", "digamma", "polygamma", "special.polygamma",
              "mvlgamma", "erfinv", "special.ndtri", "i0", "special.i0e", "special.i1", "special.i1e", "cdist",
              "nn.functional.pdist", "combinations",
-             # small ops (unfold, padding, scatters, mode, segment_reduce, nextafter, flash attention)
-             "nn.functional.unfold", "nn.functional.pad.circular", "nn.functional.pad.replicate_negative",
-             "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
-             "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "as_strided_scatter", "nextafter",
-             "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss",
-             "grid_sampler_3d"]
+             # complex results crossing as real views; the inverse onesided DFT's reverse rule
+             "complex", "polar", "cfloat", "cdouble", "stft", "fft.fft", "fft.ifft", "fft.rfft", "fft.rfft2",
+             "fft.rfftn", "fft.ihfft", "fft.irfft", "fft.irfft2", "fft.irfftn", "fft.hfft", "fft.hfft2", "fft.hfftn",
+             "fft.fft2", "fft.fftn", "fft.ifft2", "fft.ifftn", "fft.ihfft2", "fft.ihfftn"]
 OPS_EVERY = 25          # and every 25th of the others, in op_db's order
 MODULES_FIXED = ["Embedding", "GRU", "LSTM", "BatchNorm2d", "InstanceNorm2d", "Conv2d", "MultiheadAttention",
                  "TransformerEncoderLayer", "GroupNorm", "LayerNorm", "CrossEntropyLoss", "PReLU", "Bilinear",
                  "ConvTranspose2d", "LazyConvTranspose1d", "ReflectionPad2d", "ReplicationPad3d", "CircularPad1d", "RNN", "LazyConv2d", "CTCLoss", "AdaptiveMaxPool2d", "RMSNorm",
-                 "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d", "CircularPad2d", "GaussianNLLLoss"]
+                 "AdaptiveMaxPool1d", "AdaptiveMaxPool3d", "AdaptiveAvgPool3d"]
+# translated by ortagent's linalg family (inverses, solves, Cholesky, determinants, LU solves)
+OPS_FIXED += ["linalg.inv", "linalg.inv_ex", "linalg.solve", "linalg.solve_ex", "linalg.tensorinv",
+              "linalg.tensorsolve", "linalg.solve_triangular", "triangular_solve", "cholesky_solve",
+              "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet",
+              "lu_unpack", "lu_solve", "linalg.lu_solve"]
+# translated by ortagent's small-op translations (unfold, padding, scatters, mode, segment_reduce,
+# nextafter, the CPU flash kernel, grid_sample on volumes, fractional max pools, Gaussian NLL),
+# and as_strided_scatter, refused with its reason
+OPS_FIXED += ["nn.functional.unfold", "nn.functional.pad.circular", "nn.functional.pad.replicate_negative",
+              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
+              "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "as_strided_scatter", "nextafter",
+              "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss",
+              "grid_sampler_3d"]
+MODULES_FIXED += ["CircularPad2d", "GaussianNLLLoss"]
 
 
 def _sweep():

@@ -81,11 +81,23 @@ def _tensor_leaves(value: Any) -> list:
     return [leaf for leaf in _leaves(value) if isinstance(leaf, torch.Tensor)]
 
 
+def _real_view(tensor: Any) -> Any:
+    """A complex tensor as its real view (a trailing axis of real and imaginary parts; ``.double()``
+    would drop the imaginary part), any other one as it is."""
+    torch = _torch()
+    if tensor.is_complex():
+        return torch.view_as_real(tensor.detach().resolve_conj().resolve_neg())
+    return tensor
+
+
 def _error(actual: Any, expected: Any) -> tuple[float, float]:
     """(max abs difference, max magnitude of ``expected``), NaN and infinities compared by
-    position; (inf, scale) when they disagree in shape, dtype class or non-finite positions."""
+    position, complex tensors through their real views; (inf, scale) when they disagree in
+    shape, complexity or non-finite positions."""
     torch = _torch()
-    a, e = actual.detach().double(), expected.detach().double()
+    if actual.is_complex() != expected.is_complex():
+        return math.inf, 0.0
+    a, e = _real_view(actual).detach().double(), _real_view(expected).detach().double()
     if a.shape != e.shape:
         return math.inf, 0.0
     if not a.numel():
@@ -111,7 +123,8 @@ def _compare_tensors(what: str, actual: list, expected: list, reference: list | 
             e = torch.zeros_like(a)         # eager's None gradient is a zero one
         if a is None:
             a = torch.zeros_like(e)
-        if a.dtype != e.dtype and not (a.is_floating_point() and e.is_floating_point()):
+        if a.dtype != e.dtype and not (a.is_floating_point() and e.is_floating_point()) and \
+                not (a.is_complex() and e.is_complex()):
             return f"{what} {index}: dtype {a.dtype}, eager {e.dtype}"
         if not e.is_floating_point() and not e.is_complex():
             if a.shape != e.shape or not torch.equal(a, e.to(a.dtype)):
@@ -134,16 +147,30 @@ def _compare_tensors(what: str, actual: list, expected: list, reference: list | 
 
 def _loss_weights(outputs: list, seed: int) -> list:
     """Fixed random weights for a scalar loss over the floating-point outputs (a plain sum
-    would hide gradients that only move values around)."""
+    would hide gradients that only move values around); a complex output's weight is a real
+    one on its real view, so that its real and imaginary parts both carry gradient."""
     torch = _torch()
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(out.shape, generator=generator, dtype=torch.float64).to(out.dtype)
-            if out.is_floating_point() else None for out in outputs]
+    weights = []
+    for out in outputs:
+        if out.is_floating_point() or out.is_complex():
+            view = _real_view(out)
+            weights.append(torch.randn(view.shape, generator=generator, dtype=torch.float64).to(view.dtype))
+        else:
+            weights.append(None)
+    return weights
+
+
+def _loss_term(out: Any, weight: Any) -> Any:
+    torch = _torch()
+    if out.is_complex():
+        out = torch.view_as_real(out.resolve_conj())
+    return (out * weight).sum()
 
 
 def _backward(outputs: list, weights: list, leaves: list) -> list:
     torch = _torch()
-    terms = [(out * w).sum() for out, w in zip(outputs, weights)
+    terms = [_loss_term(out, w) for out, w in zip(outputs, weights)
              if w is not None and out.requires_grad]
     if not terms:
         return [None] * len(leaves)

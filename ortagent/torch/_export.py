@@ -32,7 +32,9 @@ from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
+from ._complex import decompose_complex
 from .translations import translation_table
+from .translations.linalg import without_error_checks
 from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
 
 __all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "TraceFailure", "discover", "export",
@@ -380,11 +382,12 @@ def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names
     ONNX translation of that program. Exporting first ourselves keeps torch.export's own
     decisions: a dimension torch pins (matched against a weight) is static in the graph, and a
     free one keeps the range torch proved for it."""
-    with warnings.catch_warnings(), torch.enable_grad():
+    with warnings.catch_warnings(), torch.enable_grad(), without_error_checks():
         warnings.filterwarnings("ignore", message="Exporting a model while it is in training mode")
         warnings.filterwarnings("ignore", message=".*LeafSpec.*is deprecated", category=FutureWarning)
         warnings.filterwarnings("ignore", category=UserWarning, module="torch.onnx")
         exported_program = torch.export.export(functional, tuple(flat), dynamic_shapes=dynamic_shapes, strict=False)
+        exported_program = decompose_complex(exported_program)
         program = torch.onnx.export(exported_program, (), dynamo=True, input_names=input_names, opset_version=opset,
                                     optimize=True, verbose=False, report=False,
                                     custom_translation_table=translation_table())

@@ -47,9 +47,11 @@ class _Export:
 
 def _check_outputs(traced: Sequence[torch.Tensor], produced: Sequence[torch.Tensor], name: str) -> None:
     """The first call's outputs have the shapes and dtypes the traced forward had at the same
-    shapes: a translation that changed one would give other values too."""
+    shapes (a complex result's: those of its real view): a translation that changed one would
+    give other values too."""
     for index, (want, got) in enumerate(zip(traced, produced)):
-        if tuple(want.shape) != tuple(got.shape) or want.dtype != got.dtype:
+        shape, dtype = _trees.real_view_meta(want)
+        if shape != tuple(got.shape) or dtype != got.dtype:
             raise OrtNotImplemented(f"ORTModule: the graph exported for {name} returns output {index} as "
                                     f"{got.dtype} {tuple(got.shape)} where the forward returns {want.dtype} "
                                     f"{tuple(want.shape)}: torch's ONNX exporter translated it otherwise")
@@ -491,7 +493,7 @@ class ORTModule(nn.Module):
                     buffers[name].add_(1)
         if n_stats:
             self._update_running_stats(exported, outputs[n_out:n_out + n_stats])
-        return entry.outputs.rebuild(outputs[:n_out])
+        return entry.outputs.rebuild(_trees.complex_results(entry.outputs.tensors, outputs[:n_out]))
 
     def _update_running_stats(self, exported: ExportedGraph, stats: Sequence[torch.Tensor]) -> None:
         """torch's running-average rule on the buffers of each training-mode BatchNorm (after

@@ -11,6 +11,14 @@ Results may also hold key/value caches that torch's pytree does not know: transf
 their default) come back as caches of the same type over the graph's key and value tensors,
 detached: the bridge gives them no gradient (a training loop does not backpropagate through a
 cache it was returned).
+
+A complex tensor (complex64, complex128) in a result crosses as its real view: torch.onnx's
+exporter writes a complex value as a real one with a trailing axis of 2 (real, imaginary), so the
+graph returns ``torch.view_as_real`` of what the forward returns, and :func:`complex_results`
+views it back as complex. The gradient torch hands back for the complex result then reaches
+the graph's backward as the real view of that gradient (``torch.view_as_complex``'s own
+backward), which, with torch's convention ``dL/dRe + i dL/dIm`` for a real loss ``L``, is the
+gradient of the real view. Complex arguments, and complex32 (``chalf``) results, are refused.
 """
 
 from __future__ import annotations
@@ -121,7 +129,8 @@ class Flat:
 
 def flatten(value: Any, what: str, caches: bool = False) -> Flat:
     """Flatten ``value``; a leaf that is neither a tensor nor a plain constant is refused.
-    ``caches``: a result, whose cache objects are flattened too."""
+    ``caches``: a result, whose cache objects are flattened too and whose complex tensors cross
+    as real views."""
     detached_leaves: set[int] = set()
     if caches:
         value = pytree.tree_map(_as_cache, value)
@@ -138,7 +147,7 @@ def flatten(value: Any, what: str, caches: bool = False) -> Flat:
     constants: list[tuple[int, Any]] = []
     for position, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
-            _check_tensor(leaf, what)
+            _check_tensor(leaf, what, result=caches)
             tensors.append(leaf)
             positions.append(position)
         elif isinstance(leaf, _CONSTANT_TYPES):
@@ -152,14 +161,55 @@ def flatten(value: Any, what: str, caches: bool = False) -> Flat:
     return Flat(tuple(tensors), spec, tuple(constants), tuple(positions), detached)
 
 
-def _check_tensor(tensor: torch.Tensor, what: str) -> None:
-    """Tensors onnxruntime can hold: strided (dense), not complex, not quantized or nested."""
+def _check_tensor(tensor: torch.Tensor, what: str, result: bool = False) -> None:
+    """Tensors onnxruntime can hold: strided (dense), not quantized or nested, and complex only in
+    a ``result`` (as its real view), complex32 excepted."""
     if tensor.layout != torch.strided or getattr(tensor, "is_nested", False):
         raise OrtNotImplemented(f"ORTModule: {what} holds a tensor of layout {tensor.layout}; only dense "
                                 "(strided) tensors cross into onnxruntime")
-    if tensor.is_complex() or tensor.is_quantized:
-        raise OrtNotImplemented(f"ORTModule: {what} holds a {tensor.dtype} tensor; onnxruntime has no complex or "
-                                "quantized torch tensors")
+    if tensor.is_quantized:
+        raise OrtNotImplemented(f"ORTModule: {what} holds a {tensor.dtype} tensor; onnxruntime has no quantized "
+                                "torch tensors")
+    if tensor.is_complex():
+        if not result:
+            raise OrtNotImplemented(f"ORTModule: {what} holds a {tensor.dtype} tensor; complex tensors cross only "
+                                    "as results (pass torch.view_as_real of the argument and view it as complex "
+                                    "inside the forward)")
+        if tensor.dtype not in _REAL_OF_COMPLEX:
+            raise OrtNotImplemented(f"ORTModule: {what} holds a {tensor.dtype} tensor; complex results cross as "
+                                    "real views of complex64 or complex128 only (onnxruntime has no complex32 "
+                                    "kernels: return a complex64 result, or torch.view_as_real of it)")
+
+
+# a complex dtype and the dtype of its real view
+_REAL_OF_COMPLEX = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def real_view_meta(tensor: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype with which the exported graph returns the result ``tensor``: its
+    own, or for a complex one, its real view's (a trailing axis of 2)."""
+    if tensor.is_complex():
+        return (*tensor.shape, 2), _REAL_OF_COMPLEX[tensor.dtype]
+    return tuple(tensor.shape), tensor.dtype
+
+
+def complex_results(traced: tuple[torch.Tensor, ...], produced: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The graph's outputs ``produced`` as the forward returns them: where the traced result is
+    complex, the output is its real view, which becomes the complex tensor (a view of it:
+    torch's autograd hands the real view of the complex result's gradient back through it)."""
+    results = list(produced)
+    for index, want in enumerate(traced):
+        if not want.is_complex():
+            continue
+        got = results[index]
+        if got.dtype != _REAL_OF_COMPLEX[want.dtype] or got.dim() != want.dim() + 1 or got.shape[-1] != 2:
+            raise OrtNotImplemented(f"ORTModule: the exported graph returns the complex result {index} as "
+                                    f"{got.dtype} {tuple(got.shape)}, not as the real view of a {want.dtype} "
+                                    "tensor (a trailing axis of 2)")
+        if not got.is_contiguous():
+            got = got.contiguous()
+        results[index] = torch.view_as_complex(got)
+    return results
 
 
 def rebuild(spec: pytree.TreeSpec, constants: tuple[tuple[int, Any], ...], tensor_positions: tuple[int, ...],

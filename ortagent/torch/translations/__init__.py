@@ -10,9 +10,9 @@ Two kinds live here, one module per family of operators:
   dims, ...), :mod:`.scans` (cumprod, cummax, cummin, ...), :mod:`.pooling` (adaptive pools),
   :mod:`.elementwise` (fmax, fmin, copysign, hypot, ...), :mod:`.special` (lgamma, digamma,
   erfinv, Bessel functions, ...), :mod:`.selection` (kthvalue, median, mode, ...) and
-  :mod:`.attention`, :mod:`.scatters` (index_reduce, put, diagonal_scatter, ...) and
-  :mod:`.padding` (circular padding, replicate padding with negative pads), :mod:`.sampling`
-  (grid_sample on volumes).
+  :mod:`.attention`; and :mod:`.linalg` (inverses, solves, Cholesky, slogdet); :mod:`.scatters`
+  (index_reduce, put, diagonal_scatter, ...), :mod:`.padding` (circular padding, replicate
+  padding with negative pads) and :mod:`.sampling` (grid_sample on volumes).
 
 Every translation is written with standard ONNX operators that the autodiff (onnx-ad and
 :mod:`ortagent._ad_rules`) already differentiates, so none needs a reverse rule of its own;
@@ -32,11 +32,13 @@ __all__ = ["translation_table"]
 def translation_table() -> dict[Any, Callable]:
     """Every translation of every family, keyed by aten operator overload."""
     from . import attention, corrections, distances, elementwise, pooling, reductions, scans, selection, special
-    from . import padding, sampling, scatters
 
     table: dict[Any, Callable] = {}
     for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances):
         table.update(family.translations())
+    from . import linalg
+    table.update(linalg.translations())
+    from . import padding, sampling, scatters
     for family in (scatters, padding, sampling):
         table.update(family.translations())
     return table
