@@ -45,6 +45,15 @@ OPS_FIXED += ["linalg.inv", "linalg.inv_ex", "linalg.solve", "linalg.solve_ex", 
               "linalg.tensorsolve", "linalg.solve_triangular", "triangular_solve", "cholesky_solve",
               "cholesky_inverse", "linalg.cholesky", "linalg.cholesky_ex", "linalg.slogdet", "linalg.det", "logdet",
               "lu_unpack", "lu_solve", "linalg.lu_solve"]
+# translated by ortagent's small-op translations (unfold, padding, scatters, mode, segment_reduce,
+# nextafter, the CPU flash kernel, grid_sample on volumes, fractional max pools, Gaussian NLL),
+# and as_strided_scatter, refused with its reason
+OPS_FIXED += ["nn.functional.unfold", "nn.functional.pad.circular", "nn.functional.pad.replicate_negative",
+              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu", "index_reduce.mean", "index_reduce.prod",
+              "index_reduce.amin", "index_reduce.amax", "put", "diagonal_scatter", "as_strided_scatter", "nextafter",
+              "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss",
+              "grid_sampler_3d"]
+MODULES_FIXED += ["CircularPad2d", "GaussianNLLLoss"]
 
 
 def _sweep():

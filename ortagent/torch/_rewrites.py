@@ -492,12 +492,59 @@ def _batch_norm_training_backward(ctx, grad_y, grad_mean, grad_var):
 batch_norm_training.register_autograd(_batch_norm_training_backward, setup_context=_batch_norm_training_setup)
 
 
+@torch.library.custom_op("ortagent::check_nonnegative", mutates_args=())
+def check_nonnegative(x: torch.Tensor) -> torch.Tensor:
+    """``x`` unchanged, in a graph whose run fails where an entry of ``x`` is negative (a check
+    eager makes in Python on the values, which the graph keeps)."""
+    if bool((x < 0).any()):
+        raise ValueError("ortagent::check_nonnegative: a negative entry")
+    return x.clone()
+
+
+@check_nonnegative.register_fake
+def _check_nonnegative_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+check_nonnegative.register_autograd(lambda ctx, grad: grad)
+
+
+def _gaussian_nll_loss(input: torch.Tensor, target: torch.Tensor, var: Any, full: bool = False,
+                       eps: float = 1e-6, reduction: str = "mean") -> torch.Tensor:
+    """torch's Gaussian negative log likelihood, with its checks: the shape checks here at the
+    trace (as torch makes them), the check for a negative variance in the graph
+    (:func:`check_nonnegative`: the run fails rather than return a number where eager raises).
+    The variance is clamped at ``eps`` outside autograd, as torch does, so its gradient is taken
+    at the clamped value."""
+    if not isinstance(var, torch.Tensor):
+        var = torch.full_like(input, float(var))
+    if var.size() != input.size():
+        if input.size()[:-1] == var.size():
+            var = torch.unsqueeze(var, -1)
+        elif not (input.size()[:-1] == var.size()[:-1] and var.size(-1) == 1):
+            raise ValueError("var is of incorrect size")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(reduction + " is not valid")
+    var = check_nonnegative(var)
+    clamped = var + stop_gradient(var.clamp(min=eps) - var)
+    loss = 0.5 * (torch.log(clamped) + (input - target) ** 2 / clamped)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
 # in-place random methods whose result depends only on the tensor's layout and scalar arguments
 _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.random_,
                    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
                    torch.Tensor.cauchy_}
 _RANDOM_LIKE = {torch.rand_like, torch.randn_like, torch.randint_like}
 _RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal}
+# fractional max pooling draws its samples inside torch's function: drawn before the call
+# (spatial dims by function)
+_FRACTIONAL_POOLS = {F.fractional_max_pool2d: 2, F.fractional_max_pool2d_with_indices: 2, F._fractional_max_pool2d: 2,
+                     F.fractional_max_pool3d: 3, F.fractional_max_pool3d_with_indices: 3, F._fractional_max_pool3d: 3}
 # draws whose distribution depends on tensor values: they cannot be made before the run
 _RANDOM_FROM_DATA = {torch.bernoulli, torch.Tensor.bernoulli, torch.multinomial, torch.Tensor.multinomial,
                      torch.poisson, torch.binomial, torch.rrelu, F.rrelu, torch.rrelu_, torch._standard_gamma,
@@ -546,6 +593,10 @@ class _TraceMode(TorchFunctionMode):
             return self._draw(func, args, kwargs)
         if func is F.embedding:
             return _embedding(*args, **kwargs)
+        if func in _FRACTIONAL_POOLS and len(args) <= 5 and kwargs.get("_random_samples") is None:
+            return func(*args, **{**kwargs, "_random_samples": self._fractional_samples(func, args[0])})
+        if func is F.gaussian_nll_loss:
+            return _gaussian_nll_loss(*args, **kwargs)
         if func is torch.lstm and _projects(args):
             raise OrtNotImplemented("ORTModule: nn.LSTM with proj_size is not supported: torch's ONNX exporter "
                                     "writes an ONNX LSTM, which has no projection of the hidden state, so the "
@@ -599,6 +650,19 @@ class _TraceMode(TorchFunctionMode):
         if any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
             return stop_gradient(result)
         return result
+
+    def _fractional_samples(self, func: Any, input: torch.Tensor) -> torch.Tensor:
+        """The uniform samples fractional max pooling draws inside torch's function (where this
+        mode no longer sees it), drawn here as the same ``torch.rand`` call torch makes, so the
+        bridge replays it."""
+        spatial = _FRACTIONAL_POOLS[func]
+        batch = 1 if input.dim() == spatial + 1 else input.size(0)
+        shape = (batch, input.size(-spatial - 1), spatial)
+        site = Site("factory", (), (torch.rand, shape, {"dtype": input.dtype}))
+        drawn = self.trace.site(site)
+        if drawn is None:           # a discovery: any samples do
+            return torch.full(shape, 0.5, dtype=input.dtype, device=input.device)
+        return drawn[0]
 
     def _draw(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A primitive random draw: a site whose values the bridge makes before the run."""

@@ -10,7 +10,9 @@ Two kinds live here, one module per family of operators:
   dims, ...), :mod:`.scans` (cumprod, cummax, cummin, ...), :mod:`.pooling` (adaptive pools),
   :mod:`.elementwise` (fmax, fmin, copysign, hypot, ...), :mod:`.special` (lgamma, digamma,
   erfinv, Bessel functions, ...), :mod:`.selection` (kthvalue, median, mode, ...) and
-  :mod:`.attention`; and :mod:`.linalg` (inverses, solves, Cholesky, slogdet).
+  :mod:`.attention`; and :mod:`.linalg` (inverses, solves, Cholesky, slogdet); :mod:`.scatters`
+  (index_reduce, put, diagonal_scatter, ...), :mod:`.padding` (circular padding, replicate
+  padding with negative pads) and :mod:`.sampling` (grid_sample on volumes).
 
 Every translation is written with standard ONNX operators that the autodiff (onnx-ad and
 :mod:`ortagent._ad_rules`) already differentiates, so none needs a reverse rule of its own;
@@ -36,4 +38,7 @@ def translation_table() -> dict[Any, Callable]:
         table.update(family.translations())
     from . import linalg
     table.update(linalg.translations())
+    from . import padding, sampling, scatters
+    for family in (scatters, padding, sampling):
+        table.update(family.translations())
     return table

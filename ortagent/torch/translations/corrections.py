@@ -22,7 +22,8 @@ database (tests/torch_sweep.py):
   (the last write wins, no mean); here the sum over the scattered values (and ``self`` when
   ``include_self``) divided by their count, positions no index reaches keeping ``self``.
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
-  (:mod:`._rewrites`).
+  (:mod:`._rewrites`); ``ortagent::check_nonnegative``: its input, in a graph whose run fails
+  where an entry is negative (a Gather far out of range), for checks eager makes on values.
 * ``ortagent::batch_norm_training`` (every training-mode BatchNorm, see :mod:`._rewrites`):
   one ``BatchNormTraining`` node of ortagent's domain, which :mod:`ortagent._ad_rules`
   differentiates and then writes as standard operators.
@@ -189,8 +190,18 @@ def translations() -> dict[Any, Callable]:
         count = op.ScatterElements(counted, index, ones, axis=dim, reduction="add")
         return op.Div(total, op.Max(count, one))
 
+    def check_nonnegative(x: Any) -> Any:
+        # a Gather from a one-element constant at index 0, or far out of range where an entry
+        # of x is negative: onnxruntime then fails the run (ONNX has no assertion)
+        negative = op.ReduceMax(op.Cast(op.Less(x, op.CastLike(op.Constant(value_float=0.0), x)), to=7),
+                                keepdims=0)
+        index = op.Mul(negative, op.Constant(value_int=2 ** 40))
+        zero = op.Gather(op.CastLike(op.Constant(value_floats=[0.0]), x), index, axis=0)
+        return op.Add(x, zero)
+
     aten = torch.ops.aten
     return {
+        torch.ops.ortagent.check_nonnegative.default: check_nonnegative,
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         torch.ops.ortagent.batch_norm_training.default: batch_norm_training,

@@ -4,7 +4,9 @@ decomposes to).
 
 Distances are the p-norms of the pairwise differences through ortagent's own vector norm
 (:mod:`.corrections`), whose gradient is torch's, 0 at a zero distance included; ``pdist``
-reads its pairs ``i < j`` (row-major, as torch orders them) with constant Gathers.
+reads its pairs ``i < j`` (row-major, as torch orders them) with constant Gathers; with fewer
+than two rows there is no pair, and the result is an empty vector (zeros expanded from the
+input's sum, so the input still gets its zero gradient).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ def cdist(x1: Any, x2: Any, p: float = 2.0, compute_mode: Any = None) -> Any:
 
 def pdist(x: Any, p: float = 2.0) -> Any:
     (count,) = static_dims(x, [0], "pdist")
+    if count < 2:
+        empty = op.Mul(op.ReduceSum(x, keepdims=0), op.CastLike(op.Constant(value_float=0.0), x))
+        return op.Expand(empty, ints([0]))
     first, second = np.triu_indices(count, k=1)
     import onnx
 

@@ -1,5 +1,5 @@
-"""Binary elementwise operators torch.onnx cannot translate: ``fmax``, ``fmin``, ``copysign``
-and ``hypot``.
+"""Binary elementwise operators torch.onnx cannot translate: ``fmax``, ``fmin``, ``copysign``,
+``hypot`` and (float32) ``nextafter``.
 
 Each picks or combines its operands with Where, Abs and Sqrt, so the gradient takes torch's
 branch: ``fmax``/``fmin`` share a tie's gradient evenly and ignore a NaN operand (the other
@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from onnxscript import opset18 as op
+
+from ortagent.errors import OrtNotImplemented
 
 from ._common import DOUBLE, INT32, constant, stop_gradient
 
@@ -64,6 +66,49 @@ def frexp(x: Any) -> tuple[Any, Any]:
     return op.Mul(x, stop_gradient(factor)), op.Cast(exponent, to=INT32)    # int32, as torch
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def nextafter(x: Any, y: Any) -> Any:
+    """The float32 next to ``x`` toward ``y`` (``y`` itself when equal, NaN with a NaN), by
+    arithmetic in float64, where every float32 and its neighbours' spacing are exact: the
+    spacing above ``|x| = m 2^e`` (1 <= m < 2) is ``2^(e-23)``, below it the same unless ``|x|``
+    is a power of two (then half), and never under the subnormal spacing ``2^-149``. float64
+    inputs are refused (their neighbours need bit access ONNX's opset 18 lacks). The
+    gradient is torch's: 1 to ``x`` where it differs from ``y`` (and is finite), none to ``y``."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or getattr(dtype, "name", "") != "FLOAT":
+        raise OrtNotImplemented("ortagent's nextafter supports float32 tensors only")
+    xd, yd = op.Cast(x, to=DOUBLE), op.Cast(op.CastLike(y, x), to=DOUBLE)
+    xd = op.Where(op.Equal(yd, yd), xd, xd)                 # (broadcast to the result's shape)
+    two = constant(xd, 2.0)
+    magnitude = op.Abs(xd)
+    regular = op.And(op.Greater(magnitude, constant(xd, 0.0)), op.Not(op.IsInf(xd)))
+    safe = op.Where(regular, magnitude, constant(xd, 1.0))
+    exponent = op.Floor(op.Div(op.Log(safe), constant(xd, 0.6931471805599453)))
+    for _ in range(2):          # log2's rounding corrected: 2^e <= |x| < 2^(e+1)
+        power = op.Pow(two, exponent)
+        exponent = op.Add(exponent, op.Sub(op.Cast(op.GreaterOrEqual(safe, op.Mul(power, two)), to=DOUBLE),
+                                           op.Cast(op.Less(safe, power), to=DOUBLE)))
+    power = op.Pow(two, exponent)
+    tiniest = op.Pow(two, constant(xd, -149.0))
+    above = op.Max(op.Mul(power, op.Pow(two, constant(xd, -23.0))), tiniest)
+    below = op.Where(op.Equal(safe, power), op.Max(op.Mul(power, op.Pow(two, constant(xd, -24.0))), tiniest), above)
+    up = op.Greater(yd, xd)
+    away = op.Equal(up, op.Greater(xd, constant(xd, 0.0)))               # moving away from zero
+    step = op.Where(away, above, below)
+    moved = op.Where(up, op.Add(xd, step), op.Sub(xd, step))
+    moved = op.Where(op.Equal(xd, constant(xd, 0.0)), op.Where(up, tiniest, op.Neg(tiniest)), moved)
+    largest = constant(xd, _FLOAT32_MAX)
+    moved = op.Where(op.IsInf(xd), op.Where(up, op.Neg(largest), largest), moved)
+    value = op.Where(op.Equal(xd, yd), yd, moved)
+    value = op.Where(op.Or(op.IsNaN(xd), op.IsNaN(yd)), constant(xd, float("nan")), value)
+    value = op.CastLike(value, x)
+    finite = op.Where(op.IsInf(x), constant(x, 0.0), x)
+    offset = op.Where(op.Equal(x, op.CastLike(y, x)), constant(x, 0.0), op.Sub(finite, stop_gradient(finite)))
+    return op.Add(stop_gradient(value), offset)
+
+
 def translations() -> dict:
     import torch
 
@@ -75,4 +120,5 @@ def translations() -> dict:
         aten.copysign.Scalar: copysign,
         aten.hypot.default: hypot,
         torch.ops.prims.frexp.default: frexp,
+        aten.nextafter.default: nextafter,
     }

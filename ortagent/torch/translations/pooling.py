@@ -24,6 +24,24 @@ the channels folded into the batch, with the padding grown at the end by stride 
 smaller than its kernel), and the surplus last windows the ceil rule drops are sliced off to
 the shape torch.onnx's own pooling has. Without ``divisor_override`` the translation is
 torch.onnx's own.
+
+``adaptive_avg_pool1d`` goes through the same table as the 3-d pool (torch.onnx's translation
+fails in onnxruntime on an empty batch).
+
+``F.unfold`` (``aten.im2col``) and ``F.fold`` (``aten.col2im``), which torch.onnx writes with a
+Reshape onnxruntime rejects for an empty batch, are a constant table too: with the spatial
+sizes known at export, kernel offset ``k`` of block ``l`` reads flat position
+``(row_l + k_row) * padded_width + column_l + k_column`` of the zero-padded input. ``unfold``
+reads those positions with a GatherElements (its gradient a scatter-add); ``fold``, its
+adjoint, scatter-adds the blocks' entries at the same positions (ScatterElements with
+``reduction="add"``, linear, its gradient a GatherElements) and crops the padding.
+
+``fractional_max_pool2d/3d``: each plane's windows start where torch's kernel puts them,
+``trunc((i + u) alpha) - trunc(u alpha)`` with ``alpha = (size - k) / (out - 1)`` computed in the
+input's float type and the last window at ``size - k``, from the plane's random sample ``u``
+(the bridge draws the samples as torch does: :mod:`ortagent.torch._rewrites`). The windows'
+flat positions are GatherElements reads; ArgMax picks the first maximum (torch's) and the
+value is read again at that index, so the gradient goes to it alone.
 """
 
 from __future__ import annotations
@@ -155,6 +173,139 @@ def _avg_pool_with_divisor(spatial: int, own: Callable) -> Callable:
     return avg_pool
 
 
+def _pair(value: Any) -> list[int]:
+    values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return values * 2 if len(values) == 1 else values
+
+
+def _block_positions(size: list[int], kernel: list[int], dilation: list[int], padding: list[int],
+                     stride: list[int], what: str) -> tuple[np.ndarray, list[int], int]:
+    """(positions (kernel cells, blocks) in the flat padded plane, padded sizes, block count)."""
+    padded = [n + 2 * p for n, p in zip(size, padding)]
+    blocks = [(n - d * (k - 1) - 1) // s + 1 for n, k, d, s in zip(padded, kernel, dilation, stride)]
+    if min(blocks) <= 0:
+        raise OrtNotImplemented(f"ortagent's {what}: no block fits (sizes {size}, kernel {kernel})")
+    rows = np.arange(blocks[0])[:, None] * stride[0]
+    columns = np.arange(blocks[1])[None, :] * stride[1]
+    cells = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            cells.append(((rows + i * dilation[0]) * padded[1] + columns + j * dilation[1]).reshape(-1))
+    return np.stack(cells).astype(np.int64), padded, blocks[0] * blocks[1]
+
+
+def im2col(x: Any, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> Any:
+    n = rank(x)
+    if n not in (3, 4):
+        raise OrtNotImplemented(f"ortagent's unfold: input of rank {n}")
+    kernel, dilations, pads, strides = (_pair(v) for v in (kernel_size, dilation, padding, stride))
+    channels, height, width = static_dims(x, range(n - 3, n), "unfold")
+    positions, padded, count = _block_positions([height, width], kernel, dilations, pads, strides, "unfold")
+    lead = [0] * (n - 2)
+    shape = list(x.shape)
+    if 0 in shape[:n - 3]:
+        # an empty batch: an empty result (the reverse of the reads would reshape with -1)
+        return op.Expand(op.ReduceSum(x, keepdims=0), ints(shape[:n - 3] + [channels * positions.shape[0], count]))
+    x = op.Pad(x, ints(lead + pads + lead + pads))
+    flat = op.Reshape(x, ints(lead + [padded[0] * padded[1]]))
+    # GatherElements (its reverse a ScatterElements add) over the positions spread to every
+    # plane: the reverse of a Gather reshapes with -1, which fails on an empty batch
+    table = op.Constant(value=_tensor(positions.reshape(-1)))
+    index = op.Expand(table, op.Concat(op.Slice(op.Shape(flat), ints([0]), ints([n - 2])), ints([positions.size]),
+                                      axis=0))
+    gathered = op.GatherElements(flat, index, axis=n - 2)                      # (..., C, cells * blocks)
+    return op.Reshape(gathered, ints([0] * (n - 3) + [channels * positions.shape[0], count]))
+
+
+def col2im(x: Any, output_size: Any, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> Any:
+    n = rank(x)
+    if n not in (2, 3):
+        raise OrtNotImplemented(f"ortagent's fold: input of rank {n}")
+    size, kernel, dilations, pads, strides = (_pair(v) for v in (output_size, kernel_size, dilation, padding, stride))
+    rows, count = static_dims(x, range(n - 2, n), "fold")
+    positions, padded, blocks = _block_positions(size, kernel, dilations, pads, strides, "fold")
+    cells = positions.shape[0]
+    if rows % cells or count != blocks:
+        raise OrtNotImplemented(f"ortagent's fold: input of shape {list(x.shape)} does not fit kernel {kernel}, "
+                                f"output {size}")
+    lead = [0] * (n - 2)
+    channels = rows // cells
+    shape = list(x.shape)
+    if 0 in shape[:n - 2]:
+        # an empty batch: an empty result (the reverse of the scatter would reshape with -1)
+        return op.Expand(op.ReduceSum(x, keepdims=0), ints(shape[:n - 2] + [channels] + size))
+    values = op.Reshape(x, ints(lead + [channels, cells * count]))
+    index = op.Expand(op.Constant(value=_tensor(positions.reshape(-1))), op.Shape(values))
+    plane = op.Expand(op.CastLike(op.Constant(value_float=0.0), x),
+                      op.Concat(op.Slice(op.Shape(values), ints([0]), ints([n - 1])), ints([padded[0] * padded[1]]),
+                                axis=0))
+    summed = op.ScatterElements(plane, index, values, axis=n - 1, reduction="add")
+    image = op.Reshape(summed, ints(lead + [channels] + padded))
+    return op.Slice(image, ints(pads), ints([pads[0] + size[0], pads[1] + size[1]]), ints([n - 1, n]))
+
+
+def _fractional_max(spatial: int):
+    what = f"fractional_max_pool{spatial}d"
+    # which of a plane's random samples sets each spatial axis's windows (torch's kernels: 2-d
+    # reads (W, H), 3-d reads (T, H, W))
+    sample_of_axis = [1, 0] if spatial == 2 else [0, 1, 2]
+
+    def fractional_max_pool(x: Any, kernel_size: Any, output_size: Any, random_samples: Any) -> tuple[Any, Any]:
+        n = rank(x)
+        if n != spatial + 2:
+            raise OrtNotImplemented(f"ortagent's {what}: input of rank {n} (a batch axis is needed)")
+        kernel = [int(k) for k in kernel_size]
+        outs = [int(o) for o in output_size]
+        sizes = static_dims(x, range(2, n), what)
+        if any(o < 1 for o in outs) or any(o + k - 1 > s for o, k, s in zip(outs, kernel, sizes)):
+            raise OrtNotImplemented(f"ortagent's {what}: output {outs} with kernel {kernel} on {sizes}")
+        samples = op.CastLike(random_samples, x)
+        strides = [int(np.prod(sizes[d + 1:])) for d in range(spatial)]
+        flat_positions = None
+        for d in range(spatial):
+            size, out, k = sizes[d], outs[d], kernel[d]
+            u = op.Slice(samples, ints([sample_of_axis[d]]), ints([sample_of_axis[d] + 1]), ints([2]))   # (N, C, 1)
+            if out > 1:
+                # torch's intervals, in the input's float type as its kernel computes them:
+                # trunc((i + u) alpha) - trunc(u alpha), the last one fixed at size - k
+                alpha = op.CastLike(op.Constant(value_float=float(np.float32(size - k) / np.float32(out - 1))), x)
+                steps = op.CastLike(op.Constant(value=_tensor(np.arange(out, dtype=np.float32))), x)
+                first = op.Cast(op.Floor(op.Mul(op.Add(steps, u), alpha)), to=INT64)
+                starts = op.Sub(first, op.Cast(op.Floor(op.Mul(u, alpha)), to=INT64))           # (N, C, out)
+                last = op.Constant(value=_tensor(np.array([0] * (out - 1) + [1], dtype=bool)))
+                starts = op.Where(last, op.Constant(value_int=size - k), starts)
+            else:
+                starts = op.Expand(op.Constant(value_ints=[size - k]), op.Shape(u))
+            rows = _spread_axis(starts, k, strides[d], d, spatial)
+            flat_positions = rows if flat_positions is None else op.Add(flat_positions, rows)
+        cells, window = int(np.prod(outs)), int(np.prod(kernel))
+        positions = op.Reshape(flat_positions, ints([0, 0, cells * window]))
+        plane = op.Reshape(x, ints([0, 0, int(np.prod(sizes))]))
+        windows = op.Reshape(op.GatherElements(plane, positions, axis=2), ints([0, 0, cells, window]))
+        chosen = op.ArgMax(windows, axis=3, keepdims=1)                                       # first maximum
+        index = op.GatherElements(op.Reshape(positions, ints([0, 0, cells, window])), chosen, axis=3)
+        index = op.Reshape(index, ints([0, 0, cells]))
+        values = op.GatherElements(plane, index, axis=2)          # the gradient goes to the index
+        out_shape = ints([0, 0] + outs)
+        return op.Reshape(values, out_shape), op.Reshape(index, out_shape)
+
+    return fractional_max_pool
+
+
+def _spread_axis(starts: Any, k: int, stride: int, d: int, spatial: int) -> Any:
+    """The flat offsets along axis ``d`` of every (output cell, kernel offset) pair, laid out as
+    (N, C, out_0, ..., out_{s-1}, k_0, ..., k_{s-1}) with size 1 on the other axes."""
+    rows = op.Add(op.Unsqueeze(starts, ints([3])), op.Constant(value=_tensor(np.arange(k, dtype=np.int64))))
+    rows = op.Mul(rows, op.Constant(value_int=stride))                                    # (N, C, out, k)
+    # out goes to axis 2 + d, k to axis 2 + spatial + d
+    before_out = list(range(2, 2 + d))
+    between = list(range(2 + d + 1, 2 + spatial + d))
+    after_k = list(range(2 + spatial + d + 1, 2 + 2 * spatial))
+    rows = op.Unsqueeze(rows, ints(before_out)) if before_out else rows
+    rows = op.Unsqueeze(rows, ints(between)) if between else rows
+    return op.Unsqueeze(rows, ints(after_k)) if after_k else rows
+
+
 def translations() -> dict:
     import torch
     from onnxscript.function_libs.torch_lib.ops import nn as torchlib_nn
@@ -164,8 +315,13 @@ def translations() -> dict:
         aten.adaptive_max_pool1d.default: _adaptive_max(1),
         aten.adaptive_max_pool2d.default: _adaptive_max(2),
         aten.adaptive_max_pool3d.default: _adaptive_max(3),
+        aten.adaptive_avg_pool1d.default: _adaptive_avg(1),
         aten.adaptive_avg_pool3d.default: _adaptive_avg(3),
         aten._adaptive_avg_pool3d.default: _adaptive_avg(3),
         aten.avg_pool2d.default: _avg_pool_with_divisor(2, torchlib_nn.aten_avg_pool2d),
         aten.avg_pool3d.default: _avg_pool_with_divisor(3, torchlib_nn.aten_avg_pool3d),
+        aten.fractional_max_pool2d.default: _fractional_max(2),
+        aten.fractional_max_pool3d.default: _fractional_max(3),
+        aten.im2col.default: im2col,
+        aten.col2im.default: col2im,
     }

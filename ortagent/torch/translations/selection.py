@@ -1,5 +1,6 @@
 """Order statistics torch.onnx cannot translate: ``kthvalue``, ``median`` and ``nanmedian``
-(over all elements or along one dimension).
+(over all elements or along one dimension), and ``mode`` (pairwise counts: the most frequent
+value, the smallest among ties, at its last position, as torch's CPU kernel).
 
 All select with TopK (smallest first), whose gradient the autodiff routes to the selected
 position. The whole-tensor ``median`` and ``nanmedian`` share their gradient evenly among the
@@ -113,6 +114,29 @@ def _along(ignore_nan: bool) -> Any:
     return median
 
 
+def mode(x: Any, dim: int = -1, keepdim: bool = False) -> tuple[Any, Any]:
+    """torch's mode along ``dim``: the most frequent value (the smallest among equally frequent
+    ones) and the last position holding it, through which the gradient flows. Frequencies come
+    from comparing every pair of a slice's entries (memory quadratic in the slice's length)."""
+    n = rank(x)
+    if n == 0:
+        return op.Identity(x), op.Constant(value_int=0)
+    d = axis(dim, n)
+    (length,) = static_dims(x, [d], "mode")
+    pairs = op.Equal(op.Unsqueeze(x, ints([d + 1])), op.Unsqueeze(x, ints([d])))        # axes d, d + 1
+    counts = op.ReduceSum(op.CastLike(pairs, x), ints([d + 1]), keepdims=0)
+    frequent = op.Equal(counts, op.ReduceMax(counts, ints([d]), keepdims=1))
+    value = op.ReduceMin(op.Where(frequent, x, constant(x, float("inf"))), ints([d]), keepdims=1)
+    positions = op.Reshape(op.Range(op.Constant(value_int=0), op.Constant(value_int=length), op.Constant(value_int=1)),
+                           ints([length] + [1] * (n - d - 1)))
+    at = op.Where(op.Equal(x, value), positions, op.Constant(value_int=-1))
+    index = op.ReduceMax(at, ints([d]), keepdims=1)
+    values = op.GatherElements(x, index, axis=d)
+    if not keepdim:
+        values, index = op.Squeeze(values, ints([d])), op.Squeeze(index, ints([d]))
+    return values, op.Cast(index, to=INT64)
+
+
 def translations() -> dict:
     import torch
 
@@ -123,4 +147,5 @@ def translations() -> dict:
         aten.nanmedian.default: _whole(True),
         aten.median.dim: _along(False),
         aten.nanmedian.dim: _along(True),
+        aten.mode.default: mode,
     }
