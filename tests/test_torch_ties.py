@@ -125,12 +125,13 @@ def test_tensor_bounds_share_a_tie_as_torch(case):
 # -- two operands -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ["maximum", "minimum", "broadcast", "nan", "fmax", "fmin", "max_binary",
-                                  "same_operand"])
+                                  "same_operand", "fmax_extreme_values", "fmin_extreme_values"])
 def test_elementwise_extremes_halve_a_tie(case):
     import torch
 
     a, b = _ties(4, 6, seed=4), _ties(4, 6, seed=5)
     nan = float("nan")
+    extreme = torch.tensor([3e38, -3e38, 1e-45, 2.0, -1e-45, 2.0, -3e38, 3e38])
     function, inputs = {
         "maximum": (torch.maximum, (a, b)),
         "minimum": (torch.minimum, (a, b)),
@@ -140,6 +141,9 @@ def test_elementwise_extremes_halve_a_tie(case):
         "fmin": (torch.fmin, (a, b)),
         "max_binary": (torch.max, (a, b)),
         "same_operand": (lambda p: torch.minimum(p, p), (a,)),
+        # ties of the largest and the smallest floats: the value stays exact
+        "fmax_extreme_values": (torch.fmax, (extreme, extreme.flip(0))),
+        "fmin_extreme_values": (torch.fmin, (extreme, extreme.flip(0))),
     }[case]
     _assert_same(function, *inputs)
 
