@@ -244,3 +244,45 @@ def test_the_check_sees_a_tie_sent_elsewhere():
     actual, grads = _outputs_and_grads(lambda t: torch.amax(t, 1), [x], 0)
     torch.testing.assert_close(actual[0], expected[0])
     assert not torch.allclose(grads[0], expected_grads[0])
+
+
+def test_onnx_clip_max_min_rules_at_ties():
+    """The same rules on the ONNX road (a forward ONNX model through build_training_graph, no
+    torch export): Clip passes no gradient where its input equals a constant bound (a NaN
+    input keeps it, as torch's hardtanh), a two-operand Max or Min halves a tie between its
+    operands and gives a NaN's gradient to both, checked against numpy."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from ortagent_testkit import training_graphs as tg
+
+    from ortagent.graph_split import split_training_graph
+    from ortagent.training import build_training_graph
+
+    d = np.float64
+    nodes = [helper.make_node("Constant", [], ["low"], value=numpy_helper.from_array(np.array(-1.0, d))),
+             helper.make_node("Constant", [], ["high"], value=numpy_helper.from_array(np.array(1.0, d))),
+             helper.make_node("Clip", ["x", "low", "high"], ["clipped"]),
+             helper.make_node("Max", ["a", "b"], ["larger"]),
+             helper.make_node("Min", ["a", "b"], ["smaller"])]
+    forward = tg.make_model(nodes, [tg.tensor(name, d, ["n"]) for name in ("x", "a", "b")],
+                            [tg.tensor(name, d, ["n"]) for name in ("clipped", "larger", "smaller")], [],
+                            opset=18, ms_domain=False)
+    runner = tg.SplitRunner(split_training_graph(build_training_graph(forward, [], input_gradients=["x", "a", "b"])))
+    nan = float("nan")
+    x = np.array([-2.0, -1.0, -0.5, 0.0, 1.0, 3.0, nan, 1.0])
+    a = np.array([1.0, 2.0, 2.0, -1.0, nan, 0.0, 5.0, nan])
+    b = np.array([1.0, 1.0, 3.0, -1.0, 0.0, 0.0, nan, nan])
+    rng = np.random.default_rng(0)
+    g = [rng.standard_normal(8) for _ in range(3)]
+    outputs, (dx, da, db) = runner.run({"x": x, "a": a, "b": b}, g)
+    np.testing.assert_array_equal(outputs[1], np.where(np.isnan(a) | np.isnan(b), nan, np.maximum(a, b)))
+    np.testing.assert_array_equal(dx, np.where((x <= -1) | (x >= 1), 0.0, g[0]))
+
+    def share(mine, other, loses):
+        return np.where(loses(mine, other), 0.0, np.where(mine == other, 0.5, 1.0))
+
+    with np.errstate(invalid="ignore"):
+        expected_da = g[1] * share(a, b, np.less) + g[2] * share(a, b, np.greater)
+        expected_db = g[1] * share(b, a, np.less) + g[2] * share(b, a, np.greater)
+    np.testing.assert_allclose(da, expected_da, rtol=1e-15, atol=0)
+    np.testing.assert_allclose(db, expected_db, rtol=1e-15, atol=0)
