@@ -44,8 +44,11 @@ def _at_extreme_index(arg_extreme: Any) -> Any:
 
 
 def _from_a_number(bound: Any) -> bool:
-    """Whether ``bound`` is a constant of the graph (torch's export writes a number bound of
-    clamp as a 0-d tensor, a Cast of a Constant), not a tensor the caller passed."""
+    """Whether ``bound`` is a 0-d constant of the graph (torch's export writes a number bound
+    of clamp as a 0-d tensor, a Cast of a Constant), not a tensor the caller passed."""
+    shape = getattr(bound, "shape", None)
+    if shape is None or len(shape) != 0:
+        return False
     for _ in range(4):
         if getattr(bound, "const_value", None) is not None:
             return True
