@@ -73,7 +73,8 @@ At ties and bounds three of onnx-ad's rules follow torch's conventions instead o
 no gradient where the input equals a constant bound (torch's ``clamp``, ``hardtanh``,
 ``relu6``), and a two-operand ``Max`` or ``Min`` gives each operand half of a tie's gradient
 (torch's ``maximum``, ``minimum``, ``clamp`` with tensor bounds). Only the values at a tie or
-bound change; the nodes built are as many as before or fewer.
+bound change, and only in the backward: Clip's rule builds two nodes fewer than onnx-ad's,
+Max's and Min's six more (the tie test and a comparison per operand).
 
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
