@@ -68,6 +68,14 @@ cofactor matrix, for a static order up to 16 (see :func:`_det_reverse`). onnxrun
 ``com.microsoft:Inverse`` (torch's ``linalg.inv``, see ortagent/torch/translations/linalg.py)
 gets the rule ``-Y^T g Y^T`` (see :func:`_inverse_reverse`).
 
+At ties and bounds three of onnx-ad's rules follow torch's conventions instead of their own
+(see :func:`_clip_reverse_or_strict` and :func:`_extremum_reverse_or_halved`): ``Clip`` passes
+no gradient where the input equals a constant bound (torch's ``clamp``, ``hardtanh``,
+``relu6``), and a two-operand ``Max`` or ``Min`` gives each operand half of a tie's gradient
+(torch's ``maximum``, ``minimum``, ``clamp`` with tensor bounds). Only the values at a tie or
+bound change, and only in the backward: Clip's rule builds two nodes fewer than onnx-ad's,
+Max's and Min's six more (the tie test and a comparison per operand).
+
 ONNX shape inference does not know these operators, so :func:`prepare` declares each one's
 result type (inferred before the renaming, or that of its operand) for onnx-ad's shape queries.
 
@@ -845,6 +853,9 @@ def _register() -> None:
         rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
+        rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])
+        for extremum in ("Max", "Min"):
+            rules.REVERSE[extremum] = _extremum_reverse_or_halved(rules.REVERSE[extremum])
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
         if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
             rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse
@@ -982,3 +993,59 @@ def _declare_inverses(model: ModelProto) -> None:
             declared[0].type.CopyFrom(source.type)       # the exporter declared it without a type
         else:
             _declare(model, node.output[0], source)
+
+
+def _clip_reverse_or_strict(rule):
+    """torch's ``hardtanh``, ``relu6`` and ``clamp`` with number bounds (the exporter writes
+    each as a Clip with constant bounds) pass no gradient where the input equals a bound, and
+    onnx-ad's Clip rule passes it there: where no gradient is asked of the bounds, the input's
+    gradient is kept where ``not (x <= min or x >= max)`` (hardtanh's mask; a NaN input keeps
+    it, where torch's clamp gives NaN none). With a bound to differentiate, onnx-ad's rule."""
+    def reverse(ctx, node, grads):
+        from onnx_ad.rules import _mask
+
+        x, bounds = node.input[0], [(i, name) for i, name in enumerate(node.input[1:3], 1) if name]
+        if not bounds or any(ctx.asked_for(name) for _, name in bounds):
+            return rule(ctx, node, grads)
+        outside = None
+        for index, name in bounds:
+            beyond = ctx.b.op("LessOrEqual" if index == 1 else "GreaterOrEqual", [x, name], stem="clip_at_or_beyond")
+            outside = beyond if outside is None else ctx.b.op("Or", [outside, beyond], stem="clip_outside")
+        zero = ctx.constant(0.0, ctx.dtype(node.output[0], x))
+        kept = ctx.b.op("Where", [_mask(ctx, outside), zero, grads[0]], stem="clip_strict")
+        return [kept] + [None] * (len(node.input) - 1)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _extremum_reverse_or_halved(rule):
+    """A two-operand Max or Min (torch's ``maximum``, ``minimum``, ``clamp_min`` and
+    ``clamp_max`` with tensor bounds) gives, as torch does, each operand the whole gradient
+    where it wins, half of it at a tie, and both the whole where either is NaN (torch masks out
+    only the operand that strictly loses); onnx-ad's rule gives a tie's whole gradient to the
+    first operand. Max or Min of more operands: onnx-ad's rule."""
+    def reverse(ctx, node, grads):
+        from onnx_ad.rules import _mask
+
+        if len(node.input) != 2 or grads[0] is None:
+            return rule(ctx, node, grads)
+        a, b = node.input
+        dtype = ctx.dtype(node.output[0], a, b)
+        zero, rank = ctx.constant(0.0, dtype), ctx.rank(node.output[0])
+        tie = ctx.b.op("Equal", [a, b], stem="extremum_tie")
+        shared = ctx.b.op("Where", [_mask(ctx, tie), ctx.b.op("Mul", [grads[0], ctx.constant(0.5, dtype)]), grads[0]],
+                          stem="extremum_shared")
+        loses = "Less" if node.op_type == "Max" else "Greater"
+        contributions = []
+        for mine, other in ((a, b), (b, a)):
+            if not ctx.asked_for(mine):
+                contributions.append(None)
+                continue
+            lost = ctx.b.op(loses, [mine, other], stem="extremum_loses")
+            contributions.append(ctx.unbroadcast(ctx.b.op("Where", [_mask(ctx, lost), zero, shared],
+                                                          stem="extremum_grad"), rank, mine))
+        return contributions
+
+    reverse.__wrapped__ = rule
+    return reverse

@@ -13,6 +13,8 @@ Two kinds live here, one module per family of operators:
   :mod:`.attention`; and :mod:`.linalg` (inverses, solves, Cholesky, slogdet); :mod:`.scatters`
   (index_reduce, put, diagonal_scatter, ...), :mod:`.padding` (circular padding, replicate
   padding with negative pads) and :mod:`.sampling` (grid_sample on volumes).
+* corrections of where torch.onnx's translation sends a tie's gradient (:mod:`.extrema`:
+  ``max``/``min`` along a dimension, ``clamp`` with tensor bounds).
 
 Every translation is written with standard ONNX operators that the autodiff (onnx-ad and
 :mod:`ortagent._ad_rules`) already differentiates, so none needs a reverse rule of its own;
@@ -41,4 +43,6 @@ def translation_table() -> dict[Any, Callable]:
     from . import padding, sampling, scatters
     for family in (scatters, padding, sampling):
         table.update(family.translations())
+    from . import extrema
+    table.update(extrema.translations())
     return table

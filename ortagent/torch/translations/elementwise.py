@@ -19,14 +19,13 @@ from ortagent.errors import OrtNotImplemented
 from ._common import DOUBLE, INT32, constant, stop_gradient
 
 
-def _nan_ignoring(first_wins: Any) -> Any:
+def _nan_ignoring(extreme: Any) -> Any:
     def pick(a: Any, b: Any) -> Any:
         b = op.CastLike(b, a)
-        keep_a = op.Or(first_wins(a, b), op.IsNaN(b))
-        picked = op.Where(keep_a, a, b)
-        # a tie shares the gradient evenly, as torch does; (a + b) / 2 is then a itself
-        half_each = op.Mul(op.Add(a, b), constant(a, 0.5))
-        return op.Where(op.Equal(a, b), half_each, picked)
+        # a NaN operand is replaced by the other one; Max/Min's rule (ortagent/_ad_rules.py)
+        # halves a tie's gradient, as torch does (the value stays exact: a mean of the tied
+        # operands overflowed beyond half the largest float)
+        return extreme(op.Where(op.IsNaN(a), b, a), op.Where(op.IsNaN(b), a, b))
 
     return pick
 
@@ -114,8 +113,8 @@ def translations() -> dict:
 
     aten = torch.ops.aten
     return {
-        aten.fmax.default: _nan_ignoring(op.GreaterOrEqual),
-        aten.fmin.default: _nan_ignoring(op.LessOrEqual),
+        aten.fmax.default: _nan_ignoring(op.Max),
+        aten.fmin.default: _nan_ignoring(op.Min),
         aten.copysign.Tensor: copysign,
         aten.copysign.Scalar: copysign,
         aten.hypot.default: hypot,
