@@ -61,6 +61,14 @@ def _models(torch, quick: bool):
     return cases
 
 
+def model_case(torch, tag: str):
+    """(title, make, args, kwargs, loss_of) of the model ``tag`` of this group."""
+    for case_tag, title, make, args, kwargs, loss_of in _models(torch, quick=False):
+        if case_tag == tag:
+            return title, make, args, kwargs, loss_of
+    raise SystemExit(f"no model {tag!r} in group 7")
+
+
 def _resident_mb() -> tuple[float, float]:
     """(resident size, its high-water mark) of this process in MiB, from /proc/self/status."""
     values = {}
@@ -77,7 +85,7 @@ def _memory_child(tag: str, side: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    make, args, kwargs, loss_of = next((m, a, k, f) for t, _, m, a, k, f in _models(torch, quick=False) if t == tag)
+    _, make, args, kwargs, loss_of = model_case(torch, tag)
     imports = 0.0
     if side == "bridge":                    # what importing the exporter costs, apart
         unloaded, _ = _resident_mb()

@@ -24,16 +24,9 @@ import os
 import tempfile
 
 from . import _common
-from .group_torch_models import _models
+from .group_torch_models import model_case
 
 WARMUP = 3
-
-
-def _case(torch, tag: str):
-    for case_tag, title, make, args, kwargs, loss_of in _models(torch, quick=False):
-        if case_tag == tag:
-            return title, make, args, kwargs, loss_of
-    raise SystemExit(f"no model {tag!r} in group 7")
 
 
 def _stepper(model, args, kwargs, loss_of):
@@ -122,7 +115,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    title, make, args, kwargs, loss_of = _case(torch, options.tag)
+    title, make, args, kwargs, loss_of = model_case(torch, options.tag)
     eager = eager_profile(torch, make, args, kwargs, loss_of, options.steps)
     bridge, files = bridge_profile(torch, make, args, kwargs, loss_of, options.steps)
     if files != 2:

@@ -447,12 +447,9 @@ def _stop_gradient_fake(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def _batch_statistics(x: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
-    dims = [0, *range(2, rank)]
-    view = [1, x.shape[1]] + [1] * (rank - 2)
-    mean = x.mean(dim=dims, keepdim=True)
-    centered = x - mean
-    return mean, (centered * centered).mean(dim=dims, keepdim=True), dims, view
+def _channel_axes(x: torch.Tensor, rank: int) -> tuple[list[int], list[int]]:
+    """(the axes BatchNorm reduces over, the shape that broadcasts a per-channel vector)."""
+    return [0, *range(2, rank)], [1, x.shape[1]] + [1] * (rank - 2)
 
 
 @torch.library.custom_op("ortagent::batch_norm_training", mutates_args=())
@@ -463,8 +460,11 @@ def batch_norm_training(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     channel). ``rank`` is ``x.dim()``, kept in the exported node. In the exported graph one
     node, whose gradient ortagent writes as torch's (a few reductions) instead of differentiating
     the statistics' operations one by one (tens of nodes per BatchNorm)."""
-    mean, var, _, view = _batch_statistics(x, rank)
-    y = (x - mean) * torch.rsqrt(var + eps) * weight.reshape(view) + bias.reshape(view)
+    dims, view = _channel_axes(x, rank)
+    mean = x.mean(dim=dims, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(dim=dims, keepdim=True)
+    y = centered * torch.rsqrt(var + eps) * weight.reshape(view) + bias.reshape(view)
     return y, mean.reshape(-1), var.reshape(-1)
 
 
@@ -483,9 +483,7 @@ def _batch_norm_training_backward(ctx, grad_y, grad_mean, grad_var):
     """torch's BatchNorm gradient (the statistics' own gradients, which the bridge never asks
     for, included for completeness)."""
     x, weight, mean, var = ctx.saved_tensors
-    rank = ctx.rank
-    dims = [0, *range(2, rank)]
-    view = [1, x.shape[1]] + [1] * (rank - 2)
+    dims, view = _channel_axes(x, ctx.rank)
     count = x.numel() // max(x.shape[1], 1)
     inv_std = torch.rsqrt(var.reshape(view) + ctx.eps)
     x_hat = (x - mean.reshape(view)) * inv_std
