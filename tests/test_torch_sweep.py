@@ -59,6 +59,10 @@ MODULES_FIXED += ["CircularPad2d", "GaussianNLLLoss"]
 OPS_FIXED += ["clamp", "clamp_min", "clamp_max", "nn.functional.hardtanh", "nn.functional.relu6", "maximum",
               "minimum", "min"]
 
+# where the sweep over every module_db sample found a difference past the first two: a single
+# sample's per-sample margin loss (0-d in torch), BatchNorm over an empty batch
+MODULES_EVERY_SAMPLE = ["MultiLabelMarginLoss", "BatchNorm1d"]
+
 
 def _sweep():
     pytest.importorskip("torch")
@@ -93,6 +97,14 @@ def test_module_db_sample_matches_or_is_refused():
     _assert_no_silent_difference(outcomes)
     by_name = {o.name: o.status for o in outcomes}
     assert by_name["GRU"] == "match" and by_name["Embedding"] == "match"
+
+
+def test_module_db_every_sample_of_former_differences():
+    sweep = _sweep()
+    outcomes = list(sweep.module_outcomes(sweep.module_infos(MODULES_EVERY_SAMPLE), samples=1000))
+    _assert_no_silent_difference(outcomes)
+    assert all(o.status == "match" for o in outcomes), [o for o in outcomes if o.status != "match"]
+    assert len(outcomes) >= 12
 
 
 def test_the_sweep_sees_a_wrong_translation(monkeypatch):

@@ -126,8 +126,10 @@ def _compare_tensors(what: str, actual: list, expected: list, reference: list | 
         if a.dtype != e.dtype and not (a.is_floating_point() and e.is_floating_point()) and \
                 not (a.is_complex() and e.is_complex()):
             return f"{what} {index}: dtype {a.dtype}, eager {e.dtype}"
+        if a.shape != e.shape:
+            return f"{what} {index}: shape {list(a.shape)}, eager {list(e.shape)}"
         if not e.is_floating_point() and not e.is_complex():
-            if a.shape != e.shape or not torch.equal(a, e.to(a.dtype)):
+            if not torch.equal(a, e.to(a.dtype)):
                 return f"{what} {index}: values differ (exact comparison)"
             continue
         error, scale = _error(a, e)

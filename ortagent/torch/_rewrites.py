@@ -289,12 +289,17 @@ def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tens
         raise OrtInvalidArgument(f"BatchNorm expects an input of 2 or more dimensions, got {x.dim()}")
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0
-    if count <= 1:
+    if count == 1:
         raise OrtInvalidArgument(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
     if weight is None:
         weight = torch.ones(channels, dtype=x.dtype, device=x.device)
     if bias is None:
         bias = torch.zeros(channels, dtype=x.dtype, device=x.device)
+    if count == 0:
+        # an empty batch, as torch: an empty result, zero gradients for weight and bias, and
+        # running statistics left as they are (the batch counter still counts it)
+        _, shape = _channel_axes(x, x.dim())
+        return x * weight.reshape(shape) + bias.reshape(shape)
     y, mean, var = batch_norm_training(x, weight, bias, float(eps), x.dim())
     if (running_mean is None) != (running_var is None):
         raise OrtNotImplemented("ORTModule: batch_norm with only one of running_mean / running_var")
@@ -548,6 +553,19 @@ def _gaussian_nll_loss(input: torch.Tensor, target: torch.Tensor, var: Any, full
     return loss.sum() if reduction == "sum" else loss
 
 
+def _multilabel_margin_loss(input: torch.Tensor, target: torch.Tensor, size_average: Any = None,
+                            reduce: Any = None, reduction: str = "mean") -> torch.Tensor:
+    """torch's multilabel margin loss, whose per-sample loss of a single sample (a 1-D input,
+    ``reduction="none"``) is a 0-d tensor as torch's kernel returns it: the decomposition the
+    exporter traces returns shape ``[1]`` there."""
+    if size_average is not None or reduce is not None:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    if input.dim() == 1 and target.dim() == 1 and reduction == "none":
+        loss = F.multilabel_margin_loss(input.unsqueeze(0), target.unsqueeze(0), reduction="none")
+        return loss.reshape(())
+    return F.multilabel_margin_loss(input, target, reduction=reduction)
+
+
 # in-place random methods whose result depends only on the tensor's layout and scalar arguments
 _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.random_,
                    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
@@ -610,6 +628,8 @@ class _TraceMode(TorchFunctionMode):
             return func(*args, **{**kwargs, "_random_samples": self._fractional_samples(func, args[0])})
         if func is F.gaussian_nll_loss:
             return _gaussian_nll_loss(*args, **kwargs)
+        if func is F.multilabel_margin_loss:
+            return _multilabel_margin_loss(*args, **kwargs)
         if func is torch.lstm and _projects(args):
             raise OrtNotImplemented("ORTModule: nn.LSTM with proj_size is not supported: torch's ONNX exporter "
                                     "writes an ONNX LSTM, which has no projection of the hidden state, so the "
