@@ -46,7 +46,7 @@ Two more are extended: ``Pow``, whose integer exponent (torch writes ``x ** 2`` 
 one) onnx-ad tried to differentiate and refused for float32 bases; and ``AveragePool`` with
 ``ceil_mode=1`` (its last windows may overhang the input), whose gradient spreads the output
 gradient, divided by onnxruntime's own divisor per window, back over each window's elements
-inside the input (see :func:`_ceil_average_pool_reverse`).
+inside the input (see :func:`_padded_average_pool_reverse`).
 
 ``DFT`` is extended to the inverse onesided transform (torch's ``irfft``, ``hfft`` and the last
 axis of their 2-d and n-d forms), which onnx-ad refuses: its reverse is the forward onesided
@@ -385,21 +385,25 @@ def _pow_reverse_or_integer(rule):
     return reverse
 
 
-def _average_pool_reverse_or_ceil(rule):
+def _average_pool_reverse_or_padded(rule):
     def reverse(ctx, node, grads):
         from onnx_ad._build import attribute
 
-        if not attribute(node, "ceil_mode", 0):
+        if not attribute(node, "ceil_mode", 0) and not any(attribute(node, "pads", None) or []):
             return rule(ctx, node, grads)
-        return _ceil_average_pool_reverse(ctx, node, grads)
+        # (with padding, onnx-ad's ConvTranspose names the input's extent in output_shape,
+        # for which ONNX's shape inference returns a rank-2 shape when the input is smaller
+        # than the full transposed convolution: onnxruntime then refuses the graph)
+        return _padded_average_pool_reverse(ctx, node, grads)
 
     reverse.__wrapped__ = rule
     return reverse
 
 
-def _ceil_average_pool_reverse(ctx, node, grads):
+def _padded_average_pool_reverse(ctx, node, grads):
     """The gradient of an AveragePool with ``ceil_mode=1``, whose last windows may overhang
-    the input (and its padding), which onnx-ad refuses. The pooling is linear,
+    the input (and its padding), which onnx-ad refuses, or with padding (onnx-ad's rule then
+    makes a graph onnxruntime cannot load, see the caller). The pooling is linear,
     ``y[o] = W(x)[o] / d[o]`` with ``W`` the sum over each window's elements inside the input
     and ``d[o]`` a divisor fixed by the position alone, so ``dx = W^T(dy / d)``:
 
@@ -540,8 +544,9 @@ def _nll_loss_reverse(ctx, node, grads):
     on the targets that are not ``ignore_index`` and 0 on those that are, the loss is
     ``-x[n, t[n, d], d] * c[n, d]``, summed or divided by ``sum(c)`` (mean); so the input's
     gradient is ``-g' c`` scattered to the target class of each position and 0 elsewhere, with
-    ``g'`` the output gradient (none), broadcast (sum), or divided by ``sum(c)`` (mean). The
-    weights get no gradient (torch does not differentiate them either)."""
+    ``g'`` the output gradient (none), broadcast (sum), or divided by ``sum(c)`` (mean), and 0
+    at an ignored target even where ``sum(c)`` is 0. The weights get no gradient (torch does
+    not differentiate them either)."""
     from onnx_ad._build import UnsupportedOperator, attribute
 
     x, target = node.input[0], node.input[1]
@@ -571,11 +576,37 @@ def _nll_loss_reverse(ctx, node, grads):
     elif reduction not in ("sum", "none"):
         raise UnsupportedOperator(f"NegativeLogLikelihoodLoss with reduction={reduction!r} is not differentiated")
     scale = ctx.b.op("Neg", [ctx.b.op("Mul", [g, coefficient])], stem="nll_scale")
+    if ignore_index is not None:
+        # an ignored target's gradient is 0, as torch's, also when every target is ignored
+        # (a mean over no weight: torch's loss is NaN, its gradient 0)
+        scale = ctx.b.op("Where", [ignored, zero, scale], stem="nll_scale_kept")
     zeros = _zeros_like(ctx, x, dtype, "nll_zeros")
     axis = ctx.b.ints([1])
     dx = ctx.b.op("ScatterElements", [zeros, ctx.b.op("Unsqueeze", [target, axis]),
                                       ctx.b.op("Unsqueeze", [scale, axis])], axis=1, stem="nll_dx")
     return [_with_seed_axis(ctx, dx, "nll_adjoint")] + [None] * (len(node.input) - 1)
+
+
+def _reduce_reverse_or_empty_mean(rule):
+    """onnx-ad's ReduceSum / ReduceMean rule, with the count a mean divides its gradient by
+    taken as ``Size(x) / max(Size(y), 1)``: onnx-ad's integer ``Size(x) / Size(y)`` fails the
+    run where the result is empty (RMSNorm or LayerNorm over an empty batch, as torch allows)."""
+    def reverse(ctx, node, grads):
+        from onnx_ad.rules import _reduction_axes
+
+        axes, keepdims = _reduction_axes(ctx, node)
+        if node.op_type != "ReduceMean" or not axes:
+            return rule(ctx, node, grads)
+        x, y = node.input[0], node.output[0]
+        seeded = ctx.full(grads[0], y)
+        if not keepdims:
+            seeded = ctx.unsqueeze(seeded, axes)
+        outputs = ctx.b.op("Max", [ctx.b.op("Size", [y]), ctx.b.constant(1, onnx.TensorProto.INT64, ())])
+        count = ctx.b.op("Cast", [ctx.b.op("Div", [ctx.b.op("Size", [x]), outputs])], to=ctx.dtype(x, y))
+        return [ctx.b.op("Div", [ctx.full(seeded, x), count], stem="mean_adjoint")]
+
+    reverse.__wrapped__ = rule
+    return reverse
 
 
 def _scatter_elements_reverse_or_reducing(rule):
@@ -847,10 +878,12 @@ def _register() -> None:
         rules.REVERSE["Slice"] = _slice_reverse_or_symbolic(rules.REVERSE["Slice"])
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
-        rules.REVERSE["AveragePool"] = _average_pool_reverse_or_ceil(rules.REVERSE["AveragePool"])
+        rules.REVERSE["AveragePool"] = _average_pool_reverse_or_padded(rules.REVERSE["AveragePool"])
         rules.REVERSE["DFT"] = _dft_reverse_or_c2r(rules.REVERSE["DFT"])
         rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
         rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
+        for reduce in ("ReduceSum", "ReduceMean"):
+            rules.REVERSE[reduce] = _reduce_reverse_or_empty_mean(rules.REVERSE[reduce])
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])

@@ -440,22 +440,96 @@ def test_determinant_without_a_gradient_still_runs():
     _check(lambda a, s: torch.det(a) * s, x, torch.tensor(1.5), grad_inputs=[1])
 
 
-def test_cross_entropy_with_label_smoothing_is_refused_not_wrong():
+@pytest.mark.parametrize("shape", [(5,), (4, 5), (3, 5, 2, 3)], ids=["one-sample", "batch", "spatial"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("targets", ["indices", "probabilities"])
+def test_cross_entropy_with_label_smoothing_or_probabilities_matches_torch(shape, weighted, reduction, targets):
     """module_db's CrossEntropyLoss samples with label_smoothing and class-index targets gave a
-    loss 0.148 off torch's (at 6.2) without a word; refused now, and without smoothing it matches."""
+    loss 0.148 off torch's (at 6.2) without a word, and torch.onnx wrote an invalid node for
+    probability targets; both are now written as torch's kernel computes them. The index targets
+    hold ignored ones (ignore_index=1), which the smoothing term and the weighted mean skip."""
     torch = pytest.importorskip("torch")
-    from ortagent.errors import OrtNotImplemented
     from ortagent.torch import ORTModule
 
-    logits = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(0))
-    target = torch.randint(0, 3, (4, 5), generator=torch.Generator().manual_seed(1))
-    with pytest.raises(OrtNotImplemented, match="label_smoothing=0.15"):
-        ORTModule(torch.nn.CrossEntropyLoss(label_smoothing=0.15))(logits.clone().requires_grad_(), target)
+    generator = torch.Generator().manual_seed(len(shape) + 10 * weighted)
+    logits = torch.randn(shape, generator=generator) * 2
+    classes = shape[0] if len(shape) == 1 else shape[1]
+    weight = torch.rand(classes, generator=generator) + 0.5 if weighted else None
+    if targets == "indices":
+        target_shape = () if len(shape) == 1 else (shape[0], *shape[2:])
+        target = torch.randint(0, classes, target_shape, generator=generator)
+        kwargs = {}
+        if target.numel() > 1:      # (a lone ignored target makes the mean NaN)
+            target.view(-1)[0] = 1
+            kwargs = {"ignore_index": 1}
+    else:
+        target = torch.softmax(torch.randn(shape, generator=generator), 0 if len(shape) == 1 else 1)
+        kwargs = {}
+    for smoothing in (0.0, 0.15) if targets == "probabilities" else (0.15, 1.0):
+        loss = torch.nn.CrossEntropyLoss(weight=weight, reduction=reduction, label_smoothing=smoothing, **kwargs)
+        plain = logits.clone().requires_grad_()
+        bridged = logits.clone().requires_grad_()
+        expected = loss(plain, target)
+        got = ORTModule(loss)(bridged, target)
+        grad = torch.randn(expected.shape, generator=generator)
+        expected.backward(grad)
+        got.backward(grad)
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bridged.grad, plain.grad, rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("loss", ["cross_entropy", "nll_loss"])
+@pytest.mark.parametrize("shape", [(6, 5), (2, 5, 3)], ids=["tokens", "spatial"])
+def test_unreduced_loss_weighted_by_a_mask_matches_torch(loss, shape):
+    """A per-token loss (``reduction="none"``) weighted by a mask, as masked language-model
+    losses are: torch.onnx declared the unreduced loss over a symbolic batch a scalar, and the
+    autodiff summed its gradient to one number (input gradients 0.65 off torch's)."""
+    torch = pytest.importorskip("torch")
+    from ortagent.torch import ORTModule
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(shape, generator=generator)
+    target = torch.randint(0, shape[1], (shape[0], *shape[2:]), generator=generator)
+    mask = torch.rand(target.shape, generator=generator)
+    function = getattr(torch.nn.functional, loss)
+
+    class Masked(torch.nn.Module):
+        def forward(self, scores, labels, weights):
+            if loss == "nll_loss":
+                scores = torch.log_softmax(scores, 1)
+            return (function(scores, labels, reduction="none") * weights).sum() / weights.sum()
+
     plain = logits.clone().requires_grad_()
     bridged = logits.clone().requires_grad_()
-    expected = torch.nn.CrossEntropyLoss()(plain, target)
-    got = ORTModule(torch.nn.CrossEntropyLoss())(bridged, target)
+    expected = Masked()(plain, target, mask)
+    got = ORTModule(Masked())(bridged, target, mask)
     expected.backward()
     got.backward()
     torch.testing.assert_close(got.detach(), expected.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(bridged.grad, plain.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.15])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_cross_entropy_over_only_ignored_targets_has_torch_gradient(smoothing, weighted):
+    """A batch whose targets are all ignore_index (padding only, a prompt-only chunk): torch's
+    mean loss is NaN and its gradient 0; the NLL rule divided by the zero total weight and made
+    every gradient NaN, which an optimizer step spreads into the weights."""
+    torch = pytest.importorskip("torch")
+    from ortagent.torch import ORTModule
+
+    logits = torch.randn(3, 4, generator=torch.Generator().manual_seed(5))
+    weight = torch.rand(4, generator=torch.Generator().manual_seed(6)) if weighted else None
+    target = torch.full((3,), -100)
+    loss = torch.nn.CrossEntropyLoss(weight=weight, label_smoothing=smoothing)
+    plain = logits.clone().requires_grad_()
+    bridged = logits.clone().requires_grad_()
+    expected = loss(plain, target)
+    got = ORTModule(loss)(bridged, target)
+    expected.backward()
+    got.backward()
+    assert torch.isnan(expected) and torch.isnan(got)
+    torch.testing.assert_close(bridged.grad, plain.grad)
+    assert not bridged.grad.any()

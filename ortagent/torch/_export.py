@@ -326,6 +326,7 @@ def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, all_
     model = program.model_proto
     model.ir_version = ir_version
     _static_literals(model)
+    _repair_declared_shapes(model)
     _check_exported(model, any(sub.training for sub in module.modules()))
     n_outputs = len(discovery.outputs.tensors)
     n_stats = 2 * len(discovery.statistics)
@@ -364,6 +365,46 @@ def _static_literals(model: Any) -> None:
             for dim in value.type.tensor_type.shape.dim:
                 if dim.dim_param.isdigit():
                     dim.dim_value = int(dim.dim_param)
+
+
+def _repair_declared_shapes(model: Any) -> list[str]:
+    """The shapes torch.onnx declares for the graph's values, checked against ONNX's own shape
+    inference; a declaration of another rank, or another static size, than ONNX infers is
+    replaced by ONNX's (in place), and the names of the values returned. The autodiff trusts
+    the declarations: torch.onnx declared the unreduced NLL loss over a symbolic batch
+    (``nll_loss(..., reduction="none")`` of ``[s0, C]``, inside ``cross_entropy`` too) a
+    scalar, and the values computed from it likewise, so the gradients reaching the loss were
+    summed to one number (a per-token loss weighted by a mask: input gradients 0.65 off
+    torch's)."""
+    import onnx
+
+    graph = model.graph
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    del probe.graph.value_info[:]
+    for value in probe.graph.output:
+        value.type.tensor_type.ClearField("shape")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True).graph
+    except Exception:
+        return []
+    found = {value.name: value.type.tensor_type for value in [*inferred.value_info, *inferred.output]
+             if value.type.tensor_type.HasField("shape")}
+    repaired = []
+    for value in [*graph.value_info, *graph.output]:
+        declared, onnx_says = value.type.tensor_type, found.get(value.name)
+        if onnx_says is None or not declared.HasField("shape") or not _shapes_conflict(declared.shape, onnx_says.shape):
+            continue
+        declared.shape.CopyFrom(onnx_says.shape)
+        repaired.append(value.name)
+    return repaired
+
+
+def _shapes_conflict(declared: Any, inferred: Any) -> bool:
+    if len(declared.dim) != len(inferred.dim):
+        return True
+    return any(a.HasField("dim_value") and b.HasField("dim_value") and a.dim_value != b.dim_value
+               for a, b in zip(declared.dim, inferred.dim))
 
 
 def _site_layouts(site: Site) -> list:

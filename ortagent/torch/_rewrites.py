@@ -318,18 +318,67 @@ def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tens
 
 
 def _cross_entropy(original: Callable) -> Callable:
-    """cross_entropy with label smoothing and class-index targets is refused while tracing:
-    the exported graph's loss differs from torch's (module_db's CrossEntropyLoss samples with
-    ``label_smoothing``: 0.148 off at a loss of 6.2), so it would train another loss."""
-    def cross_entropy(input: torch.Tensor, target: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        smoothing = kwargs.get("label_smoothing", args[5] if len(args) > 5 else 0.0)
-        if _current() is not None and smoothing and not target.is_floating_point():
-            raise OrtNotImplemented(
-                f"ORTModule: cross_entropy with label_smoothing={smoothing} and class-index targets is not "
-                "supported: the exported graph computes another loss than torch's. Compute the loss outside "
-                "the ORTModule, on its logits")
-        return original(input, target, *args, **kwargs)
+    """cross_entropy with label smoothing or probability targets, written while tracing as
+    torch's kernel computes it (:func:`_smoothed_or_soft_cross_entropy`): the exporter's own
+    graph gave a loss up to 0.148 off torch's with smoothing (module_db's CrossEntropyLoss
+    samples) and an invalid node with probability targets. Plain class-index targets keep the
+    exporter's translation."""
+    def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                      size_average: Any = None, ignore_index: int = -100, reduce: Any = None,
+                      reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+        soft = isinstance(target, torch.Tensor) and input.shape == target.shape and target.is_floating_point()
+        if _current() is None or not (soft or label_smoothing > 0.0) or not 0.0 <= label_smoothing <= 1.0 \
+                or (soft and ignore_index >= 0) or input.dim() < 1:
+            # torch's own function, and its checks for what it refuses
+            return original(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        if size_average is not None or reduce is not None:
+            reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+        if reduction not in ("none", "mean", "sum"):
+            raise ValueError(f"{reduction} is not a valid value for reduction")
+        return _smoothed_or_soft_cross_entropy(input, target, weight, ignore_index, reduction,
+                                               float(label_smoothing), soft)
     return cross_entropy
+
+
+def _smoothed_or_soft_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
+                                    ignore_index: int, reduction: str, smoothing: float,
+                                    soft: bool) -> torch.Tensor:
+    """Cross entropy with probability targets (``soft``) or with label smoothing over class
+    indices, in the operations and normalisations of torch's CPU kernel: probabilities are
+    smoothed towards the uniform distribution and a mean divides by the number of rows; with
+    class indices the loss is ``(1 - s) * nll + s / C * smooth``, where ``smooth`` sums the
+    (weighted) negative log probabilities of every class, ignored targets contribute nothing,
+    and a mean divides by the targets' total weight (their count without weights)."""
+    class_dim = 0 if input.dim() == 1 else 1
+    classes = input.shape[class_dim]
+    log_probs = torch.log_softmax(input, class_dim)
+    per_class = None
+    if weight is not None:
+        shape = [1] * input.dim()
+        shape[class_dim] = classes
+        per_class = weight.reshape(shape)
+    if soft:
+        if smoothing > 0.0:
+            target = target * (1.0 - smoothing) + smoothing / classes
+        terms = log_probs * target if per_class is None else log_probs * target * per_class
+        if reduction == "none":
+            return -terms.sum(class_dim)
+        if reduction == "sum":
+            return -terms.sum()
+        return -terms.sum() / (input.numel() // classes if classes else 0)   # 0 rows: NaN, as torch
+    nll = F.nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
+    smooth = -(log_probs.sum(class_dim) if per_class is None else (log_probs * per_class).sum(class_dim))
+    ignored = target == ignore_index
+    smooth = smooth.masked_fill(ignored, 0.0)
+    if reduction == "mean":
+        if weight is None:
+            total = (~ignored).sum()
+        else:
+            total = weight[target.masked_fill(ignored, 0)].masked_fill(ignored, 0.0).sum()
+        smooth = smooth.sum() / total
+    elif reduction == "sum":
+        smooth = smooth.sum()
+    return (1.0 - smoothing) * nll + smooth * (smoothing / classes)
 
 
 def _instance_norm(original: Callable) -> Callable:
@@ -535,11 +584,15 @@ def _gaussian_nll_loss(input: torch.Tensor, target: torch.Tensor, var: Any, full
     The variance is clamped at ``eps`` outside autograd, as torch does, so its gradient is taken
     at the clamped value."""
     if not isinstance(var, torch.Tensor):
+        if var < 0:
+            raise ValueError("var has negative entry/entries")
         var = torch.full_like(input, float(var))
     if var.size() != input.size():
         if input.size()[:-1] == var.size():
             var = torch.unsqueeze(var, -1)
-        elif not (input.size()[:-1] == var.size()[:-1] and var.size(-1) == 1):
+        elif not (input.dim() == var.dim()
+                  and sum(v for i, v in zip(input.size(), var.size()) if i != v) == 1):
+            # (one axis where var has size 1 and the input another: var broadcasts over it)
             raise ValueError("var is of incorrect size")
     if reduction not in ("none", "mean", "sum"):
         raise ValueError(reduction + " is not valid")
@@ -583,6 +636,7 @@ _RANDOM_FROM_DATA = {torch.bernoulli, torch.Tensor.bernoulli, torch.multinomial,
 _INTERNAL_NORMS = {torch.native_batch_norm, torch.ops.aten._native_batch_norm_legit,
                    torch.ops.aten._native_batch_norm_legit.default, torch.ops.aten._native_batch_norm_legit.no_stats,
                    torch.ops.aten._batch_norm_with_update, torch.ops.aten._batch_norm_with_update.default}
+_LINEAR_CROSS_ENTROPY = getattr(F, "linear_cross_entropy", None)     # (torch 2.14 and later)
 _DATA_DESCRIPTOR = torch.Tensor.data
 _COUNTER_READS = {torch.Tensor.__float__, torch.Tensor.item}
 
@@ -630,6 +684,10 @@ class _TraceMode(TorchFunctionMode):
             return _gaussian_nll_loss(*args, **kwargs)
         if func is F.multilabel_margin_loss:
             return _multilabel_margin_loss(*args, **kwargs)
+        if func is _LINEAR_CROSS_ENTROPY and kwargs.get("options") is not None:
+            # the chunked path saves memory in eager (gradients made in the forward, a backward
+            # that mutates them); the graph computes the same loss by the reference path
+            return func(*args, **{**kwargs, "options": None})
         if func is torch.lstm and _projects(args):
             raise OrtNotImplemented("ORTModule: nn.LSTM with proj_size is not supported: torch's ONNX exporter "
                                     "writes an ONNX LSTM, which has no projection of the hidden state, so the "
