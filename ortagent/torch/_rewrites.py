@@ -48,6 +48,8 @@ from torch.overrides import TorchFunctionMode
 
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
+from ._losses import gaussian_nll_loss, multilabel_margin_loss, smoothed_or_soft_cross_entropy
+
 __all__ = ["Layout", "Site", "Trace", "tracing", "draw", "draw_all", "stop_gradient", "batch_norm_training",
            "BatchStatistics", "default_generator"]
 
@@ -319,7 +321,7 @@ def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tens
 
 def _cross_entropy(original: Callable) -> Callable:
     """cross_entropy with label smoothing or probability targets, written while tracing as
-    torch's kernel computes it (:func:`_smoothed_or_soft_cross_entropy`): the exporter's own
+    torch's kernel computes it (:func:`._losses.smoothed_or_soft_cross_entropy`): the exporter's own
     graph gave a loss up to 0.148 off torch's with smoothing (module_db's CrossEntropyLoss
     samples) and an invalid node with probability targets. Plain class-index targets keep the
     exporter's translation."""
@@ -335,50 +337,9 @@ def _cross_entropy(original: Callable) -> Callable:
             reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
         if reduction not in ("none", "mean", "sum"):
             raise ValueError(f"{reduction} is not a valid value for reduction")
-        return _smoothed_or_soft_cross_entropy(input, target, weight, ignore_index, reduction,
+        return smoothed_or_soft_cross_entropy(input, target, weight, ignore_index, reduction,
                                                float(label_smoothing), soft)
     return cross_entropy
-
-
-def _smoothed_or_soft_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
-                                    ignore_index: int, reduction: str, smoothing: float,
-                                    soft: bool) -> torch.Tensor:
-    """Cross entropy with probability targets (``soft``) or with label smoothing over class
-    indices, in the operations and normalisations of torch's CPU kernel: probabilities are
-    smoothed towards the uniform distribution and a mean divides by the number of rows; with
-    class indices the loss is ``(1 - s) * nll + s / C * smooth``, where ``smooth`` sums the
-    (weighted) negative log probabilities of every class, ignored targets contribute nothing,
-    and a mean divides by the targets' total weight (their count without weights)."""
-    class_dim = 0 if input.dim() == 1 else 1
-    classes = input.shape[class_dim]
-    log_probs = torch.log_softmax(input, class_dim)
-    per_class = None
-    if weight is not None:
-        shape = [1] * input.dim()
-        shape[class_dim] = classes
-        per_class = weight.reshape(shape)
-    if soft:
-        if smoothing > 0.0:
-            target = target * (1.0 - smoothing) + smoothing / classes
-        terms = log_probs * target if per_class is None else log_probs * target * per_class
-        if reduction == "none":
-            return -terms.sum(class_dim)
-        if reduction == "sum":
-            return -terms.sum()
-        return -terms.sum() / (input.numel() // classes if classes else 0)   # 0 rows: NaN, as torch
-    nll = F.nll_loss(log_probs, target, weight, ignore_index=ignore_index, reduction=reduction)
-    smooth = -(log_probs.sum(class_dim) if per_class is None else (log_probs * per_class).sum(class_dim))
-    ignored = target == ignore_index
-    smooth = smooth.masked_fill(ignored, 0.0)
-    if reduction == "mean":
-        if weight is None:
-            total = (~ignored).sum()
-        else:
-            total = weight[target.masked_fill(ignored, 0)].masked_fill(ignored, 0.0).sum()
-        smooth = smooth.sum() / total
-    elif reduction == "sum":
-        smooth = smooth.sum()
-    return (1.0 - smoothing) * nll + smooth * (smoothing / classes)
 
 
 def _instance_norm(original: Callable) -> Callable:
@@ -576,49 +537,6 @@ def _check_nonnegative_fake(x: torch.Tensor) -> torch.Tensor:
 check_nonnegative.register_autograd(lambda ctx, grad: grad)
 
 
-def _gaussian_nll_loss(input: torch.Tensor, target: torch.Tensor, var: Any, full: bool = False,
-                       eps: float = 1e-6, reduction: str = "mean") -> torch.Tensor:
-    """torch's Gaussian negative log likelihood, with its checks: the shape checks here at the
-    trace (as torch makes them), the check for a negative variance in the graph
-    (:func:`check_nonnegative`: the run fails rather than return a number where eager raises).
-    The variance is clamped at ``eps`` outside autograd, as torch does, so its gradient is taken
-    at the clamped value."""
-    if not isinstance(var, torch.Tensor):
-        if var < 0:
-            raise ValueError("var has negative entry/entries")
-        var = torch.full_like(input, float(var))
-    if var.size() != input.size():
-        if input.size()[:-1] == var.size():
-            var = torch.unsqueeze(var, -1)
-        elif not (input.dim() == var.dim()
-                  and sum(v for i, v in zip(input.size(), var.size()) if i != v) == 1):
-            # (one axis where var has size 1 and the input another: var broadcasts over it)
-            raise ValueError("var is of incorrect size")
-    if reduction not in ("none", "mean", "sum"):
-        raise ValueError(reduction + " is not valid")
-    var = check_nonnegative(var)
-    clamped = var + stop_gradient(var.clamp(min=eps) - var)
-    loss = 0.5 * (torch.log(clamped) + (input - target) ** 2 / clamped)
-    if full:
-        loss = loss + 0.5 * math.log(2 * math.pi)
-    if reduction == "mean":
-        return loss.mean()
-    return loss.sum() if reduction == "sum" else loss
-
-
-def _multilabel_margin_loss(input: torch.Tensor, target: torch.Tensor, size_average: Any = None,
-                            reduce: Any = None, reduction: str = "mean") -> torch.Tensor:
-    """torch's multilabel margin loss, whose per-sample loss of a single sample (a 1-D input,
-    ``reduction="none"``) is a 0-d tensor as torch's kernel returns it: the decomposition the
-    exporter traces returns shape ``[1]`` there."""
-    if size_average is not None or reduce is not None:
-        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    if input.dim() == 1 and target.dim() == 1 and reduction == "none":
-        loss = F.multilabel_margin_loss(input.unsqueeze(0), target.unsqueeze(0), reduction="none")
-        return loss.reshape(())
-    return F.multilabel_margin_loss(input, target, reduction=reduction)
-
-
 # in-place random methods whose result depends only on the tensor's layout and scalar arguments
 _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.random_,
                    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
@@ -681,9 +599,9 @@ class _TraceMode(TorchFunctionMode):
         if func in _FRACTIONAL_POOLS and len(args) <= 5 and kwargs.get("_random_samples") is None:
             return func(*args, **{**kwargs, "_random_samples": self._fractional_samples(func, args[0])})
         if func is F.gaussian_nll_loss:
-            return _gaussian_nll_loss(*args, **kwargs)
+            return gaussian_nll_loss(*args, **kwargs)
         if func is F.multilabel_margin_loss:
-            return _multilabel_margin_loss(*args, **kwargs)
+            return multilabel_margin_loss(*args, **kwargs)
         if func is _LINEAR_CROSS_ENTROPY and kwargs.get("options") is not None:
             # the chunked path saves memory in eager (gradients made in the forward, a backward
             # that mutates them); the graph computes the same loss by the reference path
