@@ -602,6 +602,12 @@ class _TraceMode(TorchFunctionMode):
             return gaussian_nll_loss(*args, **kwargs)
         if func is F.multilabel_margin_loss:
             return multilabel_margin_loss(*args, **kwargs)
+        if func is F.ctc_loss:
+            raise OrtNotImplemented(
+                "ORTModule: ctc_loss (nn.CTCLoss) is not supported: torch's ONNX exporter cannot translate it "
+                "(its kernel's outputs have data-dependent shapes), and its recursion unrolled over the time "
+                "steps takes minutes to export at 50 steps. Compute the loss outside the ORTModule, on the "
+                "log-probabilities it returns")
         if func is _LINEAR_CROSS_ENTROPY and kwargs.get("options") is not None:
             # the chunked path saves memory in eager (gradients made in the forward, a backward
             # that mutates them); the graph computes the same loss by the reference path
