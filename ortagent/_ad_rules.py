@@ -44,7 +44,7 @@ torch's embedding_bag) slice the first that many axes, counted at run time.
 
 Two more are extended: ``Pow``, whose integer exponent (torch writes ``x ** 2`` with an int64
 one) onnx-ad tried to differentiate and refused for float32 bases; and ``AveragePool`` with
-``ceil_mode=1`` (its last windows may overhang the input), whose gradient spreads the output
+``ceil_mode=1`` (its last windows may overhang the input) or padding, whose gradient spreads the output
 gradient, divided by onnxruntime's own divisor per window, back over each window's elements
 inside the input (see :func:`_padded_average_pool_reverse`).
 
@@ -58,6 +58,9 @@ amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 :func:`_reducing_scatter_reverse`). ``NegativeLogLikelihoodLoss`` gets a reverse rule of its own (onnx-ad would expand it into the
 specification's function body, in which it cannot place its seed axis): see
 :func:`_nll_loss_reverse`.
+
+``ReduceMean``'s rule divides by the reduced count as ``Size(x) / max(Size(y), 1)``, so
+that a mean over an empty batch runs (see :func:`_reduce_reverse_or_empty_mean`).
 
 ``ReduceProd``'s rule is replaced: onnx-ad writes the product of the other elements as
 ``y / x``, inf or NaN where ``x`` is zero; ortagent's counts the zeros of each reduced slice
@@ -588,14 +591,14 @@ def _nll_loss_reverse(ctx, node, grads):
 
 
 def _reduce_reverse_or_empty_mean(rule):
-    """onnx-ad's ReduceSum / ReduceMean rule, with the count a mean divides its gradient by
+    """onnx-ad's ReduceMean rule, with the count the mean divides its gradient by
     taken as ``Size(x) / max(Size(y), 1)``: onnx-ad's integer ``Size(x) / Size(y)`` fails the
     run where the result is empty (RMSNorm or LayerNorm over an empty batch, as torch allows)."""
     def reverse(ctx, node, grads):
         from onnx_ad.rules import _reduction_axes
 
         axes, keepdims = _reduction_axes(ctx, node)
-        if node.op_type != "ReduceMean" or not axes:
+        if not axes:
             return rule(ctx, node, grads)
         x, y = node.input[0], node.output[0]
         seeded = ctx.full(grads[0], y)
@@ -882,8 +885,7 @@ def _register() -> None:
         rules.REVERSE["DFT"] = _dft_reverse_or_c2r(rules.REVERSE["DFT"])
         rules.REVERSE["ScatterElements"] = _scatter_elements_reverse_or_reducing(rules.REVERSE["ScatterElements"])
         rules.REVERSE["ReduceProd"] = _reduce_prod_reverse       # replaces onnx-ad's y / x
-        for reduce in ("ReduceSum", "ReduceMean"):
-            rules.REVERSE[reduce] = _reduce_reverse_or_empty_mean(rules.REVERSE[reduce])
+        rules.REVERSE["ReduceMean"] = _reduce_reverse_or_empty_mean(rules.REVERSE["ReduceMean"])
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])
