@@ -22,6 +22,11 @@ from ._cache import GraphStore, structure_key
 from ._export import Discovery, ExportedGraph, TraceFailure, discover, export, same_draws
 from ._rewrites import Site, draw_all
 from ._state import StateGuard
+from .translations.corrections import CHECK_FAILED_INDEX
+
+
+class FailedValueCheck(OrtInvalidArgument):
+    """A check the exported graph makes on values (where eager raises on them) failed."""
 
 __all__ = ["ORTModule"]
 
@@ -377,7 +382,7 @@ class ORTModule(nn.Module):
         # symbolic dimensions is made again with static ones, and a static one is refused
         try:
             result = self._call(entry, flat, check=True)
-        except OrtNotImplemented:
+        except (OrtNotImplemented, FailedValueCheck):
             raise
         except OrtError as exc:
             if not entry.exported.guard.symbolic:
@@ -471,13 +476,21 @@ class ORTModule(nn.Module):
         user_names = set(names[:sum(exported.used[:exported.n_user])])
         input_gradients = tuple(name for name, tensor in zip(names, feeds)
                                 if name in user_names and tensor.requires_grad and tensor.dtype in _FLOAT_DTYPES)
-        if torch.is_grad_enabled() and (trainable or input_gradients):
-            plan = runner.agent(trainable, input_gradients, tuple(tuple(t.shape) for t in feeds))
-            if check:
-                runner.check(plan, feeds)
-            outputs = ORTFunction.apply(runner, plan, *feeds)
-        else:
-            outputs = runner.run_inference(feeds)
+        try:
+            if torch.is_grad_enabled() and (trainable or input_gradients):
+                plan = runner.agent(trainable, input_gradients, tuple(tuple(t.shape) for t in feeds))
+                if check:
+                    runner.check(plan, feeds)
+                outputs = ORTFunction.apply(runner, plan, *feeds)
+            else:
+                outputs = runner.run_inference(feeds)
+        except OrtInvalidArgument as exc:
+            if f"idx={CHECK_FAILED_INDEX}" not in str(exc):
+                raise
+            raise FailedValueCheck(
+                f"ORTModule: a value the forward of {type(module).__name__} requires to be non-negative has a "
+                "negative entry (F.gaussian_nll_loss / nn.GaussianNLLLoss: var has negative entry/entries, "
+                "where eager raises ValueError); the graph's check stopped the run") from exc
         n_out = exported.n_outputs
         n_stats = 2 * len(exported.statistics)
         if check:

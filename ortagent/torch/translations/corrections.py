@@ -38,7 +38,11 @@ import torch
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 
-__all__ = ["translations"]
+__all__ = ["translations", "CHECK_FAILED_INDEX"]
+
+# the index a failed ``ortagent::check_nonnegative`` gathers at: onnxruntime's error names it,
+# which tells that failure from any other (ortagent.torch._module words it for the user)
+CHECK_FAILED_INDEX = 2 ** 40
 
 _registered = False
 
@@ -195,7 +199,7 @@ def translations() -> dict[Any, Callable]:
         # of x is negative: onnxruntime then fails the run (ONNX has no assertion)
         negative = op.ReduceMax(op.Cast(op.Less(x, op.CastLike(op.Constant(value_float=0.0), x)), to=7),
                                 keepdims=0)
-        index = op.Mul(negative, op.Constant(value_int=2 ** 40))
+        index = op.Mul(negative, op.Constant(value_int=CHECK_FAILED_INDEX))
         zero = op.Gather(op.CastLike(op.Constant(value_floats=[0.0]), x), index, axis=0)
         return op.Add(x, zero)
 
