@@ -900,3 +900,28 @@ def test_disk_cache_key_is_the_same_in_another_process():
         assert done.returncode == 0, done.stderr
         keys.add(done.stdout.strip())
     assert len(keys) == 1, keys
+
+
+def test_declared_shapes_that_contradict_onnx_inference_are_replaced():
+    """The export's check of torch.onnx's declared shapes: a declaration of another rank (the
+    unreduced NLL loss declared a scalar) or another static size is replaced by what ONNX
+    infers; a symbolic one that agrees is kept."""
+    pytest.importorskip("torch")
+    import onnx
+    from onnx import TensorProto, helper
+
+    from ortagent.torch._export import _repair_declared_shapes
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["y"], ["z"]),
+         helper.make_node("Abs", ["z"], ["w"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("w", TensorProto.FLOAT, [])],
+        value_info=[helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5]),
+                    helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert sorted(_repair_declared_shapes(model)) == ["w", "y"]
+    declared = {v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+                for v in [*model.graph.value_info, *model.graph.output]}
+    assert declared == {"y": ["batch", 4], "z": ["batch", 4], "w": ["batch", 4]}
+    onnx.checker.check_model(model)
