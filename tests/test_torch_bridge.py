@@ -557,6 +557,41 @@ def test_cuda_mlp_and_batchnorm_match_eager():
     _compare(lambda: _mlp().to(device), lambda step: (x,), _ce)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_cuda_autocast_is_honoured(dtype_name):
+    """torch.autocast('cuda') around the forward, float16 and bfloat16: the graph computes in
+    the autocast dtype where torch's autocast does (outputs in that dtype, as eager's), with
+    float32 parameters and gradients that agree with eager under the same autocast."""
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    import copy
+
+    from ortagent.torch import ORTModule
+
+    dtype = getattr(torch, dtype_name)
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(3, 8, 3, padding=1), torch.nn.GELU(), torch.nn.Flatten(),
+                              torch.nn.LayerNorm(80), torch.nn.Linear(80, 4)).to(device)
+    bridged = ORTModule(copy.deepcopy(net))
+    x = torch.randn(5, 3, 10, device=device)
+    outputs = []
+    for model in (net, bridged):
+        with torch.autocast("cuda", dtype=dtype):
+            out = model(x.clone().requires_grad_())
+        outputs.append(out)
+        (out.float() ** 2).sum().backward()
+    tolerance = 2e-3 if dtype == torch.float16 else 2e-2
+    assert outputs[0].dtype == outputs[1].dtype == dtype
+    torch.testing.assert_close(outputs[1].float(), outputs[0].float(), rtol=tolerance, atol=tolerance)
+    for (name, expected), got in zip(net.named_parameters(), bridged.parameters()):
+        assert got.grad.dtype == torch.float32 and got.grad.device == device, name
+        scale = expected.grad.abs().max()
+        torch.testing.assert_close(got.grad / scale, expected.grad / scale, rtol=0, atol=2 * tolerance, msg=name)
+
+
 def test_one_export_serves_every_batch_and_sequence_length():
     """A transformer trained on batches of varying size and sequence length exports once; a new
     shape costs no export (shapes, gradients and dropout masks as eager's)."""

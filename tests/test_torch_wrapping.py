@@ -183,7 +183,47 @@ def test_changed_python_state_exports_again_never_a_stale_graph():
     assert model.exported_graphs == 5
 
 
+@pytest.mark.parametrize("layers", ["mlp", "conv"])
+def test_float16_autocast_on_the_cpu_is_honoured(layers):
+    """torch.autocast('cpu', dtype=torch.float16) around the forward: the exported graph casts
+    where torch's autocast does (its output is float16 as eager's), the parameters and their
+    gradients stay float32, and both agree with eager under the same autocast to float16's
+    precision; an export made under autocast is not reused outside it."""
+    import copy
+
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    torch.manual_seed(0)
+    if layers == "mlp":
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                  torch.nn.Linear(16, 4))
+        x = torch.randn(5, 8)
+    else:
+        net = torch.nn.Sequential(torch.nn.Conv1d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                  torch.nn.Linear(80, 4))
+        x = torch.randn(5, 3, 10)
+    bridged = ORTModule(copy.deepcopy(net))
+    outputs = []
+    for model in (net, bridged):
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = model(x.clone().requires_grad_())
+        outputs.append(out)
+        (out.float() ** 2).sum().backward()
+    assert outputs[0].dtype == outputs[1].dtype == torch.float16
+    torch.testing.assert_close(outputs[1], outputs[0], rtol=2e-3, atol=2e-3)
+    for (name, expected), got in zip(net.named_parameters(), bridged.parameters()):
+        assert got.dtype == got.grad.dtype == torch.float32, name
+        scale = expected.grad.abs().max()
+        torch.testing.assert_close(got.grad / scale, expected.grad / scale, rtol=0, atol=3e-3, msg=name)
+    plain = bridged(x)
+    assert plain.dtype == torch.float32 and bridged.exported_graphs == 2
+    _close(plain.detach(), net(x).detach())
+
+
 def test_autocast_is_refused_by_name():
+    """bfloat16 autocast on the CPU: onnxruntime's CPU provider lacks the kernels."""
     import torch
 
     from ortagent.errors import OrtNotImplemented

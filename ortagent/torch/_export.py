@@ -175,6 +175,14 @@ def same_draws(a: Sequence[Site], b: Sequence[Site]) -> bool:
 
 # -- the traced function ------------------------------------------------------------------------------
 
+def ambient_autocast() -> tuple[tuple[str, torch.dtype], ...]:
+    """The ``torch.autocast`` regions the calling thread is in, as (device type, dtype) pairs:
+    part of an export's key, and re-entered inside the traced forward, where torch.export
+    records them (an autocast entered around ``torch.export`` itself is not recorded)."""
+    return tuple((device, torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")
+                 if torch.is_autocast_enabled(device))
+
+
 class _Functional(nn.Module):
     """The wrapped module as a function of (user tensors, parameters and buffers, draws)."""
 
@@ -188,6 +196,7 @@ class _Functional(nn.Module):
         self.phase = phase
         self.trace: Trace | None = None
         self.outputs: _trees.Flat | None = None
+        self.autocast = ambient_autocast()
 
     def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n_user, n_state = len(self.inputs.tensors), len(self.state_names)
@@ -197,7 +206,9 @@ class _Functional(nn.Module):
                       generator=self.generator,
                       start_seed=None if self.generator is None else self.generator.initial_seed())
         args, kwargs = self.inputs.rebuild(flat[:n_user])
-        with tracing(trace):
+        with tracing(trace), contextlib.ExitStack() as regions:
+            for device, dtype in self.autocast:
+                regions.enter_context(torch.autocast(device, dtype=dtype))
             result = torch.func.functional_call(self.target[0], state, tuple(args), dict(kwargs))
         self.trace = trace
         self.outputs = _trees.flatten(result, "the forward's result", caches=True)
@@ -262,7 +273,9 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
     flat = [*inputs.tensors, *state.values()]
     graded = _graded(inputs, state, {name for name, _ in module.named_parameters()}, all_graded)
     generator = default_generator(device)
-    for kind in ("meta", "copy"):
+    # (autocast casts only tensors of its own device type: under it, meta tensors would give
+    # the outputs the wrong dtype)
+    for kind in ("meta", "copy") if not ambient_autocast() else ("copy",):
         functional = _Functional(module, inputs, list(state), "discover", generator)
         try:
             with _generator_kept(generator), torch.enable_grad():

@@ -19,7 +19,7 @@ from ortagent.errors import OrtError, OrtInvalidArgument, OrtInvalidType, OrtNot
 from . import _trees
 from ._bridge import GraphRunner, ORTFunction, SessionConfig
 from ._cache import GraphStore, structure_key
-from ._export import Discovery, ExportedGraph, TraceFailure, discover, export, same_draws
+from ._export import Discovery, ExportedGraph, TraceFailure, ambient_autocast, discover, export, same_draws
 from ._rewrites import Site, draw_all
 from ._state import StateGuard
 from .translations.corrections import CHECK_FAILED_INDEX
@@ -240,7 +240,7 @@ class ORTModule(nn.Module):
         guard = self._state_guard
         if guard is None:
             guard = self._state_guard = StateGuard(module)
-        key = (_trees.signature_of(flat), tuple(sub.training for sub in modules), guard.key())
+        key = (_trees.signature_of(flat), tuple(sub.training for sub in modules), guard.key(), ambient_autocast())
         if self._exact_grads:
             key += (tuple(t.requires_grad for t in flat.tensors), tuple(p.requires_grad for p in module.parameters()))
         return key
@@ -433,21 +433,22 @@ class ORTModule(nn.Module):
         self._state_guard = None            # the materialized modules' state is read from now on
 
     def _refuse_autocast(self, flat: _trees.Flat) -> None:
-        """torch.autocast around the forward: refused, naming autocast and the provider, before
-        an export that would ignore it (the graph computes in the parameters' dtypes)."""
+        """torch.autocast around the forward is honoured (the export records its casts, see
+        :func:`._export.ambient_autocast`), except where onnxruntime's provider lacks the kernels:
+        bfloat16 on the CPU, refused naming autocast and the provider."""
         if not (torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")):
             return                  # (the common case, without walking the parameters)
         device = self._device(flat)
         if not torch.is_autocast_enabled(device.type):
             return
         dtype = torch.get_autocast_dtype(device.type)
-        provider = "CUDA" if device.type == "cuda" else "CPU"
+        if device.type == "cuda" or dtype == torch.float16:
+            return
         raise OrtNotImplemented(
             f"ORTModule: torch.autocast('{device.type}', dtype={dtype}) around the forward of "
-            f"{type(self._original_module).__name__} is not supported: the exported graph computes in the "
-            f"parameters' and inputs' dtypes, so autocast would be ignored (and onnxruntime's {provider} provider "
-            "lacks many reduced-precision kernels, bfloat16 ones above all). Call the ORTModule outside autocast, "
-            "or convert the module and inputs to the dtype you want")
+            f"{type(self._original_module).__name__} is not supported: onnxruntime's CPU provider lacks most "
+            "bfloat16 kernels (MatMul, Gemm, Conv), so the graph autocast makes cannot run there. Use "
+            "dtype=torch.float16 on the CPU, autocast on CUDA, or call the ORTModule outside autocast")
 
     def _cannot_run(self, exc: Exception) -> OrtNotImplemented:
         return OrtNotImplemented(f"ORTModule: onnxruntime cannot run the graph exported for "

@@ -21,6 +21,10 @@ database (tests/torch_sweep.py):
 * ``aten.scatter_reduce`` with ``reduce="mean"``: torch.onnx writes a plain ScatterElements
   (the last write wins, no mean); here the sum over the scattered values (and ``self`` when
   ``include_self``) divided by their count, positions no index reaches keeping ``self``.
+* ``aten.layer_norm`` / ``aten.native_layer_norm`` with a float16 input and float32 parameters (torch.autocast
+  leaves a LayerNorm's parameters float32, and torch's kernel takes the mix): ONNX's
+  LayerNormalization wants one type; here it computes in the parameters' type, the result cast
+  back to the input's.
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
   (:mod:`._rewrites`); ``ortagent::check_nonnegative``: its input, in a graph whose run fails
   where an entry is negative (a Gather far out of range), for checks eager makes on values.
@@ -194,6 +198,24 @@ def translations() -> dict[Any, Callable]:
         count = op.ScatterElements(counted, index, ones, axis=dim, reduction="add")
         return op.Div(total, op.Max(count, one))
 
+    def native_layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
+                          eps: float = 1e-5) -> Any:
+        axis = -len(normalized_shape)
+        if weight is None:
+            weight = op.Expand(op.CastLike(op.Constant(value_float=1.0), x),
+                               op.Constant(value_ints=list(normalized_shape)))
+        if bias is None:
+            bias = op.Expand(op.CastLike(op.Constant(value_float=0.0), weight),
+                             op.Constant(value_ints=list(normalized_shape)))
+        # in the parameters' type (autocast leaves them float32 for a float16 input, as torch's
+        # mixed-type kernel does), and the result in the input's
+        y, mean, rstd = op.LayerNormalization(op.CastLike(x, weight), weight, bias, axis=axis, epsilon=float(eps))
+        return op.CastLike(y, x), mean, rstd
+
+    def layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5,
+                   cudnn_enable: bool = True) -> Any:
+        return native_layer_norm(x, normalized_shape, weight, bias, eps)[0]
+
     def check_nonnegative(x: Any) -> Any:
         # a Gather from a one-element constant at index 0, or far out of range where an entry
         # of x is negative: onnxruntime then fails the run (ONNX has no assertion)
@@ -210,6 +232,8 @@ def translations() -> dict[Any, Callable]:
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         torch.ops.ortagent.batch_norm_training.default: batch_norm_training,
         aten.log_sigmoid.default: log_sigmoid,
+        aten.native_layer_norm.default: native_layer_norm,
+        aten.layer_norm.default: layer_norm,
         aten._safe_softmax.default: safe_softmax,
         aten.linalg_vector_norm.default: vector_norm,
     }
