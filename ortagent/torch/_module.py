@@ -370,7 +370,7 @@ class ORTModule(nn.Module):
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
-        self._refuse_autocast(flat)
+        self._check_autocast(flat)
         modules = tuple(self._original_module.modules())
         if any(isinstance(sub, nn.modules.lazy.LazyModuleMixin) for sub in modules):
             self._materialize_lazy(args, kwargs, modules)
@@ -432,7 +432,7 @@ class ORTModule(nn.Module):
                     buffer.copy_(value)
         self._state_guard = None            # the materialized modules' state is read from now on
 
-    def _refuse_autocast(self, flat: _trees.Flat) -> None:
+    def _check_autocast(self, flat: _trees.Flat) -> None:
         """torch.autocast around the forward is honoured (the export records its casts, see
         :func:`._export.ambient_autocast`), except where onnxruntime's provider lacks the kernels:
         bfloat16 on the CPU, refused naming autocast and the provider."""
