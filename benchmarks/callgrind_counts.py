@@ -47,6 +47,8 @@ CASES = {
         ("loop", None),
         ("symbol: InferenceSession.run wrapper", "__pyx_pw_8ortagent_5_core_16InferenceSession_*run"),
     ]),
+    "iobinding": ("ortagent InferenceSession.run_with_iobinding on Identity f32[1] (input bound once, "
+                  "output bound to the CPU)", [("loop", None)]),
     "ort-run": ("onnxruntime InferenceSession.run(None, {'x': f32[1]}) on Identity", [("loop", None)]),
     "agent-tiny": ("ortagent TrainingAgent step, state API, x*w+bias f32 (forward + backward)", [
         ("loop", None),
@@ -81,6 +83,13 @@ def _step(case: str):
             return lambda run=session.run: run(None, feed)
         ones = np.ones
         return lambda run=session.run: run(None, {"x": ones(1, np.float32)})
+    if case == "iobinding":
+        import ortagent
+        session = ortagent.InferenceSession(_identity_bytes(), _common.ortagent_options())
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("x", ortagent.OrtValue.ortvalue_from_numpy(np.ones(1, np.float32)))
+        binding.bind_output("y", "cpu")
+        return lambda run=session.run_with_iobinding: run(binding)
     if case == "ort-run":
         import onnxruntime
         session = onnxruntime.InferenceSession(_identity_bytes(), _common.onnxruntime_options(),

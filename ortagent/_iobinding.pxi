@@ -309,11 +309,8 @@ cdef class IOBinding(SessionBinding):
                 raise OrtInvalidArgument(f"required inputs {unbound} are not bound to this IOBinding")
             bound.inputs_verified = True
         cdef bint rebound = bound.rebind_device_outputs(False)
-        cdef RunStack stack
-        cdef RunArrays a
         cdef RunCall call
         cdef bint kept_device = not rebound and bound.has_device_outputs()
-        run_arrays_init(&a, &stack, 0, 0)       # nothing in the arrays: all is in the binding
         session.begin_run(False)
         cdef tuple used
         try:
@@ -328,7 +325,7 @@ cdef class IOBinding(SessionBinding):
                 # device buffers kept from the last run: the retry rule gives them fresh ones
                 call.rebind = _rebind_device_outputs
                 call.rebind_owner = <PyObject*>bound
-            run_core(session, &call, &a)
+            run_core(session, &call, &NO_RUN_ARRAYS)    # all is in the binding
         finally:
             bound.end_run(used)
             session.end_run(False)

@@ -56,6 +56,11 @@ from ortagent.errors import OrtInvalidArgument
 
 # ---- a run's C arrays and the calls ------------------------------------------------------------------
 
+# The arrays of a run that has none (n_in = n_out = 0: an IoBinding's run, everything in the
+# binding): zero, and never written, since every loop over them runs zero times.
+cdef RunArrays NO_RUN_ARRAYS
+
+
 cdef int run_arrays_init(RunArrays* arrays, RunStack* stack, Py_ssize_t n_in, Py_ssize_t n_out) except -1:
     arrays.heap = NULL
     if n_in <= RUN_STACK_SLOTS and n_out <= RUN_STACK_SLOTS:
@@ -447,7 +452,10 @@ cdef list run_core(object owner, RunCall* c, RunArrays* a):
                 if status == NULL and c.preallocate != NULL:
                     with cython.critical_section(owner):    # runs of other lanes read it
                         c.preallocate[0] = False
-            results = _collect(owner, c, a, status == NULL)
+            if c.binding != NULL and not c.bound_results:
+                results = None                  # all is in the binding: nothing to collect
+            else:
+                results = _collect(owner, c, a, status == NULL)
         except BaseException:
             end_run_call(used, registered, status)      # releases status if it raises
             if status != NULL:
