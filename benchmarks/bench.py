@@ -120,6 +120,12 @@ def main(argv=None) -> int:
                         help="before the threads group, wait up to S seconds for other processes "
                              "to leave both CPUs free (default 180, 0 with --quick)")
     parser.add_argument("--no-plot", action="store_true", help="skip latest.png")
+    parser.add_argument("--torch-threads", type=int, default=1, metavar="N",
+                        help="group 7: torch's threads and onnxruntime's intra-op threads (default 1; "
+                             "above 1 the group is timed by the wall clock)")
+    parser.add_argument("--torch-models", default="", metavar="TAGS",
+                        help="group 7: a comma-separated subset of resnet18, mobilenet_v3, gpt2, bert, "
+                             "llama, t5, vit (default all)")
     args = parser.parse_args(argv)
     names = [g.strip() for g in args.groups.split(",") if g.strip()]
     unknown = sorted(set(names) - set(GROUPS))
@@ -136,6 +142,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="ortagent-bench-") as workdir:
         settings = _common.Settings.make(args.quick, Path(workdir), args.rounds_scale, args.burst_ms,
                                          args.clock)
+        settings.extra["torch_threads"] = args.torch_threads
+        if args.torch_models:
+            settings.extra["torch_models"] = {t.strip() for t in args.torch_models.split(",") if t.strip()}
         settings.wait_quiet_s = (args.wait_quiet if args.wait_quiet is not None
                                  else 0.0 if args.quick else 180.0)
         for name in names:
