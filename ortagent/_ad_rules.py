@@ -88,6 +88,8 @@ Pure Python over ``onnx`` and ``onnx-ad``.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -96,7 +98,8 @@ from onnx import ModelProto, ValueInfoProto
 from ._onnx_graph import walk_graphs
 from .errors import OrtNotImplemented
 
-__all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "prepare", "finish", "uses_private_ops"]
+__all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "prepare", "finish", "uses_private_ops",
+           "symbols_above_one"]
 
 DOMAIN = "ai.ortagent.ad"
 STOP_GRADIENT = "StopGradient"
@@ -895,7 +898,64 @@ def _register() -> None:
         if "NegativeLogLikelihoodLoss" not in rules.REVERSE:
             rules.REVERSE["NegativeLogLikelihoodLoss"] = _nll_loss_reverse
             rules.FORWARD.setdefault("NegativeLogLikelihoodLoss", _nll_loss_forward)
+        from onnx_ad._build import Context
+
+        Context.unbroadcast = _unbroadcast_with_known_symbols(Context.unbroadcast)
         _registered = True
+
+
+# -- broadcasting undone by axes fixed when the graph is built ------------------------------------------
+
+_named_dims = threading.local()     # .dims: value -> its dimensions (int, symbol name or None); .above_one
+
+
+@contextmanager
+def symbols_above_one(model: ModelProto, symbols: Collection[str]) -> Iterator[None]:
+    """While onnx-ad differentiates ``model`` in this thread, a gradient reaching an operand
+    that was broadcast is summed over axes decided now wherever each of the operand's
+    dimensions is a static size or a symbol of ``symbols`` (dimension names the caller knows to
+    be at least 2 at run time, hence never broadcast): onnx-ad otherwise computes the axes at run
+    time from the operand's shape (Shape, Equal, NonZero, a ReduceSum over those axes, which
+    copies the gradient even where nothing was broadcast, and a Reshape). With no symbols it
+    changes nothing."""
+    if not symbols:
+        yield
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is an aid here: without it onnx-ad decides at run time
+        inferred = model
+    dims: dict[str, tuple[int | str | None, ...]] = {}
+    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        tensor_type = value.type.tensor_type
+        if tensor_type.HasField("shape"):
+            dims[value.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
+                                     for d in tensor_type.shape.dim)
+    for tensor in model.graph.initializer:
+        dims[tensor.name] = tuple(int(d) for d in tensor.dims)
+    _named_dims.dims, _named_dims.above_one = dims, frozenset(symbols)
+    try:
+        yield
+    finally:
+        _named_dims.dims = _named_dims.above_one = None
+
+
+def _unbroadcast_with_known_symbols(original):
+    def unbroadcast(ctx, value, source_rank, target):
+        dims = getattr(_named_dims, "dims", None)
+        named = dims.get(target) if dims is not None else None
+        declared = ctx.shapes.shape(target)
+        if (named is None or declared is None or len(declared) != len(named) or source_rank < len(named)
+                or ctx.shapes.static(target) is not None      # onnx-ad's own static path
+                or not all(isinstance(d, int) or d in _named_dims.above_one for d in named)):
+            return original(ctx, value, source_rank, target)
+        lead = source_rank - len(named)
+        axes = list(range(lead)) + [lead + i for i, d in enumerate(named) if d == 1]
+        if not axes:
+            return value
+        reduced = ctx.reduce_sum(value, axes, keepdims=1)
+        return reduced if lead == 0 else ctx.squeeze(reduced, list(range(lead)))
+    return unbroadcast
 
 
 def uses_private_ops(model: ModelProto) -> bool:

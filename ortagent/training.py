@@ -61,6 +61,7 @@ def build_training_graph(
     full_shape_outputs: Sequence[int] | None = None,
     ir_version: int | None = None,
     optimize: bool = True,
+    symbols_above_one: Sequence[str] = (),
 ) -> ModelProto:
     """A training graph (ORTModule layout) for ``forward_model``.
 
@@ -82,6 +83,12 @@ def build_training_graph(
     computed in the weight's layout and write the gradient output themselves. Gradients are
     the same up to the order of floating-point additions; False gives onnx-ad's graph as
     generated.
+    ``symbols_above_one`` names symbolic dimensions (``dim_param``) that the caller guarantees
+    to be at least 2 whenever the graph runs (torch.export's symbols, checked by ORTModule
+    before each call): a value whose dimensions are static sizes or such symbols is never
+    broadcast along them, so the sums that undo broadcasting in the backward get axes fixed
+    now instead of axes computed at run time. A symbol that is 1 at run time would then give
+    a gradient of the wrong shape: name only symbols the caller enforces.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
@@ -89,6 +96,7 @@ def build_training_graph(
     """
     trainable = name_list(trainable, "trainable", unordered=True)
     input_gradients = name_list(input_gradients, "input_gradients", unordered=True)
+    symbols_above_one = name_list(symbols_above_one, "symbols_above_one", unordered=True)
     if user_inputs is not None:
         user_inputs = name_list(user_inputs, "user_inputs", unordered=True)
     if non_differentiable_outputs is not None:
@@ -238,9 +246,10 @@ def build_training_graph(
     batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
     try:
-        adjoint = onnx_ad.reverse(
-            model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
-        )
+        with _ad_rules.symbols_above_one(model, symbols_above_one):
+            adjoint = onnx_ad.reverse(
+                model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
+            )
     except onnx_ad.UnsupportedOperator as exc:
         raise OrtNotImplemented(f"cannot differentiate the forward model: {exc}") from exc
     except ValueError as exc:

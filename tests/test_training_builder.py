@@ -573,3 +573,59 @@ def test_an_autodiff_value_named_like_a_gradient_output_is_renamed():
     np.testing.assert_allclose(out, expected.detach().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(grads[0], tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(grads[1], tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+# -- broadcasting undone by axes fixed at build time (symbols_above_one) ------------------------------
+
+def _broadcasting_forward(d):
+    """x[n, t, 4] against operands broadcast along the symbols and along static 1s: a bias [4],
+    a scale [1, 1, 4], a per-sample gate [n, 1, 1] and a per-position weight [t, 4]."""
+    nodes = [helper.make_node("Add", ["x", "bias"], ["a"]),
+             helper.make_node("Mul", ["a", "scale"], ["b"]),
+             helper.make_node("Mul", ["b", "gate"], ["c"]),
+             helper.make_node("Sub", ["c", "position"], ["y"])]
+    inputs = [tg.tensor("x", d, ["n", "t", 4]), tg.tensor("gate", d, ["n", 1, 1]),
+              tg.tensor("position", d, ["t", 4])]
+    params = [numpy_helper.from_array(np.linspace(-1, 1, 4).astype(d), "bias"),
+              numpy_helper.from_array(np.linspace(0.5, 2, 4).astype(d).reshape(1, 1, 4), "scale")]
+    return tg.make_model(nodes, inputs, [tg.tensor("y", d, ["n", "t", 4])], params, ms_domain=False)
+
+
+@pytest.mark.parametrize("n, t", [(2, 3), (5, 2), (3, 7)])
+def test_symbols_above_one_fix_the_broadcast_axes_at_build_time(n, t):
+    """With the symbols named (sizes >= 2, as ORTModule guarantees), the backward sums each
+    broadcast operand's gradient over axes fixed in the graph (no NonZero, fewer nodes) and
+    gives the same gradients as the run-time axes and as numpy."""
+    d = np.float64
+    forward = _broadcasting_forward(d)
+    trainable = ["bias", "scale"]
+    grads_of = ["x", "gate", "position"]
+    fixed = build_training_graph(forward, trainable, input_gradients=grads_of, symbols_above_one=["n", "t"])
+    runtime = build_training_graph(forward, trainable, input_gradients=grads_of)
+    assert not any(node.op_type == "NonZero" for node in fixed.graph.node)
+    assert any(node.op_type == "NonZero" for node in runtime.graph.node)
+    assert len(fixed.graph.node) < len(runtime.graph.node)
+    rng = np.random.default_rng(n * 10 + t)
+    feeds = {"x": rng.standard_normal((n, t, 4)), "gate": rng.standard_normal((n, 1, 1)),
+             "position": rng.standard_normal((t, 4))}
+    g = rng.standard_normal((n, t, 4))
+    bias = np.linspace(-1, 1, 4)
+    scale = np.linspace(0.5, 2, 4).reshape(1, 1, 4)
+    expected = {"x": g * scale * feeds["gate"],
+                "gate": (g * (feeds["x"] + bias) * scale).sum(axis=(1, 2), keepdims=True),
+                "position": -g.sum(axis=0),
+                "bias": (g * scale * feeds["gate"]).sum(axis=(0, 1)),
+                "scale": (g * (feeds["x"] + bias) * feeds["gate"]).sum(axis=(0, 1), keepdims=True)}
+    order = grads_of + trainable
+    for model in (fixed, runtime):
+        (y,), gradients = tg.SplitRunner(split_training_graph(model)).run(
+            {**feeds, "bias": bias, "scale": scale}, [g])
+        np.testing.assert_allclose(y, (feeds["x"] + bias) * scale * feeds["gate"] - feeds["position"], rtol=1e-12)
+        for name, got in zip(order, gradients):
+            assert got.shape == expected[name].shape, name
+            np.testing.assert_allclose(got, expected[name], rtol=1e-12, atol=1e-12, err_msg=name)
+
+
+def test_symbols_above_one_must_be_names():
+    with pytest.raises(Exception, match="symbols_above_one"):
+        build_training_graph(_broadcasting_forward(np.float32), ["bias"], symbols_above_one="n")

@@ -240,7 +240,16 @@ class GraphRunner:
             user_inputs=[name for name in names if name not in trainable],
             input_gradients=input_gradients,
             non_differentiable_outputs=self.exported.non_differentiable_outputs,
-            ir_version=IR_VERSION)
+            ir_version=IR_VERSION,
+            symbols_above_one=self._symbols_above_one() if shapes is None else ())
+
+    def _symbols_above_one(self) -> list[str]:
+        """The inputs' symbols whose lower bound is 2 or more: every call's shapes pass the
+        guard first (ORTModule exports again for shapes it does not accept), so each is at
+        least 2 whenever the graph runs."""
+        guard = self.exported.guard
+        named = {dim for dims in guard.dims if dims for dim in dims if isinstance(dim, str)}
+        return sorted(symbol for symbol, lower, _ in guard.ranges if symbol in named and lower >= 2)
 
     def close(self) -> None:
         with self._lock:
