@@ -25,9 +25,6 @@ from ._state import StateGuard
 from .translations.corrections import CHECK_FAILED_INDEX
 
 
-class FailedValueCheck(OrtInvalidArgument):
-    """A check the exported graph makes on values (where eager raises on them) failed."""
-
 __all__ = ["ORTModule"]
 
 _INNER = "_original_module"
@@ -37,6 +34,10 @@ _MANY_EXPORTS = 8               # warn once when a module has exported this many
 _SITE_SHAPES_KEPT = 16          # the draws' layouts remembered per export, by input shapes
 # torch.export is not made to run in two threads at once: exports take turns (runs do not)
 _EXPORT_LOCK = threading.RLock()
+
+
+class FailedValueCheck(OrtInvalidArgument):
+    """A check the exported graph makes on values (where eager raises on them) failed."""
 
 
 @dataclass
