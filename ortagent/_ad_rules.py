@@ -99,7 +99,7 @@ from ._onnx_graph import walk_graphs
 from .errors import OrtNotImplemented
 
 __all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "prepare", "finish", "uses_private_ops",
-           "symbols_above_one"]
+           "differentiating"]
 
 DOMAIN = "ai.ortagent.ad"
 STOP_GRADIENT = "StopGradient"
@@ -901,53 +901,74 @@ def _register() -> None:
         from onnx_ad._build import Context
 
         Context.unbroadcast = _unbroadcast_with_known_symbols(Context.unbroadcast)
+        Context.reshape_like = _reshape_like_with_one_seed(Context.reshape_like)
         _registered = True
 
 
 # -- broadcasting undone by axes fixed when the graph is built ------------------------------------------
 
-_named_dims = threading.local()     # .dims: value -> its dimensions (int, symbol name or None); .above_one
+_reverse_state = threading.local()  # while ortagent's reverse runs: .dims, .above_one (see differentiating)
 
 
 @contextmanager
-def symbols_above_one(model: ModelProto, symbols: Collection[str]) -> Iterator[None]:
-    """While onnx-ad differentiates ``model`` in this thread, a gradient reaching an operand
-    that was broadcast is summed over axes decided now wherever each of the operand's
-    dimensions is a static size or a symbol of ``symbols`` (dimension names the caller knows to
-    be at least 2 at run time, hence never broadcast): onnx-ad otherwise computes the axes at run
-    time from the operand's shape (Shape, Equal, NonZero, a ReduceSum over those axes, which
-    copies the gradient even where nothing was broadcast, and a Reshape). With no symbols it
-    changes nothing."""
-    if not symbols:
-        yield
-        return
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:  # noqa: BLE001 - inference is an aid here: without it onnx-ad decides at run time
-        inferred = model
+def differentiating(model: ModelProto, symbols_above_one: Collection[str] = ()) -> Iterator[None]:
+    """The facts ortagent's call of onnx-ad's reverse mode on ``model`` (in this thread) lets
+    onnx-ad use:
+
+    * One seed direction (build_training_graph seeds each module output with a trailing axis of
+      1): a gradient reshaped like a value of symbolic shape gets that value's shape and 1
+      (onnx-ad writes -1, which ONNX's shape inference cannot resolve: the seed axis was then
+      of unknown size downstream, and the Transposes that only move it stayed copies). The
+      seed count onnx-ad reads off a seed's shape is left as it is: zero gradients made from it
+      stay in the backward (a constant count would move them into the forward, and keep them
+      alive until the backward).
+    * ``symbols_above_one``: dimension names the caller knows to be at least 2 at run time,
+      hence never broadcast. A gradient reaching an operand that was broadcast is summed over
+      axes decided now wherever each of the operand's dimensions is a static size or such a
+      symbol; onnx-ad otherwise computes the axes at run time from the operand's shape (Shape,
+      Equal, NonZero, a ReduceSum over those axes, which copies the gradient even where
+      nothing was broadcast, and a Reshape)."""
     dims: dict[str, tuple[int | str | None, ...]] = {}
-    for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-        tensor_type = value.type.tensor_type
-        if tensor_type.HasField("shape"):
-            dims[value.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
-                                     for d in tensor_type.shape.dim)
-    for tensor in model.graph.initializer:
-        dims[tensor.name] = tuple(int(d) for d in tensor.dims)
-    _named_dims.dims, _named_dims.above_one = dims, frozenset(symbols)
+    if symbols_above_one:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:  # noqa: BLE001 - inference is an aid here: without it onnx-ad decides at run time
+            inferred = model
+        for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+            tensor_type = value.type.tensor_type
+            if tensor_type.HasField("shape"):
+                dims[value.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
+                                         for d in tensor_type.shape.dim)
+        for tensor in model.graph.initializer:
+            dims[tensor.name] = tuple(int(d) for d in tensor.dims)
+    _reverse_state.dims, _reverse_state.above_one = dims, frozenset(symbols_above_one)
     try:
         yield
     finally:
-        _named_dims.dims = _named_dims.above_one = None
+        _reverse_state.dims = _reverse_state.above_one = None
+
+
+def _active() -> bool:
+    return getattr(_reverse_state, "dims", None) is not None
+
+
+def _reshape_like_with_one_seed(original):
+    def reshape_like(ctx, value, primal):
+        if not _active() or ctx.shapes.static(primal) is not None:
+            return original(ctx, value, primal)
+        target = ctx.b.op("Concat", [ctx.shape_of(primal), ctx.b.ints([1])], axis=0, stem="like")
+        return ctx.b.op("Reshape", [value, target])
+    return reshape_like
 
 
 def _unbroadcast_with_known_symbols(original):
     def unbroadcast(ctx, value, source_rank, target):
-        dims = getattr(_named_dims, "dims", None)
+        dims = getattr(_reverse_state, "dims", None)
         named = dims.get(target) if dims is not None else None
         declared = ctx.shapes.shape(target)
         if (named is None or declared is None or len(declared) != len(named) or source_rank < len(named)
                 or ctx.shapes.static(target) is not None      # onnx-ad's own static path
-                or not all(isinstance(d, int) or d in _named_dims.above_one for d in named)):
+                or not all(isinstance(d, int) or d in _reverse_state.above_one for d in named)):
             return original(ctx, value, source_rank, target)
         lead = source_rank - len(named)
         axes = list(range(lead)) + [lead + i for i, d in enumerate(named) if d == 1]

@@ -246,7 +246,7 @@ def build_training_graph(
     batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
     try:
-        with _ad_rules.symbols_above_one(model, symbols_above_one):
+        with _ad_rules.differentiating(model, symbols_above_one):
             adjoint = onnx_ad.reverse(
                 model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
             )
