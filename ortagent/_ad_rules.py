@@ -905,7 +905,7 @@ def _register() -> None:
         _registered = True
 
 
-# -- broadcasting undone by axes fixed when the graph is built ------------------------------------------
+# -- what ortagent's call of the reverse mode knows: one seed, symbols above one -------------------------
 
 _reverse_state = threading.local()  # while ortagent's reverse runs: .dims, .above_one (see differentiating)
 

@@ -88,7 +88,7 @@ def build_training_graph(
     before each call): a value whose dimensions are static sizes or such symbols is never
     broadcast along them, so the sums that undo broadcasting in the backward get axes fixed
     now instead of axes computed at run time. A symbol that is 1 at run time would then give
-    a gradient of the wrong shape: name only symbols the caller enforces.
+    a wrong gradient (not summed where it should be): name only symbols the caller enforces.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
