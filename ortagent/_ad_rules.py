@@ -911,9 +911,8 @@ _reverse_state = threading.local()  # while ortagent's reverse runs: .dims, .abo
 
 
 @contextmanager
-def differentiating(model: ModelProto, symbols_above_one: Collection[str] = ()) -> Iterator[None]:
-    """The facts ortagent's call of onnx-ad's reverse mode on ``model`` (in this thread) lets
-    onnx-ad use:
+def differentiating(dims: dict[str, list[int | str]], symbols_above_one: Collection[str] = ()) -> Iterator[None]:
+    """The facts ortagent's call of onnx-ad's reverse mode (in this thread) lets onnx-ad use:
 
     * One seed direction (build_training_graph seeds each module output with a trailing axis of
       1): a gradient reshaped like a value of symbolic shape gets that value's shape and 1
@@ -923,24 +922,13 @@ def differentiating(model: ModelProto, symbols_above_one: Collection[str] = ()) 
       stay in the backward (a constant count would move them into the forward, and keep them
       alive until the backward).
     * ``symbols_above_one``: dimension names the caller knows to be at least 2 at run time,
-      hence never broadcast. A gradient reaching an operand that was broadcast is summed over
-      axes decided now wherever each of the operand's dimensions is a static size or such a
-      symbol; onnx-ad otherwise computes the axes at run time from the operand's shape (Shape,
-      Equal, NonZero, a ReduceSum over those axes, which copies the gradient even where
-      nothing was broadcast, and a Reshape)."""
-    dims: dict[str, tuple[int | str | None, ...]] = {}
-    if symbols_above_one:
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception:  # noqa: BLE001 - inference is an aid here: without it onnx-ad decides at run time
-            inferred = model
-        for value in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-            tensor_type = value.type.tensor_type
-            if tensor_type.HasField("shape"):
-                dims[value.name] = tuple(int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None)
-                                         for d in tensor_type.shape.dim)
-        for tensor in model.graph.initializer:
-            dims[tensor.name] = tuple(int(d) for d in tensor.dims)
+      hence never broadcast, with ``dims`` the forward's values whose every dimension is known
+      (a static size or a symbol, as :func:`ortagent._graph_passes.known_shapes` gives them). A
+      gradient reaching an operand that was broadcast is summed over axes decided now wherever
+      each of the operand's dimensions is a static size or such a symbol; onnx-ad otherwise
+      computes the axes at run time from the operand's shape (Shape, Equal, NonZero, a ReduceSum
+      over those axes, which copies the gradient even where nothing was broadcast, and a
+      Reshape)."""
     _reverse_state.dims, _reverse_state.above_one = dims, frozenset(symbols_above_one)
     try:
         yield

@@ -33,7 +33,8 @@ from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoP
 from . import _ad_rules
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
-    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, promote_mixed_arithmetic, simplify_copies,
+    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, promote_mixed_arithmetic,
+    simplify_copies,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -246,7 +247,7 @@ def build_training_graph(
     batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
     try:
-        with _ad_rules.differentiating(model, symbols_above_one):
+        with _ad_rules.differentiating(known_shapes(model) if symbols_above_one else {}, symbols_above_one):
             adjoint = onnx_ad.reverse(
                 model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
             )
