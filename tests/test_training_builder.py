@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ortagent_testkit import training_graphs as tg
 from ortagent_testkit.training_graphs import check_against_reference, check_finite_differences
-from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 from ortagent.graph_split import split_training_graph
 from ortagent.training import build_training_graph
 
@@ -626,6 +626,7 @@ def test_symbols_above_one_fix_the_broadcast_axes_at_build_time(n, t):
             np.testing.assert_allclose(got, expected[name], rtol=1e-12, atol=1e-12, err_msg=name)
 
 
-def test_symbols_above_one_must_be_names():
-    with pytest.raises(Exception, match="symbols_above_one"):
-        build_training_graph(_broadcasting_forward(np.float32), ["bias"], symbols_above_one="n")
+@pytest.mark.parametrize("symbols", ["n", ["n", 2], 3])
+def test_symbols_above_one_must_be_names(symbols):
+    with pytest.raises(OrtInvalidType, match="symbols_above_one"):
+        build_training_graph(_broadcasting_forward(np.float32), ["bias"], symbols_above_one=symbols)
