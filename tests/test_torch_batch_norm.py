@@ -65,3 +65,36 @@ def test_batch_norm_is_one_node_with_a_short_backward():
     finally:
         _bridge.GraphRunner._training_graph = original
     assert len(graphs) == 1 and len(graphs[0].graph.node) < 100, len(graphs[0].graph.node)
+
+
+def test_running_statistics_of_a_norm_run_twice_and_of_several_momenta():
+    """The running statistics, updated after each step for all BatchNorms at once, follow
+    eager's: a BatchNorm applied twice in one forward (its two updates in turn), one with
+    momentum None (a cumulative average by its batch counter), and a momentum changed between
+    steps."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 3, 3, padding=1)
+            self.twice = torch.nn.BatchNorm2d(3)
+            self.cumulative = torch.nn.BatchNorm2d(3, momentum=None)
+            self.other = torch.nn.BatchNorm2d(3, momentum=0.3)
+
+        def forward(self, x):
+            y = self.twice(self.conv(x))
+            y = self.twice(torch.tanh(y) * 2 + 1)
+            return self.other(self.cumulative(y))
+
+    torch.manual_seed(0)
+    eager = Net().train()
+    bridged = ORTModule(copy.deepcopy(eager))
+    for step in range(4):
+        if step == 2:
+            eager.other.momentum = bridged.module.other.momentum = 0.05
+        x = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(step)) * 2 + 1
+        for model in (eager, bridged):
+            model.zero_grad()
+            model(x).square().sum().backward()
+        for (name, b_eager), b_bridged in zip(eager.named_buffers(), bridged.buffers()):
+            torch.testing.assert_close(b_bridged, b_eager, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")

@@ -264,3 +264,73 @@ def test_lazy_modules_materialize_as_eager():
         for a, b in zip(net.buffers(), eager.buffers()):
             assert torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6)
     assert type(net[0]) is torch.nn.Conv2d and model.exported_graphs == 1
+
+
+def _trees_to_walk():
+    """Module trees whose walk order has corners: a shared submodule, tied weights, a None
+    parameter and buffer, a non-persistent buffer, torchvision's and a parametrized module,
+    and a class that walks its own way."""
+    import torch
+    from torch import nn
+
+    shared = nn.Linear(4, 4)
+    tied = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 10, bias=False))
+    tied[1].weight = tied[0].weight
+    holes = nn.Linear(4, 4)
+    holes.register_parameter("unused", None)
+    holes.register_buffer("missing", None)
+    holes.register_buffer("scratch", torch.zeros(3), persistent=False)
+    parametrized = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))
+
+    class OwnWalk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.BatchNorm1d(2)
+
+        def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+            return reversed(list(super().named_parameters(prefix, recurse, remove_duplicate)))
+
+    trees = [nn.Sequential(shared, nn.ReLU(), shared, nn.Sequential(shared, holes)), tied, parametrized,
+             nn.Sequential(nn.Linear(2, 2), OwnWalk())]
+    torchvision = pytest.importorskip("torchvision")
+    trees.append(torchvision.models.mobilenet_v3_small(num_classes=5))
+    return trees
+
+
+def test_one_walk_lists_modules_parameters_and_buffers_as_torch_does():
+    """A call walks the module tree once (ortagent.torch._state.walk_module): its modules,
+    parameters and buffers are torch's own lists, in torch's order, every tensor once."""
+    from ortagent.torch._state import walk_module
+
+    for tree in _trees_to_walk():
+        walked = walk_module(tree)
+        assert walked.modules == tuple(tree.modules())
+        expected = [value for _, value in tree.named_parameters()] + [value for _, value in tree.named_buffers()]
+        assert len(walked.state) == len(expected)
+        assert all(a is b for a, b in zip(walked.state, expected))
+
+
+def test_a_parameter_registered_after_an_export_exports_again():
+    """The number of parameters and buffers is part of an export's key: one registered later
+    (here a buffer the forward reads) gives a new export, never inputs fed one place off."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            extra = getattr(self, "extra", None)
+            return self.fc(x) if extra is None else self.fc(x) + extra
+
+    from ortagent.torch import ORTModule
+
+    net = Net()
+    bridged = ORTModule(net)
+    x = torch.randn(2, 3)
+    bridged(x).sum().backward()
+    net.register_buffer("extra", torch.full((3,), 5.0))
+    out = bridged(x)
+    torch.testing.assert_close(out, net.fc(x) + 5.0)
+    assert bridged.exported_graphs == 2

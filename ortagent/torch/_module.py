@@ -21,7 +21,7 @@ from ._bridge import GraphRunner, ORTFunction, SessionConfig
 from ._cache import GraphStore, structure_key
 from ._export import Discovery, ExportedGraph, TraceFailure, ambient_autocast, discover, export, same_draws
 from ._rewrites import Site, draw_all
-from ._state import StateGuard
+from ._state import ModuleTree, StateGuard, walk_module
 from .translations.corrections import CHECK_FAILED_INDEX
 
 
@@ -49,6 +49,55 @@ class _Export:
     outputs: _trees.Flat
     sites: OrderedDict[tuple, tuple[Site, ...]] = field(default_factory=OrderedDict)
     checked: bool = False           # a first call ran (see ORTModule._call's check)
+    _layout: _FeedLayout | None = None
+    _owners: tuple[tuple[nn.Module, ...], tuple[nn.Module | None, ...]] | None = None
+
+    @property
+    def layout(self) -> _FeedLayout:
+        if self._layout is None:
+            self._layout = _FeedLayout.of(self.exported)
+        return self._layout
+
+    def statistics_owners(self, module: nn.Module, tree: ModuleTree) -> tuple[nn.Module | None, ...]:
+        """The module owning each batch statistics entry's running buffers (None: the module
+        itself is not the owner, a functional batch_norm call), looked up again whenever the
+        tree's modules are not the last lookup's."""
+        if self._owners is None or self._owners[0] != tree.modules:
+            owners = []
+            for entry in self.exported.statistics:
+                path = entry.running_mean.rpartition(".")[0]
+                owners.append(module.get_submodule(path) if path else module)
+            self._owners = (tree.modules, tuple(owners))
+        return self._owners[1]
+
+
+@dataclass(frozen=True)
+class _FeedLayout:
+    """Where one export's graph inputs and updated buffers sit in a call's tensors (the user
+    tensors, then the module's state as :func:`walk_module` lists it, then the draws), worked
+    out once per export: ``positions`` of the graph inputs; per graph input whether it is a
+    parameter and whether a user tensor; the ``counters`` to add 1 to; per batch statistics
+    entry the positions of its running mean, running variance and batch counter (or None)."""
+
+    positions: tuple[int, ...]
+    parameters: tuple[bool, ...]
+    user_inputs: tuple[bool, ...]
+    counters: tuple[int, ...]
+    statistics: tuple[tuple[int, int, int | None], ...]
+
+    @staticmethod
+    def of(exported: ExportedGraph) -> _FeedLayout:
+        n_user = exported.n_user
+        state = {name: n_user + index for index, name in enumerate(exported.state_names)}
+        n_user_fed = sum(exported.used[:n_user])
+        return _FeedLayout(
+            positions=tuple(index for index, used in enumerate(exported.used) if used),
+            parameters=tuple(name in exported.param_names for name in exported.input_names),
+            user_inputs=tuple(index < n_user_fed for index in range(len(exported.input_names))),
+            counters=tuple(state[name] for name in exported.counters),
+            statistics=tuple((state[entry.running_mean], state[entry.running_var],
+                              state[entry.num_batches_tracked] if entry.num_batches_tracked else None)
+                             for entry in exported.statistics))
 
 
 def _check_outputs(traced: Sequence[torch.Tensor], produced: Sequence[torch.Tensor], name: str) -> None:
@@ -61,6 +110,15 @@ def _check_outputs(traced: Sequence[torch.Tensor], produced: Sequence[torch.Tens
             raise OrtNotImplemented(f"ORTModule: the graph exported for {name} returns output {index} as "
                                     f"{got.dtype} {tuple(got.shape)} where the forward returns {want.dtype} "
                                     f"{tuple(want.shape)}: torch's ONNX exporter translated it otherwise")
+
+
+def _running_average(groups: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]]) -> None:
+    """``running = running * (1 - factor) + batch * factor`` for each factor's lists, emptied."""
+    with torch.no_grad():
+        for factor, (running, batch) in groups.items():
+            torch._foreach_mul_(running, 1 - factor)
+            torch._foreach_add_(running, batch, alpha=factor)
+    groups.clear()
 
 
 def _input_name(exported: ExportedGraph, index: int) -> str:
@@ -234,24 +292,26 @@ class ORTModule(nn.Module):
         """How many exports this module made (each serves one family of input shapes)."""
         return self._export_count
 
-    def _signature(self, flat: _trees.Flat, modules: tuple[nn.Module, ...]) -> tuple:
-        """The export key of a call; ``modules``: the wrapped module's submodules, walked once
-        per call."""
+    def _signature(self, flat: _trees.Flat, tree: ModuleTree) -> tuple:
+        """The export key of a call; ``tree``: the wrapped module's tree, walked once per call
+        (the number of its parameters and buffers is part of the key: one registered since
+        the export would shift the graph inputs)."""
         module = self._original_module
         guard = self._state_guard
         if guard is None:
             guard = self._state_guard = StateGuard(module)
-        key = (_trees.signature_of(flat), tuple(sub.training for sub in modules), guard.key(), ambient_autocast())
+        key = (_trees.signature_of(flat), tuple(sub.training for sub in tree.modules), len(tree.state),
+               guard.key(), ambient_autocast())
         if self._exact_grads:
             key += (tuple(t.requires_grad for t in flat.tensors), tuple(p.requires_grad for p in module.parameters()))
         return key
 
     # -- finding or making the export for a call -------------------------------------------------
 
-    def _export_for(self, flat: _trees.Flat, modules: tuple[nn.Module, ...]) -> _Export:
+    def _export_for(self, flat: _trees.Flat, tree: ModuleTree) -> _Export:
         shapes = tuple(tuple(t.shape) for t in flat.tensors)
         with _EXPORT_LOCK:
-            key = self._signature(flat, modules)
+            key = self._signature(flat, tree)
             entries = self._exports.get(key)
             if entries is not None:
                 self._exports.move_to_end(key)
@@ -267,7 +327,7 @@ class ORTModule(nn.Module):
                 # with each call's own requires_grad settings (and tell exports apart by them)
                 self._exact_grads = True
                 self._drop_exports()
-                key = self._signature(flat, modules)
+                key = self._signature(flat, tree)
                 entry = self._new_export(flat, key)
             self._exports.setdefault(key, []).append(entry)
             self._evict()
@@ -283,7 +343,7 @@ class ORTModule(nn.Module):
         """An export with symbolic dimensions that onnxruntime cannot run (a translation that
         only holds for static shapes): export this signature again with the call's shapes."""
         with _EXPORT_LOCK:
-            key = self._signature(flat, tuple(self._original_module.modules()))
+            key = self._signature(flat, walk_module(self._original_module))
             entries = self._exports.get(key, [])
             if broken in entries:
                 entries.remove(broken)
@@ -372,17 +432,18 @@ class ORTModule(nn.Module):
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
         self._check_autocast(flat)
-        modules = tuple(self._original_module.modules())
-        if any(isinstance(sub, nn.modules.lazy.LazyModuleMixin) for sub in modules):
-            self._materialize_lazy(args, kwargs, modules)
-        entry = self._export_for(flat, modules)
+        tree = walk_module(self._original_module)
+        if any(isinstance(sub, nn.modules.lazy.LazyModuleMixin) for sub in tree.modules):
+            self._materialize_lazy(args, kwargs, tree.modules)
+            tree = walk_module(self._original_module)       # (the parameters just made)
+        entry = self._export_for(flat, tree)
         if entry.checked:
-            return self._call(entry, flat)
+            return self._call(entry, flat, tree)
         # the first call of an export: its training graph runs forward and backward once on its
         # own first; should onnxruntime fail to load or run what the export made, an export with
         # symbolic dimensions is made again with static ones, and a static one is refused
         try:
-            result = self._call(entry, flat, check=True)
+            result = self._call(entry, flat, tree, check=True)
         except (OrtNotImplemented, FailedValueCheck):
             raise
         except OrtError as exc:
@@ -390,7 +451,7 @@ class ORTModule(nn.Module):
                 raise self._cannot_run(exc) from exc
             entry = self._replace_with_static(flat, entry)
             try:
-                result = self._call(entry, flat, check=True)
+                result = self._call(entry, flat, tree, check=True)
             except OrtNotImplemented:
                 raise
             except OrtError as static_exc:
@@ -455,32 +516,33 @@ class ORTModule(nn.Module):
         return OrtNotImplemented(f"ORTModule: onnxruntime cannot run the graph exported for "
                                  f"{type(self._original_module).__name__} ({type(exc).__name__}: {exc})")
 
-    def _call(self, entry: _Export, flat: _trees.Flat, check: bool = False) -> Any:
-        """Run one call through ``entry``. ``check``: the export's first call, whose training
-        graph runs once forward and backward on its own first (an error there, unlike one in
-        torch's backward later, can still be answered by another export or a refusal)."""
+    def _call(self, entry: _Export, flat: _trees.Flat, tree: ModuleTree, check: bool = False) -> Any:
+        """Run one call through ``entry``; ``tree``: the wrapped module's, walked for this call.
+        ``check``: the export's first call, whose training graph runs once forward and backward
+        on its own first (an error there, unlike one in torch's backward later, can still be
+        answered by another export or a refusal)."""
         module = self._original_module
         exported = entry.exported
         runner = entry.runner
+        layout = entry.layout
         sites = self._sites_for(entry, flat)
-        state = [value for _, value in module.named_parameters()] + [value for _, value in module.named_buffers()]
-        everything = [*flat.tensors, *state]
+        everything = [*flat.tensors, *tree.state]
         for index in exported.mutated:
             if everything[index].requires_grad:
                 raise OrtNotImplemented(f"ORTModule: the forward updates {_input_name(exported, index)} in place, "
                                         "and it requires grad; in-place updates of tensors that require grad are "
                                         "not supported")
-        everything += draw_all(sites, runner.device)
-        feeds = [tensor for tensor, used in zip(everything, exported.used) if used]
+        if sites:
+            everything += draw_all(sites, runner.device)
+        feeds = [everything[position] for position in layout.positions]
         names = exported.input_names
-        trainable = tuple(name for name, tensor in zip(names, feeds)
-                          if name in exported.param_names and tensor.requires_grad)
-        user_names = set(names[:sum(exported.used[:exported.n_user])])
-        input_gradients = tuple(name for name, tensor in zip(names, feeds)
-                                if name in user_names and tensor.requires_grad and tensor.dtype in _FLOAT_DTYPES)
+        trainable = tuple(name for name, tensor, is_param in zip(names, feeds, layout.parameters)
+                          if is_param and tensor.requires_grad)
+        input_gradients = tuple(name for name, tensor, is_user in zip(names, feeds, layout.user_inputs)
+                                if is_user and tensor.requires_grad and tensor.dtype in _FLOAT_DTYPES)
         try:
             if torch.is_grad_enabled() and (trainable or input_gradients):
-                plan = runner.agent(trainable, input_gradients, tuple(tuple(t.shape) for t in feeds))
+                plan = runner.agent(trainable, input_gradients, feeds)
                 if check:
                     runner.check(plan, feeds)
                 outputs = ORTFunction.apply(runner, plan, *feeds)
@@ -501,37 +563,44 @@ class ORTModule(nn.Module):
             with torch.no_grad():
                 for index, value in zip(exported.mutated, outputs[n_out + n_stats:]):
                     everything[index].copy_(value)
-        if exported.counters:
-            buffers = dict(module.named_buffers())
+        if layout.counters:
             with torch.no_grad():
-                for name in exported.counters:
-                    buffers[name].add_(1)
+                torch._foreach_add_([everything[position] for position in layout.counters], 1)
         if n_stats:
-            self._update_running_stats(exported, outputs[n_out:n_out + n_stats])
+            self._update_running_stats(entry, tree, everything, outputs[n_out:n_out + n_stats])
         return entry.outputs.rebuild(_trees.complex_results(entry.outputs.tensors, outputs[:n_out]))
 
-    def _update_running_stats(self, exported: ExportedGraph, stats: Sequence[torch.Tensor]) -> None:
+    def _update_running_stats(self, entry: _Export, tree: ModuleTree, everything: list[torch.Tensor],
+                              stats: Sequence[torch.Tensor]) -> None:
         """torch's running-average rule on the buffers of each training-mode BatchNorm (after
-        ``num_batches_tracked`` was counted)."""
-        module = self._original_module
-        buffers = dict(module.named_buffers())
-        with torch.no_grad():
-            for index, entry in enumerate(exported.statistics):
-                mean, var = stats[2 * index], stats[2 * index + 1]
-                owner_path = entry.running_mean.rpartition(".")[0]
-                owner = module.get_submodule(owner_path) if owner_path else module
-                # a norm module's momentum is read now (a schedule may change it between steps)
-                if isinstance(owner, nn.modules.batchnorm._BatchNorm):
-                    momentum = owner.momentum
-                elif isinstance(owner, nn.modules.instancenorm._InstanceNorm):
-                    momentum = owner.momentum if owner.momentum is not None else 0.0
-                else:
-                    momentum = entry.momentum
-                if momentum is None:
-                    counter = buffers.get(entry.num_batches_tracked) if entry.num_batches_tracked else None
-                    factor = 1.0 / float(counter) if counter is not None and float(counter) > 0 else 0.0
-                else:
-                    factor = float(momentum)
-                running_mean, running_var = buffers[entry.running_mean], buffers[entry.running_var]
-                running_mean.mul_(1 - factor).add_(mean.to(running_mean.dtype), alpha=factor)
-                running_var.mul_(1 - factor).add_(var.to(running_var.dtype), alpha=factor)
+        ``num_batches_tracked`` was counted): ``running = running * (1 - f) + batch * f``, one
+        pair of foreach operations per distinct factor ``f``."""
+        exported = entry.exported
+        owners = entry.statistics_owners(self._original_module, tree)
+        groups: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        pending: set[int] = set()
+        for index, (entry_stats, positions, owner) in enumerate(zip(exported.statistics, entry.layout.statistics,
+                                                                    owners)):
+            mean_position, var_position, counter_position = positions
+            # a norm module's momentum is read now (a schedule may change it between steps)
+            if isinstance(owner, nn.modules.batchnorm._BatchNorm):
+                momentum = owner.momentum
+            elif isinstance(owner, nn.modules.instancenorm._InstanceNorm):
+                momentum = owner.momentum if owner.momentum is not None else 0.0
+            else:
+                momentum = entry_stats.momentum
+            if momentum is None:
+                counter = everything[counter_position] if counter_position is not None else None
+                factor = 1.0 / float(counter) if counter is not None and float(counter) > 0 else 0.0
+            else:
+                factor = float(momentum)
+            if mean_position in pending:
+                _running_average(groups)        # a norm module run twice: its updates in turn
+                pending.clear()
+            pending.add(mean_position)
+            running_mean, running_var = everything[mean_position], everything[var_position]
+            mean, var = stats[2 * index], stats[2 * index + 1]
+            running, batch = groups.setdefault(factor, ([], []))
+            running += (running_mean, running_var)
+            batch += (mean.to(running_mean.dtype), var.to(running_var.dtype))
+        _running_average(groups)
