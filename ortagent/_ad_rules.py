@@ -819,16 +819,22 @@ def _batch_norm_training_reverse(ctx, node, grads):
     return [None if name is None else _with_seed_axis(ctx, name, "batch_norm_adjoint") for name in result]
 
 
-def _batch_norm_training_nodes(node, opset: int) -> list:
+def _batch_norm_training_nodes(node, opset: int, element_type: int | None = None) -> list:
     """``node`` (a BatchNormTraining) as standard operators: mean, centred square mean, the
     normalised input scaled and shifted, and the flat statistics under the node's own output
-    names."""
+    names. For a float or double input normalised over every axis but the channels (torch's
+    BatchNorm1d/2d/3d), the normalisation is onnxruntime's inference-mode BatchNormalization
+    fed the batch's statistics: one pass over the input instead of three, computed as
+    torch's CPU kernel computes it (``x * (scale / std) + (bias - mean * scale / std)``)."""
     make = onnx.helper.make_node
     x, scale, bias = node.input[:3]
     y, mean_out, var_out = node.output[:3]
     axes = _batch_norm_axes(node)
     stem = (node.name or y) + "/"
     name = lambda part: stem + part      # noqa: E731
+    if (element_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and opset >= 9 and scale and bias
+            and axes == [0, *range(2, len(axes) + 1)]):
+        return _batch_norm_by_inference_node(node, opset, make, name)
     nodes = [make("Constant", [], [name("axes")], value=onnx.helper.make_tensor("axes", onnx.TensorProto.INT64,
                                                                                  [len(axes)], axes)),
              make("Constant", [], [name("view")], value=onnx.helper.make_tensor(
@@ -861,6 +867,31 @@ def _batch_norm_training_nodes(node, opset: int) -> list:
     if var_out:
         nodes.append(make("Reshape", [name("var"), name("flat")], [var_out]))
     return nodes
+
+
+def _batch_norm_by_inference_node(node, opset: int, make, name) -> list:
+    x, scale, bias = node.input[:3]
+    y, mean_out, var_out = node.output[:3]
+    axes = _batch_norm_axes(node)
+    nodes = [make("Constant", [], [name("axes")], value=onnx.helper.make_tensor("axes", onnx.TensorProto.INT64,
+                                                                                 [len(axes)], axes)),
+             make("Constant", [], [name("flat")], value=onnx.helper.make_tensor("flat", onnx.TensorProto.INT64,
+                                                                                 [1], [-1]))]
+
+    def mean_of(source, out):
+        if opset >= 18:
+            return make("ReduceMean", [source, name("axes")], [out], keepdims=1)
+        return make("ReduceMean", [source], [out], axes=axes, keepdims=1)
+
+    mean_flat, var_flat = mean_out or name("mean_flat"), var_out or name("var_flat")
+    return nodes + [mean_of(x, name("mean")),
+                    make("Sub", [x, name("mean")], [name("centered")]),
+                    make("Mul", [name("centered"), name("centered")], [name("squared")]),
+                    mean_of(name("squared"), name("var")),
+                    make("Reshape", [name("mean"), name("flat")], [mean_flat]),
+                    make("Reshape", [name("var"), name("flat")], [var_flat]),
+                    make("BatchNormalization", [x, scale, bias, mean_flat, var_flat], [y],
+                         epsilon=_batch_norm_epsilon(node))]
 
 
 def _register() -> None:
@@ -1045,8 +1076,9 @@ def _declare(model: ModelProto, name: str, source: ValueInfoProto | None) -> boo
 _STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv", CONVOLUTION_TRANSPOSE: "ConvTranspose"}
 
 
-def finish(model: ModelProto) -> None:
-    """Replace ``model``'s private operators by standard ones (in place)."""
+def finish(model: ModelProto, element_types: dict[str, int] | None = None) -> None:
+    """Replace ``model``'s private operators by standard ones (in place). ``element_types``:
+    element types of values known from the forward model, besides those ``model`` declares."""
     opset = _default_opset(model)
     for graph in walk_graphs(model.graph):
         for node in graph.node:
@@ -1054,10 +1086,15 @@ def finish(model: ModelProto) -> None:
                 node.op_type = _STANDARD[node.op_type]
                 node.domain = ""
         if any(node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING for node in graph.node):
+            types = dict(element_types or {})
+            types.update((value.name, value.type.tensor_type.elem_type)
+                         for value in [*graph.input, *graph.value_info, *graph.output]
+                         if value.type.tensor_type.elem_type)
+            types.update((init.name, init.data_type) for init in graph.initializer)
             expanded = []
             for node in graph.node:
                 if node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING:
-                    expanded.extend(_batch_norm_training_nodes(node, opset))
+                    expanded.extend(_batch_norm_training_nodes(node, opset, types.get(node.input[0])))
                 else:
                     expanded.append(node)
             del graph.node[:]

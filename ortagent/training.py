@@ -261,7 +261,7 @@ def build_training_graph(
         raise OrtNotImplemented(f"cannot differentiate the forward model: onnx-ad failed on it "
                                 f"({type(exc).__name__}: {exc})") from exc
 
-    _ad_rules.finish(adjoint)
+    _ad_rules.finish(adjoint, inferred)
     _unique_node_names(adjoint)
     _rename_reserved_values(adjoint, set(gradient_outputs) | set(yield_outputs))
     if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)

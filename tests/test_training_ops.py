@@ -798,6 +798,9 @@ def _conv_cases():
         ("2d_pointwise_stride2", (3, 5, 6, 6), (7, 5, 1, 1), [2, 2], [0, 0, 0, 0], [1, 1], 1),
         ("2d_batch1_dilation_uneven", (1, 2, 8, 9), (3, 2, 3, 3), [2, 2], [2, 1, 2, 0], [2, 2], 1),
         ("2d_groups3_stride2", (2, 6, 7, 7), (9, 2, 3, 3), [2, 2], [1, 1, 1, 1], [1, 1], 3),
+        # stride 1 everywhere: dX is one ConvTranspose with the forward's (here uneven) pads
+        ("2d_stride1_uneven_pads_dilation", (2, 3, 7, 6), (4, 3, 3, 2), [1, 1], [2, 0, 1, 1], [2, 1], 1),
+        ("1d_stride1_depthwise_pad_end", (2, 4, 9), (4, 1, 5), [1], [0, 3], [1], 4),
     ]
     for tag, xs, ws, strides, pads, dil, group in specs:
         x = r.standard_normal(xs).astype(F32)
@@ -817,7 +820,8 @@ def _conv_cases():
                  {"dX": dx.astype(F32)}, tol=CONV)
             case(f"ConvGrad/{tag}/dX_dW", grad_node("ConvGrad", ["dY", "X", "W"], ["dX", "dW", ""], **attrs), feeds,
                  {"dX": dx.astype(F32), "dW": dw.astype(F32)}, tol=CONV)
-        if tag in ("2d_basic", "2d_stride_pad_dilation_group", "2d_depthwise_stride2", "3d_stride_pad_dilation"):
+        if tag in ("2d_basic", "2d_stride_pad_dilation_group", "2d_depthwise_stride2", "3d_stride_pad_dilation",
+                   "2d_stride1_uneven_pads_dilation"):
             # no static shape anywhere (the weight gradient by correlation), and only the
             # weight's (ORTModule's graphs: the window product with batch and positions known
             # at run time only)

@@ -600,7 +600,9 @@ class ORTModule(nn.Module):
             pending.add(mean_position)
             running_mean, running_var = everything[mean_position], everything[var_position]
             mean, var = stats[2 * index], stats[2 * index + 1]
+            if mean.dtype != running_mean.dtype or var.dtype != running_var.dtype:
+                mean, var = mean.to(running_mean.dtype), var.to(running_var.dtype)
             running, batch = groups.setdefault(factor, ([], []))
             running += (running_mean, running_var)
-            batch += (mean.to(running_mean.dtype), var.to(running_var.dtype))
+            batch += (mean, var)
         _running_average(groups)

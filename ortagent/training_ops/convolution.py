@@ -62,9 +62,16 @@ def _conv_grad(e: Emitter, node: NodeProto) -> None:
     if db:
         e.reduce_sum(dy, e.ints([0, *range(2, spatial + 2)]), keepdims=0, out=db)
     if dx:
-        partial = e.op("ConvTranspose", dy, w, strides=strides, pads=_begin_pads(pads), dilations=dilations,
-                       group=group)
-        _fit_to_shape(e, partial, x, dx)
+        if all(stride == 1 for stride in strides):
+            # at stride 1 every window step reaches the end of the padded input, so the
+            # transposed convolution with the forward's pads has x's shape exactly: no cut, no
+            # zero padding, no copies of the gradient (a stride leaves (x + pads - d(k-1) - 1)
+            # mod stride trailing rows of the padding unused, a count known at run time only)
+            e.op("ConvTranspose", dy, w, strides=strides, pads=pads, dilations=dilations, group=group, out=dx)
+        else:
+            partial = e.op("ConvTranspose", dy, w, strides=strides, pads=_begin_pads(pads), dilations=dilations,
+                           group=group)
+            _fit_to_shape(e, partial, x, dx)
     if dw:
         static = _static_weight(e, w)
         if kernel and static and not (group > 1 and e.shape(w)[1] == 1):
