@@ -34,7 +34,7 @@ from . import _ad_rules
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, promote_mixed_arithmetic,
-    simplify_copies,
+    reductions_without_unit_tail, simplify_copies,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -318,6 +318,7 @@ def build_training_graph(
         stand_in = [helper.make_node("Identity", [output], [gradient])
                     for output, gradient in zip(seeded, yield_outputs)]
         simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
+        reductions_without_unit_tail(adjoint, {yield_node.name: stand_in})
     return adjoint
 
 
