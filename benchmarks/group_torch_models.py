@@ -278,6 +278,10 @@ def run(settings) -> Group:
     torch.set_num_threads(threads)
     options = _common.ortagent_options()
     options.intra_op_num_threads = threads
+    if threads > 1:
+        # (ORTModule's default when given no options: onnxruntime's threads spinning after each
+        # run take the CPUs torch's threads need next; see README, "ORTModule")
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if torch.cuda.is_available():
         group.notes.append("a CUDA device exists; this group times the CPU only (CUDA runs are not part of it yet)")
     models = _models(torch, settings.quick)

@@ -960,3 +960,26 @@ def test_declared_shapes_that_contradict_onnx_inference_are_replaced():
                 for v in [*model.graph.value_info, *model.graph.output]}
     assert declared == {"y": ["batch", 4], "z": ["batch", 4], "w": ["batch", 4]}
     onnx.checker.check_model(model)
+
+
+def test_default_sessions_do_not_spin_and_given_options_are_kept():
+    """Without session options, ORTModule's sessions let onnxruntime's intra-op threads sleep
+    between runs (spinning threads take the CPUs torch's own threads need in the same step);
+    options the caller gives are used as they are."""
+    torch = _torch()
+    import ortagent
+    from ortagent.torch import ORTModule
+
+    x = torch.randn(2, 20)
+    default = ORTModule(_mlp())
+    default(x).sum().backward()
+    (entry,) = [entry for entries in default._exports.values() for entry in entries]
+    options = entry.runner.config.options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+    given = ortagent.SessionOptions()
+    given.intra_op_num_threads = 1
+    kept = ORTModule(_mlp(), session_options=given)
+    kept(x).sum().backward()
+    (entry,) = [entry for entries in kept._exports.values() for entry in entries]
+    assert entry.runner.config.options() is given

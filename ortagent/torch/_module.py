@@ -174,7 +174,9 @@ class ORTModule(nn.Module):
     """Run ``module``'s forward and backward in onnxruntime; see :mod:`ortagent.torch`.
 
     ``providers`` and ``session_options`` go to every session created (default: the CPU
-    provider, or the CUDA provider on the inputs' CUDA device). ``max_graphs`` bounds the
+    provider, or the CUDA provider on the inputs' CUDA device; onnxruntime's default options,
+    but with intra-op threads that sleep between runs instead of spinning, which would take
+    the CPUs torch's own threads need in the same step). ``max_graphs`` bounds the
     exports kept in memory (least recently used first out; each serves a family of input
     shapes). ``cache_dir`` (default: the environment variable ``ORTAGENT_TORCH_CACHE_DIR``,
     else no disk cache) keeps exported and built graphs on disk, so that a restarted job skips
