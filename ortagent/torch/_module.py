@@ -50,7 +50,7 @@ class _Export:
     sites: OrderedDict[tuple, tuple[Site, ...]] = field(default_factory=OrderedDict)
     checked: bool = False           # a first call ran (see ORTModule._call's check)
     _layout: _FeedLayout | None = None
-    _owners: tuple[tuple[nn.Module, ...], tuple[nn.Module | None, ...]] | None = None
+    _owners: tuple[tuple[nn.Module, ...], tuple[nn.Module, ...]] | None = None
 
     @property
     def layout(self) -> _FeedLayout:
@@ -58,10 +58,10 @@ class _Export:
             self._layout = _FeedLayout.of(self.exported)
         return self._layout
 
-    def statistics_owners(self, module: nn.Module, tree: ModuleTree) -> tuple[nn.Module | None, ...]:
-        """The module owning each batch statistics entry's running buffers (None: the module
-        itself is not the owner, a functional batch_norm call), looked up again whenever the
-        tree's modules are not the last lookup's."""
+    def statistics_owners(self, module: nn.Module, tree: ModuleTree) -> tuple[nn.Module, ...]:
+        """The module holding each batch statistics entry's running buffers (``module`` itself
+        for buffers of its own), looked up again whenever the tree's modules are not the last
+        lookup's (a submodule replaced in place)."""
         if self._owners is None or self._owners[0] != tree.modules:
             owners = []
             for entry in self.exported.statistics:
