@@ -364,7 +364,7 @@ def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset,
         source = chain[-1].input[0]
         if any(id(node) in removed for node in chain):
             continue
-        if shapes.get(source) != shapes[name]:
+        if not _same_count_same_shape(shapes.get(source), shapes[name]):
             if not _matmul_to_2d(current, shapes, shapes[name], nodes, names, graph):
                 continue
         for position, out in enumerate(current.output):
@@ -376,6 +376,18 @@ def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset,
     return len(removed)
 
 
+def _same_count_same_shape(source: Dims | None, target: Dims) -> bool:
+    """Whether a value of shape ``source`` that views carry (same element count) to ``target``
+    has ``target``'s shape: the same dimensions, where ``source`` may have a symbol for one
+    static dimension of ``target`` (ONNX's inference lost it; the element count fixes it, unless
+    another dimension is 0)."""
+    if source is None or len(source) != len(target):
+        return False
+    differing = [(a, b) for a, b in zip(source, target) if a != b]
+    return not differing or (len(differing) == 1 and isinstance(differing[0][0], str) and _static(target)
+                             and 0 not in target)
+
+
 def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, graph) -> bool:
     """Make ``node`` (a MatMul whose operands and result have only leading axes of 1) a 2-D
     MatMul of 2-D views of its operands, when its 2-D result has the shape ``wanted``."""
@@ -385,21 +397,23 @@ def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, gra
     out_shape = shapes.get(node.output[0])
     if a_shape is None or b_shape is None or out_shape is None or min(len(a_shape), len(b_shape)) < 2:
         return False
-    if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + out_shape[:-2]) or out_shape[-2:] != wanted:
-        return False
-    if not (_static(a_shape[-2:]) and _static(b_shape[-2:])):
+    if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + out_shape[:-2]) \
+            or not _same_count_same_shape(out_shape[-2:], wanted):
         return False
     position = nodes.index(node)
     for index, shape in enumerate((a_shape, b_shape)):
         if len(shape) == 2:
             continue
+        # (a symbolic dimension of the matrix is read off the operand's shape at run time)
+        made: list = []
+        shape_name = _shape_operand(names, graph, made, shape[-2:], node.input[index], [len(shape) - 2, len(shape) - 1])
         matrix = names.fresh(f"{node.input[index]}_2d")
-        shape_name, init = _constant(names, "ortagent_view_shape", shape[-2:])
-        graph.initializer.append(init)
-        nodes.insert(position, helper.make_node("Reshape", [node.input[index], shape_name], [matrix]))
-        position += 1
+        made.append(helper.make_node("Reshape", [node.input[index], shape_name], [matrix]))
+        nodes[position:position] = made
+        position += len(made)
         shapes[matrix] = shape[-2:]
         node.input[index] = matrix
+    shapes[node.output[0]] = list(wanted)
     return True
 
 
@@ -407,19 +421,35 @@ def _perm(node) -> list[int] | None:
     return next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
 
 
+def _through_identities(name: str, producers: dict, uses: dict):
+    """The node computing ``name`` past Identity nodes, each read once (None if another reads
+    one of them, or if nothing computes it)."""
+    node = producers.get(name)
+    while node is not None and node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+        if uses.get(node.input[0]) != 1:
+            return None
+        node = producers.get(node.input[0])
+    return node
+
+
 def _transposed_product(node, shapes, producers, uses, names, graph) -> list | None:
     """``Transpose(Reshape(MatMul(A, B)))`` that only swaps the product's two matrix axes
     (moving axes of size 1 aside) becomes ``Reshape(MatMul(B^T, A^T))``: the product written in
     the layout wanted (a weight gradient ``[N, K]`` rather than ``[K, N]`` then transposed).
     The operand transposes are what onnxruntime folds into ``FusedMatMul``. Applies when the
-    MatMul and the Reshape feed nothing else and all leading axes are 1."""
-    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+    MatMul and the Reshape feed nothing else (Identity nodes between them are looked through)
+    and all leading axes are 1. The product's two matrix dimensions come from the Reshape's
+    static shape; ONNX's inference may know only one of them (a symbol for the other, where
+    the operand's shape was computed at run time): the element count then fixes the other."""
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx") or uses.get(node.input[0]) != 1:
         return None
-    reshape = producers.get(node.input[0])
-    if reshape is None or reshape.op_type != "Reshape" or uses.get(reshape.output[0]) != 1:
+    reshape = _through_identities(node.input[0], producers, uses)
+    if reshape is None or reshape.op_type != "Reshape" or reshape.domain not in ("", "ai.onnx") \
+            or uses.get(reshape.output[0]) != 1 or uses.get(reshape.input[0]) != 1:
         return None
-    matmul = producers.get(reshape.input[0])
-    if matmul is None or matmul.op_type != "MatMul" or uses.get(matmul.output[0]) != 1:
+    matmul = _through_identities(reshape.input[0], producers, uses)
+    if matmul is None or matmul.op_type != "MatMul" or matmul.domain not in ("", "ai.onnx") \
+            or uses.get(matmul.output[0]) != 1:
         return None
     a_name, b_name = matmul.input[0], matmul.input[1]
     a_shape, b_shape = shapes.get(a_name), shapes.get(b_name)
@@ -429,11 +459,16 @@ def _transposed_product(node, shapes, producers, uses, names, graph) -> list | N
         return None
     if any(dim != 1 for dim in a_shape[:-2] + b_shape[:-2] + m_shape[:-2]):
         return None
-    rows, cols = m_shape[-2], m_shape[-1]
-    if not (_static(r_shape) and _static(t_shape) and _static([rows, cols])) or rows == 1 or cols == 1:
+    if not (_static(r_shape) and _static(t_shape)):
         return None
     big = [axis for axis, dim in enumerate(r_shape) if dim != 1]
-    if [r_shape[axis] for axis in big] != [rows, cols]:
+    if len(big) != 2:
+        return None
+    rows, cols = r_shape[big[0]], r_shape[big[1]]
+    product_dims = m_shape[-2:]
+    if rows in (0, 1) or cols in (0, 1) or not (product_dims == [rows, cols]
+                                      or (product_dims[0] == rows and isinstance(product_dims[1], str))
+                                      or (product_dims[1] == cols and isinstance(product_dims[0], str))):
         return None
     perm = _perm(node) or list(range(len(r_shape)))[::-1]
     if [axis for axis in perm if r_shape[axis] != 1] != [big[1], big[0]]:

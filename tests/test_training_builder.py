@@ -323,6 +323,43 @@ def test_weight_gradient_is_written_by_its_matmul():
     np.testing.assert_allclose(w_grad, x.T @ g, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("linear", [False, True], ids=["x@W", "x@W^T"])
+@pytest.mark.parametrize("rank", [2, 3])
+def test_weight_gradient_of_symbolic_activations_is_written_by_its_matmul(rank, linear):
+    """The same with symbolic batch (and sequence) sizes, as ORTModule's graphs have them: ONNX's
+    inference then knows only one of the product's two dimensions (the flattened activations'
+    shape is computed at run time), and the static shape of the output gives the other. No
+    Squeeze copy into the output: the MatMul writes W_grad itself. ``x@W^T`` is torch's Linear as
+    torch.onnx writes it (a Transpose of the weight, then MatMul): the product comes out in W's
+    layout instead of being transposed afterwards."""
+    d = np.float32
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((6, 4) if linear else (4, 6)).astype(d)
+    dims = ["batch", "time"][:rank - 1]
+    nodes = [helper.make_node("MatMul", ["x", "Wt" if linear else "W"], ["h"]), helper.make_node("Tanh", ["h"], ["y"])]
+    if linear:
+        nodes.insert(0, helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]))
+    forward = tg.make_model(nodes, [tg.tensor("x", d, [*dims, 4])], [tg.tensor("y", d, [*dims, 6])],
+                            [numpy_helper.from_array(w, "W")], ms_domain=False)
+    model = build_training_graph(forward, ["W"], input_gradients=["x"])
+    producer = next(node for node in model.graph.node if "W_grad" in node.output)
+    assert producer.op_type == "MatMul"
+    big_transposes = [node for node in model.graph.node if node.op_type == "Transpose" and len(_perm_of(node)) > 2]
+    assert not big_transposes, "the weight gradient is transposed after its product"
+    x = rng.standard_normal((2, 3, 4)[3 - rank:]).astype(d)
+    g = rng.standard_normal((*x.shape[:-1], 6)).astype(d)
+    (y,), (x_grad, w_grad) = tg.SplitRunner(split_training_graph(model)).run({"x": x, "W": w}, [g])
+    weight = w.T if linear else w
+    dh = g * (1 - np.tanh(x @ weight) ** 2)
+    want = x.reshape(-1, 4).T @ dh.reshape(-1, 6)
+    np.testing.assert_allclose(w_grad, want.T if linear else want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x_grad, dh @ weight.T, rtol=1e-5, atol=1e-5)
+
+
+def _perm_of(node) -> list[int]:
+    return next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
+
+
 def _check_slice_gradient(runner, x, window, rng):
     """The slice's value is x[window]; its gradient the output gradient there, zeros elsewhere."""
     g = rng.standard_normal(x[window].shape)
