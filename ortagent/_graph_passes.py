@@ -3,7 +3,9 @@
 * :func:`flatten_batched_matmuls` (forward, before differentiation): ``MatMul(A[..., K], B[K, N])``
   with ``A`` of rank 3 or more becomes ``Reshape(MatMul(Reshape(A, [-1, K]), B), [..., N])``.
   onnx-ad's reverse rule for a batched ``MatMul`` against a 2-D weight builds the batched outer
-  product and reduces it; for the 2-D product the weight gradient is one ``A^T @ G``.
+  product and reduces it; for the 2-D product the weight gradient is one ``A^T @ G``. Where the
+  rows' count is a product of dimensions known to be at least 2, the flattened operand is
+  declared with a symbol of its own, which the caller gives the autodiff as never broadcast.
 * :func:`simplify_copies` (after differentiation): nodes that copy a whole tensor without moving
   any element become views -- a ``Transpose`` whose permutation moves only axes of size 1
   (onnx-ad's size-1 seed axis) becomes a ``Reshape``, an ``Expand`` to the shape its input has
@@ -43,6 +45,8 @@ to 1e-6).
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import numpy as np
 import onnx
@@ -122,14 +126,24 @@ def _shape_operand(names: NameAllocator, graph, nodes: list, dims: Dims, source:
     return gathered
 
 
-def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
-    """Rewrite, in place, batched MatMuls against 2-D right operands as 2-D MatMuls; returns how
-    many. Needs opset 5+ (Reshape with a shape input)."""
+def flatten_batched_matmuls(model: ModelProto, opset: int, element_types: dict[str, int] | None = None,
+                            symbols_above_one: Collection[str] = ()) -> list[str]:
+    """Rewrite, in place, batched MatMuls against 2-D right operands as 2-D MatMuls. Needs opset
+    5+ (Reshape with a shape input). Returns the new symbols known to be at least 2: where the
+    flattened rows' count is a product of dimensions that are static and at least 1 or among
+    ``symbols_above_one`` (one of them at least 2), the flattened operand's shape is declared
+    with a fresh symbol for it (its type from ``element_types``), which ONNX's inference
+    carries to the product and its gradient; the caller may pass the symbol to the autodiff as
+    one that is never broadcast (the gradient of the flattened operand then needs no run-time
+    reduction over the axes that were 1)."""
     if opset < 5:
-        return 0
+        return []
     graph = model.graph
     shapes = known_shapes(model)
     names = NameAllocator(all_value_names(graph))
+    taken_symbols = _dim_params(model)
+    above_one = frozenset(symbols_above_one)
+    new_symbols: list[str] = []
     rewritten = 0
     nodes: list = []
     for node in graph.node:
@@ -158,6 +172,11 @@ def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
             graph.initializer.append(columns_init)
             out_shape = names.fresh("ortagent_mm_shape")
             nodes.append(helper.make_node("Concat", [leading, columns], [out_shape], axis=0))
+        element_type = (element_types or {}).get(node.input[0], 0)
+        if rows == -1 and element_type and _product_above_one(a_shape[:-1], above_one):
+            symbol = _fresh_symbol(taken_symbols, "ortagent_rows")
+            graph.value_info.append(helper.make_tensor_value_info(flat_a, element_type, [symbol, a_shape[-1]]))
+            new_symbols.append(symbol)
         nodes.append(helper.make_node("Reshape", [node.input[0], flat_shape], [flat_a]))
         nodes.append(helper.make_node("MatMul", [flat_a, node.input[1]], [flat_y], name=node.name))
         nodes.append(helper.make_node("Reshape", [flat_y, out_shape], [node.output[0]]))
@@ -165,7 +184,28 @@ def flatten_batched_matmuls(model: ModelProto, opset: int) -> int:
     if rewritten:
         del graph.node[:]
         graph.node.extend(nodes)
-    return rewritten
+    return new_symbols
+
+
+def _product_above_one(dims: Dims, above_one: frozenset) -> bool:
+    """Whether the product of ``dims`` is at least 2 whatever the symbols' values allowed."""
+    if not all((isinstance(dim, int) and dim >= 1) or dim in above_one for dim in dims):
+        return False
+    return any(not isinstance(dim, int) or dim >= 2 for dim in dims)
+
+
+def _dim_params(model: ModelProto) -> set[str]:
+    graph = model.graph
+    return {dim.dim_param for value in (*graph.input, *graph.output, *graph.value_info)
+            for dim in value.type.tensor_type.shape.dim if dim.dim_param}
+
+
+def _fresh_symbol(taken: set[str], stem: str) -> str:
+    index = len(taken)
+    while f"{stem}_{index}" in taken:
+        index += 1
+    taken.add(f"{stem}_{index}")
+    return f"{stem}_{index}"
 
 
 def _moves_only_unit_axes(shape: Dims, perm: list[int]) -> bool:

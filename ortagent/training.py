@@ -240,7 +240,8 @@ def build_training_graph(
     import onnx_ad
 
     if optimize:
-        flatten_batched_matmuls(model, _default_opset(model))
+        symbols_above_one = [*symbols_above_one, *flatten_batched_matmuls(
+            model, _default_opset(model), inferred, symbols_above_one)]
     unroll_static_sequences(model)      # (onnx-ad has no rules for sequence operators)
     explicit_gru_biases(model)          # (onnx-ad's GRU unrolling needs one for linear_before_reset)
     promote_mixed_arithmetic(model, inferred)   # (the exporter writes float / int64 where torch promotes)

@@ -663,6 +663,33 @@ def test_symbols_above_one_fix_the_broadcast_axes_at_build_time(n, t):
             np.testing.assert_allclose(got, expected[name], rtol=1e-12, atol=1e-12, err_msg=name)
 
 
+@pytest.mark.parametrize("n, t", [(2, 3), (3, 2)])
+@pytest.mark.parametrize("above_one", [["n", "t"], ["n"]], ids=["both", "n only"])
+def test_flattened_rows_of_symbols_above_one_are_never_broadcast(n, t, above_one):
+    """A Linear over [n, t, K] is flattened to a 2-D MatMul of [n*t, K]; when n and t are both
+    named at least 2, so is the rows' count, and the input gradient of the flattened operand
+    needs no run-time unbroadcasting (Shape, Equal, NonZero and a copying ReduceSum). With t
+    not named (it may be 1 or 0), that count is not known to be above one and the run-time
+    axes stay. Either way the gradients are numpy's."""
+    d = np.float64
+    rng = np.random.default_rng(n * 10 + t)
+    w = rng.standard_normal((6, 4))
+    forward = tg.make_model([helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+                             helper.make_node("MatMul", ["x", "Wt"], ["h"]), helper.make_node("Tanh", ["h"], ["y"])],
+                            [tg.tensor("x", d, ["n", "t", 4])], [tg.tensor("y", d, ["n", "t", 6])],
+                            [numpy_helper.from_array(w, "W")], ms_domain=False)
+    model = build_training_graph(forward, ["W"], input_gradients=["x"], symbols_above_one=above_one)
+    run_time_axes = [node for node in model.graph.node if node.op_type == "NonZero"]
+    assert bool(run_time_axes) == (above_one == ["n"])
+    x = rng.standard_normal((n, t, 4))
+    g = rng.standard_normal((n, t, 6))
+    (y,), (x_grad, w_grad) = tg.SplitRunner(split_training_graph(model)).run({"x": x, "W": w}, [g])
+    dh = g * (1 - np.tanh(x @ w.T) ** 2)
+    np.testing.assert_allclose(y, np.tanh(x @ w.T), rtol=1e-12)
+    np.testing.assert_allclose(x_grad, dh @ w, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(w_grad, dh.reshape(-1, 6).T @ x.reshape(-1, 4), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("symbols", ["n", ["n", 2], 3])
 def test_symbols_above_one_must_be_names(symbols):
     with pytest.raises(OrtInvalidType, match="symbols_above_one"):
