@@ -168,8 +168,8 @@ _slow = {}
 
 
 def _slow_trips():
-    """Loop trips for a run of about 0.3 s here (measured once): long enough that close() from
-    another thread lands while it runs, short enough for CI."""
+    """Loop trips for a run of about 0.3 s here (measured once, on a warm session): long enough
+    that close() from another thread lands while it runs, short enough for CI."""
     if "trips" not in _slow:
         import time
 
@@ -177,6 +177,7 @@ def _slow_trips():
         x = np.eye(SLOW_SIZE, dtype=np.float32)
         while True:
             session = ortagent.InferenceSession(models.slow_loop(iterations=trips, size=SLOW_SIZE))
+            session.run(None, {"x": x})     # a session's first run pays one-time costs: not timed
             started = time.perf_counter()
             session.run(None, {"x": x})
             elapsed = time.perf_counter() - started
@@ -287,6 +288,32 @@ def test_bound_value_closed_during_and_after_a_run(which, no_leaks):
         session.run_with_iobinding(binding)
 
 
+def _slow_agent_trips(agent, x, w):
+    """Loop trips for a forward of about 0.3 s of agent_driver's slow training graph (measured
+    once, warm). Not _slow_trips: slow_loop's values decay to zeros through subnormal floats,
+    so its time is mostly a fixed cost on some CPUs, while this loop's grows with the trips."""
+    if "agent_trips" not in _slow:
+        import time
+
+        trips = 16
+        while True:
+            binding = agent.io_binding()
+            for name, array in (("x", x), ("w", w), ("trips", np.array(trips, np.int64))):
+                binding.bind_cpu_input(name, array)
+            binding.bind_output("x_grad")
+            for timed in (False, True):        # the first run pays one-time costs
+                started = time.perf_counter()
+                _, run_id = agent.run_forward(binding, None)
+                elapsed = time.perf_counter() - started
+                agent.run_backward([np.zeros_like(x)], run_id)
+            if elapsed >= 0.1 or trips >= 16 * 2**10:
+                break
+            trips *= 2
+        _slow["agent_trips"] = trips * 3
+        _slow["agent_seconds"] = elapsed * 3
+    return _slow["agent_trips"]
+
+
 def test_agent_feed_closed_during_forward(no_leaks):
     from agent_driver import orthogonal, slow_training_graph
 
@@ -294,7 +321,7 @@ def test_agent_feed_closed_during_forward(no_leaks):
     agent = ortagent.TrainingAgent(model.SerializeToString())
     x = orthogonal(SLOW_SIZE, 3)
     w = orthogonal(SLOW_SIZE, 4)
-    trips = np.array(_slow_trips(), np.int64)
+    trips = np.array(_slow_agent_trips(agent, x, w), np.int64)
     values = {name: ortagent.OrtValue.ortvalue_from_numpy(array.copy())
               for name, array in (("x", x), ("w", w), ("trips", trips))}
     binding = agent.io_binding()
@@ -305,8 +332,13 @@ def test_agent_feed_closed_during_forward(no_leaks):
     def forward():
         return agent.run_forward(binding, None)
 
-    (outputs, run_id), overlapped = _close_during(forward, values["x"].close, _wait_running)
-    assert overlapped
+    def wait_running():
+        import time
+
+        time.sleep(_slow["agent_seconds"] / 6)
+
+    (outputs, run_id), overlapped = _close_during(forward, values["x"].close, wait_running)
+    assert overlapped, "the forward ended before close(): make the loop longer"
     y_grad = np.ones((SLOW_SIZE, SLOW_SIZE), np.float32)
     expected_y, expected_x_grad = reference(x, w, trips, y_grad)
     np.testing.assert_allclose(outputs[0].numpy(), expected_y, rtol=1e-3, atol=1e-3)
