@@ -258,6 +258,17 @@ cdef bint retry_wanted(ort.OrtStatus* status, Py_ssize_t n_ours, bint kept_devic
 
 
 cdef ort.OrtStatus* _call(RunCall* c, RunArrays* a, ort.OrtRunOptions* options, bint lane_bound) noexcept:
+    cdef unsigned int before
+    cdef ort.OrtStatus* status
+    if not c.flush_denormals:
+        return _call_here(c, a, options, lane_bound)
+    before = ortagent_flush_denormals_begin()
+    status = _call_here(c, a, options, lane_bound)
+    ortagent_flush_denormals_end(before)
+    return status
+
+
+cdef ort.OrtStatus* _call_here(RunCall* c, RunArrays* a, ort.OrtRunOptions* options, bint lane_bound) noexcept:
     cdef ort.OrtStatus* status
     if lane_bound:
         status = run_binding_nogil(c.session, options, c.lane.binding, False)

@@ -2,6 +2,10 @@ from cpython.object cimport PyObject
 from ortagent cimport _capi as ort
 from libc.stdint cimport int64_t
 
+cdef extern from "ortagent/fp_env.h" nogil:
+    unsigned int ortagent_flush_denormals_begin()
+    void ortagent_flush_denormals_end(unsigned int before)
+
 
 cdef enum:
     # At most this many runs of one session use caches at once (one lane each, see RunLane);
@@ -134,6 +138,7 @@ cdef struct RunCall:
     # An IoBinding the caller bound (its own, or one made for the call): RunWithBinding on it.
     ort.OrtIoBinding* binding
     bint synchronize               # SynchronizeBoundOutputs after a bound run
+    bint flush_denormals           # FTZ and DAZ on the calling thread for the run (fp_env.h)
     bint bound_results             # read the bound outputs back as the results (in out_* order)
     # The binding holds device buffers from an earlier run (OUT_DEVICE): the retry gives it
     # fresh ones through rebind(rebind_owner).

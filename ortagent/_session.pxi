@@ -129,6 +129,8 @@ cdef class InferenceSession:
             raise OrtInvalidType("path_or_bytes must be a path, bytes or an onnx.ModelProto, got "
                                  f"{type(path_or_bytes).__name__}")
         self._sess_options = effective_options(sess_options, kwargs, self._model_path, self._model_bytes)
+        self.flush_denormals = (<SessionOptions>self._sess_options)._config_entries.get(
+            "session.set_denormal_as_zero") == "1"
         self._strict = strict_providers or strict_scope.get()
         self._fallback = True
         self._create_with_fallback(normalise_providers(providers, provider_options, self._strict))

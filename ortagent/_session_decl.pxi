@@ -30,6 +30,7 @@ cdef class InferenceSession:
     cdef char** output_names_c
     cdef int* input_elem_types                  # ONNX element type per input, -1 if not a tensor
     cdef FixedOutput* fixed_outputs             # per output (see FixedOutput)
+    cdef bint flush_denormals                   # the options' session.set_denormal_as_zero is "1": see fp_env.h
     cdef bint preallocate_outputs               # off once a preallocated run failed where
                                                 # an onnxruntime-allocated one succeeded
     cdef dict input_index                       # name -> position
@@ -96,6 +97,7 @@ cdef inline void init_call(RunCall* call, InferenceSession session, ort.OrtRunOp
     call.outputs_on_cpu = False
     call.binding = NULL
     call.synchronize = False
+    call.flush_denormals = session.flush_denormals
     call.bound_results = False
     call.rebind = NULL
     call.rebind_owner = NULL

@@ -202,6 +202,70 @@ def test_session_options_are_applied_and_reported(tmp_path):
     ortagent.InferenceSession(models.identity(), sess_options=so)
 
 
+def _flushes_subnormals_here() -> bool:
+    """Whether this thread's floating-point unit turns subnormal operands or results into 0."""
+    tiny = np.array([1e-39], np.float32)
+    return bool((tiny * np.float32(1.0))[0] == 0.0)
+
+
+@pytest.mark.skipif(__import__("platform").machine().lower() not in ("x86_64", "amd64", "i686", "i386"),
+                    reason="onnxruntime's session.set_denormal_as_zero acts on x86 only")
+def test_set_denormal_as_zero_applies_to_the_calling_thread_for_the_run():
+    """onnxruntime's session.set_denormal_as_zero flushes subnormals on its pools' threads and
+    on the thread that created the process's first session; with one intra-op thread a run
+    computes on the thread that calls it, which kept its own setting. ortagent sets it there
+    for each run of a session made with the entry (run, IoBinding, TrainingAgent) and puts
+    back what the thread had: 1e-20 * 1e-20 is the subnormal 1e-40 through another session
+    before and after, and 0 through this one."""
+    from ortagent_testkit import training_graphs as tg
+
+    def options(flush: bool):
+        so = ortagent.SessionOptions()
+        so.intra_op_num_threads = 1
+        if flush:
+            so.add_session_config_entry("session.set_denormal_as_zero", "1")
+        return so
+
+    case = tg.mul_add_case(np.float32)
+    forward = onnx.helper.make_model(
+        onnx.helper.make_graph([onnx.helper.make_node("Mul", ["x", "w"], ["y"])], "mul",
+                               [tg.tensor("x", np.float32, [2, 3]), tg.tensor("w", np.float32, [3])],
+                               [tg.tensor("y", np.float32, [2, 3])]),
+        opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
+    plain = ortagent.InferenceSession(forward, options(False))
+    x = np.full((2, 3), 1e-20, np.float32)
+    w = np.full(3, 1e-20, np.float32)
+    (y,) = plain.run(None, {"x": x, "w": w})
+    if _flushes_subnormals_here() or y[0, 0] == 0:
+        pytest.skip("this thread flushes subnormals already (set before the test)")
+    assert 0 < y[0, 0] < np.finfo(np.float32).tiny
+
+    flushing = ortagent.InferenceSession(forward, options(True))
+    assert np.array_equal(flushing.run(None, {"x": x, "w": w})[0], np.zeros_like(x))
+    assert not _flushes_subnormals_here()
+    binding = flushing.io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_cpu_input("w", w)
+    binding.bind_output("y")
+    flushing.run_with_iobinding(binding)
+    assert np.array_equal(binding.copy_outputs_to_cpu()[0], np.zeros_like(x))
+    assert not _flushes_subnormals_here()
+
+    agent = ortagent.TrainingAgent(case.model.SerializeToString(), session_options=options(True))
+    state = ortagent.PartialGraphExecutionState()
+    outputs: list = []
+    agent.run_forward([x, w, np.zeros(3, np.float32)], outputs, state)      # x * w + 0
+    assert np.array_equal(outputs[0].numpy(), np.zeros_like(x))
+    gradients: list = []
+    agent.run_backward([np.full((2, 3), 1e-20, np.float32)], gradients, state)
+    x_grad, w_grad, bias_grad = (g.numpy() for g in gradients)
+    assert np.array_equal(x_grad, np.zeros_like(x)) and np.array_equal(w_grad, np.zeros_like(w))
+    assert np.array_equal(bias_grad, np.full(3, 2e-20, np.float32))      # normal numbers stay
+    assert not _flushes_subnormals_here()
+    agent.close()
+    assert 0 < plain.run(None, {"x": x, "w": w})[0][0, 0] < np.finfo(np.float32).tiny
+
+
 def test_free_dimension_override_fixes_symbolic_shape():
     so = ortagent.SessionOptions()
     so.add_free_dimension_override_by_name("batch", 2)
