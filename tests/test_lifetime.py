@@ -167,27 +167,36 @@ SLOW_SIZE = 192
 _slow = {}
 
 
-def _slow_trips():
-    """Loop trips for a run of about 0.3 s here (measured once, on a warm session): long enough
-    that close() from another thread lands while it runs, short enough for CI."""
-    if "trips" not in _slow:
-        import time
-
-        trips = 50
-        x = np.eye(SLOW_SIZE, dtype=np.float32)
+def _calibrated(key: str, seconds_of, trips: int) -> tuple[int, float]:
+    """(loop trips, seconds) for a run of about 0.3 s here, found once per ``key`` by doubling
+    ``trips`` until ``seconds_of(trips)`` (a warm run) takes 0.1 s: long enough that close()
+    from another thread lands while it runs, short enough for CI."""
+    if key not in _slow:
+        most = trips * 2**8
         while True:
-            session = ortagent.InferenceSession(models.slow_loop(iterations=trips, size=SLOW_SIZE))
-            session.run(None, {"x": x})     # a session's first run pays one-time costs: not timed
-            started = time.perf_counter()
-            session.run(None, {"x": x})
-            elapsed = time.perf_counter() - started
-            session.close()
-            if elapsed >= 0.1 or trips >= 50 * 2**8:
+            elapsed = seconds_of(trips)
+            if elapsed >= 0.1 or trips >= most:
                 break
             trips *= 2
-        _slow["trips"] = trips * 3
-        _slow["seconds"] = elapsed * 3
-    return _slow["trips"]
+        _slow[key] = (trips * 3, elapsed * 3)
+    return _slow[key]
+
+
+def _slow_loop_seconds(trips: int) -> float:
+    import time
+
+    x = np.eye(SLOW_SIZE, dtype=np.float32)
+    session = ortagent.InferenceSession(models.slow_loop(iterations=trips, size=SLOW_SIZE))
+    session.run(None, {"x": x})     # a session's first run pays one-time costs: not timed
+    started = time.perf_counter()
+    session.run(None, {"x": x})
+    elapsed = time.perf_counter() - started
+    session.close()
+    return elapsed
+
+
+def _slow_trips():
+    return _calibrated("slow_loop", _slow_loop_seconds, 50)[0]
 
 
 def _slow_session():
@@ -225,8 +234,7 @@ def _close_during(run, close, started_event):
 def _wait_running():
     import time
 
-    _slow_trips()
-    time.sleep(_slow["seconds"] / 6)
+    time.sleep(_calibrated("slow_loop", _slow_loop_seconds, 50)[1] / 6)
 
 
 @pytest.mark.parametrize("how", ["run", "run_with_ort_values"])
@@ -288,30 +296,22 @@ def test_bound_value_closed_during_and_after_a_run(which, no_leaks):
         session.run_with_iobinding(binding)
 
 
-def _slow_agent_trips(agent, x, w):
-    """Loop trips for a forward of about 0.3 s of agent_driver's slow training graph (measured
-    once, warm). Not _slow_trips: slow_loop's values decay to zeros through subnormal floats,
-    so its time is mostly a fixed cost on some CPUs, while this loop's grows with the trips."""
-    if "agent_trips" not in _slow:
-        import time
+def _agent_forward_seconds(agent, x, w, trips: int) -> float:
+    """A warm forward of agent_driver's slow training graph at ``trips``. (Not slow_loop's
+    calibration: its values decay to zeros through subnormal floats, so its time is mostly a
+    fixed cost on some CPUs, while this loop's grows with the trips.)"""
+    import time
 
-        trips = 16
-        while True:
-            binding = agent.io_binding()
-            for name, array in (("x", x), ("w", w), ("trips", np.array(trips, np.int64))):
-                binding.bind_cpu_input(name, array)
-            binding.bind_output("x_grad")
-            for timed in (False, True):        # the first run pays one-time costs
-                started = time.perf_counter()
-                _, run_id = agent.run_forward(binding, None)
-                elapsed = time.perf_counter() - started
-                agent.run_backward([np.zeros_like(x)], run_id)
-            if elapsed >= 0.1 or trips >= 16 * 2**10:
-                break
-            trips *= 2
-        _slow["agent_trips"] = trips * 3
-        _slow["agent_seconds"] = elapsed * 3
-    return _slow["agent_trips"]
+    binding = agent.io_binding()
+    for name, array in (("x", x), ("w", w), ("trips", np.array(trips, np.int64))):
+        binding.bind_cpu_input(name, array)
+    binding.bind_output("x_grad")
+    for _ in range(2):                 # the first run pays one-time costs: the second is timed
+        started = time.perf_counter()
+        _, run_id = agent.run_forward(binding, None)
+        elapsed = time.perf_counter() - started
+        agent.run_backward([np.zeros_like(x)], run_id)
+    return elapsed
 
 
 def test_agent_feed_closed_during_forward(no_leaks):
@@ -321,7 +321,8 @@ def test_agent_feed_closed_during_forward(no_leaks):
     agent = ortagent.TrainingAgent(model.SerializeToString())
     x = orthogonal(SLOW_SIZE, 3)
     w = orthogonal(SLOW_SIZE, 4)
-    trips = np.array(_slow_agent_trips(agent, x, w), np.int64)
+    trips, seconds = _calibrated("agent", lambda n: _agent_forward_seconds(agent, x, w, n), 16)
+    trips = np.array(trips, np.int64)
     values = {name: ortagent.OrtValue.ortvalue_from_numpy(array.copy())
               for name, array in (("x", x), ("w", w), ("trips", trips))}
     binding = agent.io_binding()
@@ -335,7 +336,7 @@ def test_agent_feed_closed_during_forward(no_leaks):
     def wait_running():
         import time
 
-        time.sleep(_slow["agent_seconds"] / 6)
+        time.sleep(seconds / 6)
 
     (outputs, run_id), overlapped = _close_during(forward, values["x"].close, wait_running)
     assert overlapped, "the forward ended before close(): make the loop longer"
