@@ -428,6 +428,17 @@ def _same_count_same_shape(source: Dims | None, target: Dims) -> bool:
                              and 0 not in target)
 
 
+def _matrix_view(name: str, shape: Dims, names: NameAllocator, graph, made: list, shapes: dict) -> str:
+    """The 2-D view of operand ``name`` (of ``shape``, all leading axes 1): a Reshape appended to
+    ``made``, its result's shape recorded. A symbolic dimension of the matrix is read off the
+    operand's shape at run time."""
+    shape_name = _shape_operand(names, graph, made, shape[-2:], name, [len(shape) - 2, len(shape) - 1])
+    matrix = names.fresh(f"{name}_2d")
+    made.append(helper.make_node("Reshape", [name, shape_name], [matrix]))
+    shapes[matrix] = shape[-2:]
+    return matrix
+
+
 def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, graph) -> bool:
     """Make ``node`` (a MatMul whose operands and result have only leading axes of 1) a 2-D
     MatMul of 2-D views of its operands, when its 2-D result has the shape ``wanted``."""
@@ -444,15 +455,10 @@ def _matmul_to_2d(node, shapes: dict, wanted: list[int], nodes: list, names, gra
     for index, shape in enumerate((a_shape, b_shape)):
         if len(shape) == 2:
             continue
-        # (a symbolic dimension of the matrix is read off the operand's shape at run time)
         made: list = []
-        shape_name = _shape_operand(names, graph, made, shape[-2:], node.input[index], [len(shape) - 2, len(shape) - 1])
-        matrix = names.fresh(f"{node.input[index]}_2d")
-        made.append(helper.make_node("Reshape", [node.input[index], shape_name], [matrix]))
+        node.input[index] = _matrix_view(node.input[index], shape, names, graph, made, shapes)
         nodes[position:position] = made
         position += len(made)
-        shapes[matrix] = shape[-2:]
-        node.input[index] = matrix
     shapes[node.output[0]] = list(wanted)
     return True
 
@@ -516,12 +522,8 @@ def _transposed_product(node, shapes, producers, uses, names, graph) -> list | N
     made = []
     operands = []
     for name, shape in ((b_name, b_shape), (a_name, a_shape)):
-        if len(shape) > 2:          # leading axes of 1: the 2-D matrix, as a view
-            matrix = names.fresh(f"{name}_2d")
-            flat_name = _shape_operand(names, graph, made, shape[-2:], name, [len(shape) - 2, len(shape) - 1])
-            made.append(helper.make_node("Reshape", [name, flat_name], [matrix]))
-            shapes[matrix] = shape[-2:]
-            name = matrix
+        if len(shape) > 2:
+            name = _matrix_view(name, shape, names, graph, made, shapes)
         swapped = names.fresh(f"{name}_T")
         made.append(helper.make_node("Transpose", [name], [swapped], perm=[1, 0]))
         shapes[swapped] = shapes[name][::-1]

@@ -35,12 +35,9 @@ static inline void ortagent_flush_denormals_end(unsigned int before) {
     if ((csr & ORTAGENT_MXCSR_FTZ_DAZ) != before)
         _mm_setcsr((csr & ~ORTAGENT_MXCSR_FTZ_DAZ) | before);
 }
-
-#define ORTAGENT_CAN_FLUSH_DENORMALS 1
 #else
 static inline unsigned int ortagent_flush_denormals_begin(void) { return 0; }
 static inline void ortagent_flush_denormals_end(unsigned int before) { (void)before; }
-#define ORTAGENT_CAN_FLUSH_DENORMALS 0
 #endif
 
 #endif
