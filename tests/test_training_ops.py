@@ -801,6 +801,10 @@ def _conv_cases():
         # stride 1 everywhere: dX is one ConvTranspose with the forward's (here uneven) pads
         ("2d_stride1_uneven_pads_dilation", (2, 3, 7, 6), (4, 3, 3, 2), [1, 1], [2, 0, 1, 1], [2, 1], 1),
         ("1d_stride1_depthwise_pad_end", (2, 4, 9), (4, 1, 5), [1], [0, 3], [1], 4),
+        # 1x1 kernels at stride 1 without pads: the windows are the input itself (no Conv)
+        ("2d_pointwise", (2, 5, 6, 4), (7, 5, 1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 1),
+        ("2d_pointwise_groups", (2, 6, 5, 5), (4, 3, 1, 1), [1, 1], [0, 0, 0, 0], [1, 1], 2),
+        ("1d_pointwise_dilated", (3, 4, 7), (6, 4, 1), [1], [0, 0], [3], 1),
     ]
     for tag, xs, ws, strides, pads, dil, group in specs:
         x = r.standard_normal(xs).astype(F32)
@@ -821,7 +825,7 @@ def _conv_cases():
             case(f"ConvGrad/{tag}/dX_dW", grad_node("ConvGrad", ["dY", "X", "W"], ["dX", "dW", ""], **attrs), feeds,
                  {"dX": dx.astype(F32), "dW": dw.astype(F32)}, tol=CONV)
         if tag in ("2d_basic", "2d_stride_pad_dilation_group", "2d_depthwise_stride2", "3d_stride_pad_dilation",
-                   "2d_stride1_uneven_pads_dilation"):
+                   "2d_stride1_uneven_pads_dilation", "2d_pointwise", "2d_pointwise_groups"):
             # no static shape anywhere (the weight gradient by correlation), and only the
             # weight's (ORTModule's graphs: the window product with batch and positions known
             # at run time only)

@@ -103,10 +103,13 @@ def _weight_gradient_from_windows(e: Emitter, dy: str, x: str, w: str, kernel: l
     the activations are, is produced in place by a Gemm (one group) or a batched MatMul."""
     cout, per_group = e.shape(w)[0], e.shape(w)[1]
     taps = int(np.prod(kernel))
-    identity = np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel)
-    planes = e.op("Reshape", x, e.op("Concat", e.ints([-1, 1]), e.op("Shape", x, start=2), axis=0))
-    windows = e.op("Conv", planes, e.cast_like(e.const(identity), x), strides=strides, pads=pads,
-                   dilations=dilations)                            # [N*Cin, taps, out spatial]
+    if taps == 1 and all(stride == 1 for stride in strides) and not any(pads):
+        windows = x         # a 1x1 kernel at stride 1 without padding: each window is one input element
+    else:
+        identity = np.eye(taps, dtype=np.float32).reshape(taps, 1, *kernel)
+        planes = e.op("Reshape", x, e.op("Concat", e.ints([-1, 1]), e.op("Shape", x, start=2), axis=0))
+        windows = e.op("Conv", planes, e.cast_like(e.const(identity), x), strides=strides, pads=pads,
+                       dilations=dilations)                        # [N*Cin, taps, out spatial]
     samples = e.op("Shape", dy, end=1)
     positions = e.op("ReduceProd", e.op("Shape", dy, start=2), keepdims=1)
     if group == 1:
