@@ -46,7 +46,7 @@ to 1e-6).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import onnx
@@ -77,11 +77,16 @@ def known_shapes(model: ModelProto, stand_ins: dict | None = None) -> dict[str, 
     return {name: dims for name, dims in inferred_dims(model, stand_ins).items() if None not in dims}
 
 
-def inferred_dims(model: ModelProto, stand_ins: dict | None = None) -> dict[str, Dims]:
+def inferred_dims(model: ModelProto, stand_ins: dict | None = None, declared: Sequence = ()) -> dict[str, Dims]:
     """The shapes of :func:`known_shapes`, values of a known rank with dimensions of unknown
-    size included (as None)."""
+    size included (as None). ``declared``: value_info the inference starts from besides the
+    model's own (where ONNX's inference knows a dimension only as a fresh unknown, a declared
+    symbol stays)."""
     probe = ModelProto()
     probe.CopyFrom(model)
+    if declared:
+        present = {value.name for value in (*probe.graph.input, *probe.graph.output, *probe.graph.value_info)}
+        probe.graph.value_info.extend(value for value in declared if value.name not in present)
     if stand_ins:
         nodes: list[onnx.NodeProto] = []
         for node in model.graph.node:

@@ -31,6 +31,7 @@ import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto, ValueInfoProto, helper, numpy_helper
 
 from . import _ad_rules
+from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, promote_mixed_arithmetic,
@@ -63,6 +64,7 @@ def build_training_graph(
     ir_version: int | None = None,
     optimize: bool = True,
     symbols_above_one: Sequence[str] = (),
+    input_symbols_checked: bool = False,
 ) -> ModelProto:
     """A training graph (ORTModule layout) for ``forward_model``.
 
@@ -90,6 +92,11 @@ def build_training_graph(
     broadcast along them, so the sums that undo broadcasting in the backward get axes fixed
     now instead of axes computed at run time. A symbol that is 1 at run time would then give
     a wrong gradient (not summed where it should be): name only symbols the caller enforces.
+    ``input_symbols_checked`` says that the caller checks, before each run, that the inputs fed
+    agree with the symbolic dimensions the graph inputs declare (one size per symbol, as
+    ORTModule's shape guard does). With ``optimize``, the shapes the graph computes at run time
+    are then computed once per distinct value (:mod:`ortagent._shape_values`); inputs that
+    disagree would give wrongly shaped results.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
@@ -247,6 +254,7 @@ def build_training_graph(
     promote_mixed_arithmetic(model, inferred)   # (the exporter writes float / int64 where torch promotes)
     batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
     _ad_rules.prepare(model)
+    forward_value_info = list(model.graph.value_info)   # (onnx-ad's result declares none)
     try:
         with _ad_rules.differentiating(known_shapes(model) if symbols_above_one else {}, symbols_above_one):
             adjoint = onnx_ad.reverse(
@@ -320,6 +328,15 @@ def build_training_graph(
                     for output, gradient in zip(seeded, yield_outputs)]
         simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
         reductions_without_unit_tail(adjoint, {yield_node.name: stand_in})
+        if input_symbols_checked:
+            # a gradient that may be broadcast has no known shape: its stand-in copies a value
+            # that nothing defines, so no shape is inferred for it or for what it reaches
+            unknown = NameAllocator(all_value_names(adjoint.graph)).fresh("ortagent_unknown_shape")
+            seeded_indices = [index for index in range(output_count) if index not in non_diff]
+            shaped = [helper.make_node("Identity", [output if index in full_shape else unknown], [gradient])
+                      for index, output, gradient in zip(seeded_indices, seeded, yield_outputs)]
+            share_shape_values(adjoint, {yield_node.name: shaped}, keep=frozenset({YIELD_OP_TYPE}),
+                               declared=forward_value_info, cut=yield_node.name)
     return adjoint
 
 

@@ -280,7 +280,8 @@ class GraphRunner:
             input_gradients=input_gradients,
             non_differentiable_outputs=self.exported.non_differentiable_outputs,
             ir_version=IR_VERSION,
-            symbols_above_one=self._symbols_above_one() if shapes is None else ())
+            symbols_above_one=self._symbols_above_one() if shapes is None else (),
+            input_symbols_checked=True)
 
     def _symbols_above_one(self) -> list[str]:
         """The inputs' symbols whose lower bound is 2 or more: every call's shapes pass the
