@@ -16,7 +16,9 @@
   product ``Transpose(Reshape(MatMul(A, B)))`` becomes ``Reshape(MatMul(B^T, A^T))``, the
   operand transposes being what onnxruntime folds into ``FusedMatMul`` (the same sums, possibly
   added in another order); a graph output reached through views only is written by the node
-  that computes it (onnxruntime would copy the view into the output).
+  that computes it (onnxruntime would copy the view into the output), in that node's shape
+  where the caller accepts one of the same size (``output_views``: a convolution's weight
+  gradient as its product's ``[Cout, Cin*k*k]``).
 
 * :func:`reductions_without_unit_tail` (after differentiation): a reduction whose input has only
   axes of size 1 after the reduced ones (onnx-ad's seed axis) reduces a view without them, the
@@ -221,21 +223,24 @@ def _moves_only_unit_axes(shape: Dims, perm: list[int]) -> bool:
 
 
 def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),
-                    rounds: int = 3) -> int:
+                    rounds: int = 3, output_views: Collection[str] = ()) -> int:
     """Rewrite, in place, full-tensor copies that move no element into views (see the module
     docstring) and drop dead nodes, for up to ``rounds`` rounds (a rewrite can enable another:
     a Transpose that became a Reshape completes a transposed product); returns the number of
-    nodes rewritten or dropped. Nodes of the op types in ``keep`` are never dropped."""
+    nodes rewritten or dropped. Nodes of the op types in ``keep`` are never dropped. The graph
+    outputs named in ``output_views`` may change shape (static, the same size, row-major): one
+    reached through views of a computed value whose shape differs is then written by that
+    node in its own shape, which the output declares (its reader views it back)."""
     total = 0
     for _ in range(rounds):
-        changed = _simplify_round(model, stand_ins, keep)
+        changed = _simplify_round(model, stand_ins, keep, frozenset(output_views))
         total += changed
         if not changed:
             break
     return total
 
 
-def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) -> int:
+def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset, output_views: frozenset) -> int:
     graph = model.graph
     shapes = known_shapes(model, stand_ins)
     names = NameAllocator(all_value_names(graph))
@@ -288,7 +293,7 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset) 
             count += 1
         else:
             nodes.append(node)
-    count += _produce_outputs_directly(graph, nodes, shapes, keep, names)
+    count += _produce_outputs_directly(graph, nodes, shapes, keep, names, output_views)
     count += _drop_dead(graph, nodes, keep)
     return count
 
@@ -374,13 +379,15 @@ def _reduction_without_unit_tail(node, shape: Dims | None, constants: dict, name
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
 
 
-def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset, names) -> int:
+def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset, names,
+                              output_views: frozenset = frozenset()) -> int:
     """A graph output reached from a computed value through view operators only (Reshape,
     Squeeze, Unsqueeze, Identity, Flatten), each value read once, with the output's shape
     already: the computing node writes the graph output itself and the views go. onnxruntime
     copies a view into a graph output's buffer (a weight gradient, every step); this way
     nothing is copied. A MatMul whose operands and result have only leading axes of 1 beyond
-    the output's two becomes a 2-D MatMul of views of its operands for this. Returns the
+    the output's two becomes a 2-D MatMul of views of its operands for this; failing that, an
+    output in ``output_views`` takes the computed value's static shape (same size). Returns the
     number of view nodes removed."""
     producers = {out: node for node in nodes for out in node.output if out}
     uses: dict[str, int] = {}
@@ -409,9 +416,14 @@ def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset,
         source = chain[-1].input[0]
         if any(id(node) in removed for node in chain):
             continue
-        if not _same_count_same_shape(shapes.get(source), shapes[name]):
-            if not _matmul_to_2d(current, shapes, shapes[name], nodes, names, graph):
+        if not _same_count_same_shape(shapes.get(source), shapes[name]) \
+                and not _matmul_to_2d(current, shapes, shapes[name], nodes, names, graph):
+            own = shapes.get(source)
+            if name not in output_views or not (_static(own) and _static(shapes[name])) \
+                    or int(np.prod(own)) != int(np.prod(shapes[name])):
                 continue
+            _declare_output_shape(graph, name, own)
+            shapes[name] = list(own)
         for position, out in enumerate(current.output):
             if out == source:
                 current.output[position] = name
@@ -419,6 +431,15 @@ def _produce_outputs_directly(graph, nodes: list, shapes: dict, keep: frozenset,
     if removed:
         nodes[:] = [node for node in nodes if id(node) not in removed]
     return len(removed)
+
+
+def _declare_output_shape(graph, name: str, dims: list[int]) -> None:
+    for value in graph.output:
+        if value.name == name:
+            shape = value.type.tensor_type.shape
+            del shape.dim[:]
+            for dim in dims:
+                shape.dim.add().dim_value = dim
 
 
 def _same_count_same_shape(source: Dims | None, target: Dims) -> bool:

@@ -65,6 +65,7 @@ def build_training_graph(
     optimize: bool = True,
     symbols_above_one: Sequence[str] = (),
     input_symbols_checked: bool = False,
+    gradient_views: bool = False,
 ) -> ModelProto:
     """A training graph (ORTModule layout) for ``forward_model``.
 
@@ -97,6 +98,11 @@ def build_training_graph(
     ORTModule's shape guard does). With ``optimize``, the shapes the graph computes at run time
     are then computed once per distinct value (:mod:`ortagent._shape_values`); inputs that
     disagree would give wrongly shaped results.
+    ``gradient_views`` lets a gradient output of a static shape come in another static shape of
+    the same size, its elements in the same row-major order (the graph output declares it), where
+    the node computing it then writes it without a copy (a convolution's weight gradient from its
+    matrix product, ``[Cout, Cin*k*k]``): the caller views it as its input's shape, as ORTModule
+    does. With ``optimize`` only.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
@@ -326,7 +332,8 @@ def build_training_graph(
         # (full_shape_outputs: same shapes)
         stand_in = [helper.make_node("Identity", [output], [gradient])
                     for output, gradient in zip(seeded, yield_outputs)]
-        simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}))
+        simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}),
+                        output_views=gradient_outputs if gradient_views else ())
         reductions_without_unit_tail(adjoint, {yield_node.name: stand_in})
         if input_symbols_checked:
             # a gradient that may be broadcast has no known shape: its stand-in copies a value

@@ -732,3 +732,38 @@ def test_reductions_without_unit_tail(op, opset, axes, keepdims, rewritten):
         got = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+# -- gradients written in the layout their product computes (gradient_views) --------------------------
+
+@pytest.mark.parametrize("group, w_shape", [(1, (4, 3, 3, 3)), (1, (5, 3, 1, 1)), (3, (6, 1, 3, 3))],
+                         ids=["3x3", "1x1", "depthwise"])
+def test_gradient_views_let_the_product_write_the_weight_gradient(group, w_shape):
+    """With gradient_views, a convolution's weight gradient is the graph output of the product
+    that computes it, in that product's shape (the same elements in W's row-major order), where
+    otherwise a Reshape copies it into W's shape; the values are the same."""
+    d = np.float32
+    rng = np.random.default_rng(sum(w_shape) + group)
+    w = rng.standard_normal(w_shape).astype(d)
+    pads = [1, 1, 1, 1] if w_shape[2] == 3 else [0, 0, 0, 0]
+    forward = tg.make_model([helper.make_node("Conv", ["x", "W"], ["c"], pads=pads, group=group,
+                                              kernel_shape=list(w_shape[2:])),
+                             helper.make_node("Tanh", ["c"], ["y"])],
+                            [tg.tensor("x", d, ["n", 3, 5, 6])], [tg.tensor("y", d, ["n", w_shape[0], 5, 6])],
+                            [numpy_helper.from_array(w, "W")], ms_domain=False)
+    viewed = build_training_graph(forward, ["W"], input_gradients=["x"], gradient_views=True)
+    plain = build_training_graph(forward, ["W"], input_gradients=["x"])
+    declared = {value.name: [dim.dim_value for dim in value.type.tensor_type.shape.dim] for value in viewed.graph.output}
+    assert [value.type.tensor_type.shape.dim[-1].dim_value for value in plain.graph.output if value.name == "W_grad"] \
+        == [w_shape[-1]]
+    producer = next(node for node in viewed.graph.node if "W_grad" in node.output)
+    if group == 1:      # the window product: one Gemm in [Cout, Cin*k*k]
+        assert producer.op_type == "Gemm" and declared["W_grad"] == [w_shape[0], int(np.prod(w_shape[1:]))]
+    assert int(np.prod(declared["W_grad"])) == w.size
+    x = rng.standard_normal((2, 3, 5, 6)).astype(d)
+    g = rng.standard_normal((2, w_shape[0], 5, 6)).astype(d)
+    got = tg.SplitRunner(split_training_graph(viewed)).run({"x": x, "W": w}, [g])
+    want = tg.SplitRunner(split_training_graph(plain)).run({"x": x, "W": w}, [g])
+    np.testing.assert_array_equal(got[0][0], want[0][0])
+    np.testing.assert_array_equal(got[1][0], want[1][0])
+    np.testing.assert_array_equal(got[1][1].reshape(w_shape), want[1][1])

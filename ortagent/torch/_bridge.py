@@ -102,12 +102,15 @@ class SessionConfig:
 class AgentPlan:
     """A training agent and how one call feeds it: ``feed_order`` indexes the graph inputs the
     agent reads in its order, ``non_differentiable`` lists module outputs without a gradient,
-    ``gradient_slots`` the graph input each gradient output belongs to."""
+    ``gradient_slots`` the graph input each gradient output belongs to, ``gradient_views`` the
+    shape each gradient is viewed as (its input's, where the graph writes it in another one of
+    the same size) or None."""
 
     agent: Any
     feed_order: tuple[int, ...]
     non_differentiable: tuple[int, ...]
     gradient_slots: tuple[int, ...]
+    gradient_views: tuple[tuple[int, ...] | None, ...]
 
 
 class GraphRunner:
@@ -264,7 +267,8 @@ class GraphRunner:
         return AgentPlan(agent,
                          tuple(names.index(value.name) for value in graph.graph.input),
                          tuple(non_differentiable),
-                         tuple(names.index(name) for name in (*input_gradients, *trainable)))
+                         tuple(names.index(name) for name in (*input_gradients, *trainable)),
+                         _gradient_views(graph, (*input_gradients, *trainable)))
 
     def _training_graph(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
                         shapes: tuple[tuple[int, ...], ...] | None) -> Any:
@@ -281,7 +285,7 @@ class GraphRunner:
             non_differentiable_outputs=self.exported.non_differentiable_outputs,
             ir_version=IR_VERSION,
             symbols_above_one=self._symbols_above_one() if shapes is None else (),
-            input_symbols_checked=True)
+            input_symbols_checked=True, gradient_views=True)
 
     def _symbols_above_one(self) -> list[str]:
         """The inputs' symbols whose lower bound is 2 or more: every call's shapes pass the
@@ -301,6 +305,24 @@ class GraphRunner:
             plan.agent.close()
         if session is not None:
             session.close()
+
+
+def _gradient_views(graph: Any, differentiated: Sequence[str]) -> tuple:
+    """For each gradient output of the training ``graph`` (in order, of its ``differentiated``
+    inputs), the static shape of its input where the output declares another one, else None."""
+    def dims(value: Any) -> tuple[int, ...] | None:
+        shape = value.type.tensor_type.shape
+        if not value.type.tensor_type.HasField("shape") \
+                or not all(dim.HasField("dim_value") for dim in shape.dim):
+            return None
+        return tuple(int(dim.dim_value) for dim in shape.dim)
+
+    inputs = {value.name: dims(value) for value in graph.graph.input}
+    views = []
+    for name, output in zip(differentiated, graph.graph.output):
+        wanted, written = inputs.get(name), dims(output)
+        views.append(wanted if wanted is not None and written is not None and written != wanted else None)
+    return tuple(views)
 
 
 def specialize(model: Any, input_names: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> Any:
@@ -387,6 +409,6 @@ class ORTFunction(torch.autograd.Function):
         plan.agent.run_backward(grads, fetches, state)
         ctx.state = None
         result: list = [None] * (2 + ctx.n_feeds)
-        for feed_index, value in zip(plan.gradient_slots, fetches):
-            result[2 + feed_index] = to_torch(value)
+        for feed_index, view, value in zip(plan.gradient_slots, plan.gradient_views, fetches):
+            result[2 + feed_index] = to_torch(value) if view is None else to_torch(value).view(view)
         return tuple(result)
