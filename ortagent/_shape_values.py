@@ -318,13 +318,14 @@ class _Builder:
 
 def share_shape_values(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),
                        declared: Sequence = (), cut: str | None = None) -> int:
-    """Rewrite ``model`` in place so that each shape value is computed once (module docstring);
-    ``stand_ins`` as :func:`ortagent._graph_passes.known_shapes` (a YieldOp gradient that may
-    be broadcast must get no shape from them), ``keep``: op types kept even when nothing reads
-    them, ``declared``: value_info known to hold (the
-    exporter's symbolic shapes of the forward's values, which ONNX's inference does not always
-    find again), ``cut``: the name of the node between a training graph's forward and backward
-    (its YieldOp). Returns how many nodes fewer the graph has."""
+    """Rewrite ``model`` in place so that each shape value is computed once (module docstring).
+
+    ``stand_ins`` as :func:`ortagent._graph_passes.known_shapes` (a YieldOp gradient that may be
+    broadcast must get no shape from them); ``keep``: op types kept even when nothing reads them;
+    ``declared``: value_info known to hold (the exporter's symbolic shapes of the forward's
+    values, which ONNX's inference does not always find again); ``cut``: the name of the node
+    between a training graph's forward and backward (its YieldOp). Returns how many nodes fewer
+    the graph has."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 15:      # (Shape has no start and end before opset 15)
