@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import AttributeProto, ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ._graph_passes import _drop_dead, inferred_dims
 from ._onnx_graph import NameAllocator, all_value_names, consumed_names, node_subgraphs, outer_scope_names, topological_order
@@ -245,12 +245,12 @@ class _Builder:
         """The canonical tensor of ``known`` for a node at position ``before``: None when a
         symbol of it has no source produced before that position. (The first node asking for a
         value is the earliest one that has it.)"""
+        if known.static:
+            return self._constant(known)
         key = (known.elements, known.scalar, known.boolean)
         if key in self._made:
             return self._made[key]
-        if known.static:
-            name = self._constant(known)
-        elif known.boolean or any(isinstance(e, str) and (e not in self.sources or self.sources[e][2] >= before)
+        if known.boolean or any(isinstance(e, str) and (e not in self.sources or self.sources[e][2] >= before)
                                   for e in known.elements):
             return None
         elif known.scalar:
@@ -274,7 +274,8 @@ class _Builder:
                     last[3] = axis + 1
                 else:
                     runs.append(["dims", source, axis, axis + 1])
-            pieces = [self._constant_of(run[1]) if run[0] == "ints" else self._dims(*run[1:]) for run in runs]
+            pieces = [self._constant(_Known(tuple(run[1]), False)) if run[0] == "ints" else self._dims(*run[1:])
+                      for run in runs]
             if len(pieces) == 1:
                 name = pieces[0]
             else:
@@ -299,21 +300,15 @@ class _Builder:
             self._made[key] = name
         return self._made[key]
 
-    def _constant_of(self, run: list[int]) -> str:
-        known = _Known(tuple(run), False)
+    def _constant(self, known: _Known) -> str:
+        """The initializer holding the static value ``known``, made once."""
         key = (known.elements, known.scalar, known.boolean)
         if key not in self._made:
-            self._made[key] = self._constant(known)
+            array = np.array(known.elements, dtype=np.bool_ if known.boolean else np.int64)
+            name = self.names.fresh("ortagent_shape_constant")
+            self.graph.initializer.append(numpy_helper.from_array(array.reshape(()) if known.scalar else array, name))
+            self._made[key] = name
         return self._made[key]
-
-    def _constant(self, known: _Known) -> str:
-        dtype = np.bool_ if known.boolean else np.int64
-        array = np.array(known.elements, dtype=dtype)
-        if known.scalar:
-            array = array.reshape(())
-        name = self.names.fresh("ortagent_shape_constant")
-        self.graph.initializer.append(numpy_helper.from_array(array, name))
-        return name
 
 
 def share_shape_values(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),

@@ -310,12 +310,13 @@ class GraphRunner:
 def _gradient_views(graph: Any, differentiated: Sequence[str]) -> tuple:
     """For each gradient output of the training ``graph`` (in order, of its ``differentiated``
     inputs), the static shape of its input where the output declares another one, else None."""
+    from ortagent.graph_split import TensorInfo
+
     def dims(value: Any) -> tuple[int, ...] | None:
-        shape = value.type.tensor_type.shape
-        if not value.type.tensor_type.HasField("shape") \
-                or not all(dim.HasField("dim_value") for dim in shape.dim):
+        info = TensorInfo.from_type_proto(value.type)
+        if info is None or info.shape is None or not all(isinstance(dim, int) for dim in info.shape):
             return None
-        return tuple(int(dim.dim_value) for dim in shape.dim)
+        return info.shape  # type: ignore[return-value]
 
     inputs = {value.name: dims(value) for value in graph.graph.input}
     views = []
