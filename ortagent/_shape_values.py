@@ -25,7 +25,7 @@ which holds when the inputs fed agree with the symbols the graph inputs declare 
 symbol): only a caller that checks that before each run (ORTModule's shape guard does) should
 apply it. The values followed are int64 (and bool) tensors of rank 0 or 1 computed by
 ``Shape``, ``Gather``, ``Unsqueeze``, ``Squeeze``, ``Concat``, ``Slice``, ``Identity``,
-``Cast`` and integer arithmetic on static elements; other nodes are left as they are, and a
+``Cast``, ``ScatterElements``, integer arithmetic and comparisons on static elements; other nodes are left as they are, and a
 symbolic element is never assumed to have a particular size.
 """
 
@@ -60,7 +60,8 @@ class _Known:
 
 _MAX_ELEMENTS = 64
 _FOLLOWED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Identity", "Cast",
-                       "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Equal", "Not", "Where"})
+                       "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Equal", "Less", "Greater", "Not", "Where",
+                       "ScatterElements"})
 
 
 def _attribute(node, name: str, default=None):
@@ -117,6 +118,9 @@ def _elementwise(op_type: str, a: _Known, b: _Known) -> _Known | None:
         return _Known(tuple(out), scalar, boolean=True)
     if not (a.static and b.static):
         return None
+    if op_type in ("Less", "Greater"):
+        compare = (lambda x, y: x < y) if op_type == "Less" else (lambda x, y: x > y)
+        return _Known(tuple(int(compare(x, y)) for x, y in zip(left, right)), scalar, boolean=True)
     results = []
     for x, y in zip(left, right):
         if op_type == "Add":
@@ -203,7 +207,7 @@ def _value_of(node, values: dict, shapes: dict, opset: int) -> _Known | None:
         if len(bounds) > 3 and bounds[3][0] != 1:
             return None
         return _Known(data.elements[start:end], False, data.boolean)
-    if op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal"):
+    if op in ("Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Less", "Greater"):
         if len(ins) != 2 or ins[0] is None or ins[1] is None:
             return None
         return _elementwise(op, ins[0], ins[1])
@@ -228,6 +232,21 @@ def _value_of(node, values: dict, shapes: dict, opset: int) -> _Known | None:
 
         picked = tuple(at(a, i) if at(condition, i) else at(b, i) for i in range(n))
         return _Known(picked, condition.scalar and a.scalar and b.scalar, a.boolean)
+    if op == "ScatterElements":       # (ortagent's slice gradient writes a Pad's pads so)
+        data, indices, updates = (ins + [None, None, None])[:3]
+        positions = _ints(indices)
+        if data is None or data.scalar or positions is None or updates is None or updates.scalar \
+                or len(positions) != len(updates.elements) or data.boolean != updates.boolean \
+                or _attribute(node, "axis", 0) not in (0, -1) or _attribute(node, "reduction", b"none") not in (b"none", "none"):
+            return None
+        n = len(data.elements)
+        positions = [p + n if p < 0 else p for p in positions]
+        if any(not 0 <= p < n for p in positions) or len(set(positions)) != len(positions):
+            return None
+        elements = list(data.elements)
+        for p, element in zip(positions, updates.elements):
+            elements[p] = element
+        return _Known(tuple(elements), False, data.boolean)
     return None
 
 

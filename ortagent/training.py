@@ -34,8 +34,8 @@ from . import _ad_rules
 from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
-    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, promote_mixed_arithmetic,
-    reductions_without_unit_tail, simplify_copies,
+    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, masked_softmax_in_parts,
+    padded_sums_as_concats, promote_mixed_arithmetic, reductions_without_unit_tail, simplify_copies,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -332,6 +332,7 @@ def build_training_graph(
         # (full_shape_outputs: same shapes)
         stand_in = [helper.make_node("Identity", [output], [gradient])
                     for output, gradient in zip(seeded, yield_outputs)]
+        masked_softmax_in_parts(adjoint)
         simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}),
                         output_views=gradient_outputs if gradient_views else ())
         reductions_without_unit_tail(adjoint, {yield_node.name: stand_in})
@@ -344,6 +345,7 @@ def build_training_graph(
                       for index, output, gradient in zip(seeded_indices, seeded, yield_outputs)]
             share_shape_values(adjoint, {yield_node.name: shaped}, keep=frozenset({YIELD_OP_TYPE}),
                                declared=forward_value_info, cut=yield_node.name)
+            padded_sums_as_concats(adjoint, {yield_node.name: shaped}, keep=frozenset({YIELD_OP_TYPE}))
     return adjoint
 
 

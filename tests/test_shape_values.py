@@ -135,6 +135,37 @@ def test_a_symbol_known_only_later_is_not_read_early():
     np.testing.assert_array_equal(_run(shared, {"x": x})[0], [3, 1, 2])
 
 
+@pytest.mark.parametrize("positions, folded", [([1, -2], True), ([3, 3], False)],
+                         ids=["scatter", "repeated-index"])
+def test_pads_scattered_from_static_comparisons_become_a_constant(positions, folded):
+    """Pads as ortagent's slice gradient writes them over symbolic data: a static extent read off
+    the data, clamped with Less/Greater/Where, scattered into zeros. The pads become a constant
+    (a ScatterElements with a repeated index is left as written, ONNX leaves its result open)."""
+    d = np.float32
+    nodes = [helper.make_node("Shape", ["x"], ["s"], start=1, end=2),
+             helper.make_node("Less", ["s", "i3"], ["small"]),
+             helper.make_node("Greater", ["s", "i3"], ["large"]),
+             helper.make_node("Where", ["small", "s", "i3"], ["low"]),
+             helper.make_node("Where", ["large", "i0v", "low"], ["before"]),
+             helper.make_node("Sub", ["s", "before"], ["after"]),
+             helper.make_node("Concat", ["before", "after"], ["updates"], axis=0),
+             helper.make_node("ScatterElements", ["zeros", "positions", "updates"], ["pads"], axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["y"])]
+    model = tg.make_model(nodes, [tg.tensor("x", d, ["n", 2])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                          helper.make_tensor_value_info("pads", TensorProto.INT64, [4])],
+                          [_ints("i3", [3]), _ints("i0v", [0]), _ints("zeros", [0, 0, 0, 0]),
+                           _ints("positions", positions)], ms_domain=False)
+    shared = onnx.ModelProto()
+    shared.CopyFrom(model)
+    share_shape_values(shared)
+    assert (_count(shared, "ScatterElements") == 0) == folded
+    if folded:
+        assert not any(node.op_type in ("Less", "Greater", "Where", "Shape") for node in shared.graph.node)
+    x = np.arange(8, dtype=d).reshape(4, 2)
+    for got, want in zip(_run(shared, {"x": x}), _run(model, {"x": x})):
+        np.testing.assert_array_equal(got, want)
+
+
 # -- in training graphs (input_symbols_checked) -------------------------------------------------------
 
 def _trainable_forward(d=np.float64):

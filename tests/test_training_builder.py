@@ -767,3 +767,153 @@ def test_gradient_views_let_the_product_write_the_weight_gradient(group, w_shape
     np.testing.assert_array_equal(got[0][0], want[0][0])
     np.testing.assert_array_equal(got[1][0], want[1][0])
     np.testing.assert_array_equal(got[1][1].reshape(w_shape), want[1][1])
+
+
+# -- Softmax of -inf-masked scores (masked_softmax_in_parts) --------------------------------------------
+
+def _masked_softmax_model(opset, filled, axis, filler, dtype):
+    elem = tg._ELEM[np.dtype(dtype)]
+    operands = ["mask", "filler", "s"] if filled == 1 else ["mask", "s", "filler"]
+    nodes = [helper.make_node("Where", operands, ["t"]), helper.make_node("Softmax", ["t"], ["y"], axis=axis)]
+    return helper.make_model(
+        helper.make_graph(nodes, "g", [tg.tensor("s", dtype, ["b", 3, "n", "n"]),
+                                       helper.make_tensor_value_info("mask", TensorProto.BOOL, ["n", "n"])],
+                          [helper.make_tensor_value_info("y", elem, None)],
+                          [numpy_helper.from_array(np.array(filler, dtype), "filler")]),
+        opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("filled, axis", [(1, -1), (2, -1), (1, 2)])
+def test_masked_softmax_is_computed_without_the_masked_exponentials(filled, axis, opset, dtype):
+    """A Softmax of ``Where(mask, -inf, s)`` becomes its parts (no Softmax node left) with the
+    original node's values as onnxruntime computes them: the same zeros at masked positions, NaN
+    in a row masked entirely, and -inf or +inf scores giving what they gave."""
+    import ortagent
+    from ortagent._graph_passes import masked_softmax_in_parts
+
+    model = _masked_softmax_model(opset, filled, axis, -np.inf, dtype)
+    before = model.SerializeToString()
+    assert masked_softmax_in_parts(model) == 1
+    assert not any(node.op_type == "Softmax" for node in model.graph.node)
+    rng = np.random.default_rng(opset + filled)
+    for b, n in [(2, 5), (1, 1), (3, 8)]:
+        s = (rng.standard_normal((b, 3, n, n)) * 4).astype(dtype)
+        mask = ~np.tril(np.ones((n, n), bool)) if filled == 1 else np.tril(np.ones((n, n), bool))
+        s[0, 0, 0, 0] = -np.inf                      # an unmasked -inf score
+        if n > 2:
+            s[-1, 1, 2, 1] = np.inf                  # and a +inf one
+            masked_row = ~np.zeros(n, bool) if filled == 1 else np.zeros(n, bool)
+            mask[1] = masked_row                     # a row masked entirely (axis -1)
+        want = ortagent.InferenceSession(before).run(None, {"s": s, "mask": mask})[0]
+        got = ortagent.InferenceSession(model.SerializeToString()).run(None, {"s": s, "mask": mask})[0]
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(got == 0, want == 0)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("filler", [np.finfo(np.float32).min, np.inf, 0.0])
+def test_softmax_of_a_finite_mask_keeps_its_node(filler):
+    """finfo.min (HF's additive masks): a row masked entirely is uniform, not 0, so the node stays."""
+    from ortagent._graph_passes import masked_softmax_in_parts
+
+    model = _masked_softmax_model(17, 1, -1, filler, np.float32)
+    assert masked_softmax_in_parts(model) == 0
+    assert [node.op_type for node in model.graph.node] == ["Where", "Softmax"]
+
+
+def test_masked_softmax_in_a_training_graph():
+    """Causal attention scores through the training graph: outputs and gradients of the
+    rewritten graph against onnx-ad's graph as generated (optimize=False keeps the Softmax)."""
+    d = np.float32
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((4, 4)) * 0.5).astype(d)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["q"]),
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "xt"], ["s"]),
+             helper.make_node("Where", ["mask", "minus_inf", "s"], ["t"]),
+             helper.make_node("Softmax", ["t"], ["p"], axis=-1),
+             helper.make_node("MatMul", ["p", "x"], ["y"])]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["b", "n", 4]),
+                                    helper.make_tensor_value_info("mask", TensorProto.BOOL, ["n", "n"])],
+                            [tg.tensor("y", d, ["b", "n", 4])],
+                            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(-np.inf, d), "minus_inf")],
+                            ms_domain=False)
+    models = [build_training_graph(forward, ["w"], input_gradients=["x"], optimize=flag) for flag in (True, False)]
+    assert [sum(node.op_type == "Softmax" for node in model.graph.node) for model in models] == [0, 1]
+    x = rng.standard_normal((2, 6, 4)).astype(d)
+    mask = ~np.tril(np.ones((6, 6), bool))
+    g = rng.standard_normal((2, 6, 4)).astype(d)
+    results = [tg.SplitRunner(split_training_graph(model)).run({"x": x, "w": w, "mask": mask}, [g])
+               for model in models]
+    for got, want in zip([*results[0][0], *results[0][1]], [*results[1][0], *results[1][1]]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+# -- Sum of zero-padded pieces as a Concat (simplify_copies) -------------------------------------------
+
+def _padded_sum_model(pieces, fill=0.0, mode="constant"):
+    """Sum over ``pieces`` [(input length along axis 1, pads before, pads after)] of Pad(x_i)."""
+    d = np.float32
+    nodes, inputs, inits = [], [], [numpy_helper.from_array(np.array(fill, d), "fill")]
+    for index, (length, before, after) in enumerate(pieces):
+        inputs.append(tg.tensor(f"x{index}", d, ["b", length, 3]))
+        inits.append(numpy_helper.from_array(np.array([0, before, 0, 0, after, 0], np.int64), f"pads{index}"))
+        nodes.append(helper.make_node("Pad", [f"x{index}", f"pads{index}", "fill"], [f"p{index}"], mode=mode))
+    nodes.append(helper.make_node("Sum", [f"p{index}" for index in range(len(pieces))], ["y"]))
+    return helper.make_model(helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                               inits), opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("pieces, fill, mode, concatenated", [
+    ([(1, 0, 2), (1, 1, 1), (1, 2, 0)], 0.0, "constant", True),      # unbind's gradient
+    ([(2, 3, 0), (3, 0, 2)], 0.0, "constant", True),                 # out of order, uneven
+    ([(1, 0, 2), (1, 2, 0)], 0.0, "constant", False),                # a gap
+    ([(2, 0, 1), (2, 1, 0)], 0.0, "constant", False),                # an overlap
+    ([(1, 0, 1), (1, 1, 0)], 1.0, "constant", False),                # padded with ones
+    ([(1, 0, 1), (1, 1, 0)], 0.0, "edge", False),                    # not zeros
+])
+def test_sum_of_padded_pieces_becomes_a_concat(pieces, fill, mode, concatenated):
+    """A Sum of pieces zero-padded along one axis that tile it is their Concat, with the same
+    values; gaps, overlaps and other padding are left as they are."""
+    import ortagent
+    from ortagent._graph_passes import simplify_copies
+
+    model = _padded_sum_model(pieces, fill, mode)
+    before = model.SerializeToString()
+    simplify_copies(model)
+    kinds = [node.op_type for node in model.graph.node]
+    assert (kinds == ["Concat"]) == concatenated, kinds
+    rng = np.random.default_rng(len(pieces))
+    for batch in (1, 4):
+        feeds = {f"x{index}": rng.standard_normal((batch, length, 3)).astype(np.float32)
+                 for index, (length, _, _) in enumerate(pieces)}
+        want = ortagent.InferenceSession(before).run(None, feeds)[0]
+        got = ortagent.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_unbind_gradient_is_a_concat():
+    """``q, k, v = x.unbind(1)`` as Slice + Squeeze: the gradient of x is one Concat of the three
+    slices' gradients (no Pad), equal to the graph as generated."""
+    d = np.float32
+    nodes, inits = [], [numpy_helper.from_array(np.array([1], np.int64), "axis")]
+    for index, name in enumerate("qkv"):
+        inits += [numpy_helper.from_array(np.array([index], np.int64), f"start{index}"),
+                  numpy_helper.from_array(np.array([index + 1], np.int64), f"end{index}")]
+        nodes += [helper.make_node("Slice", ["x", f"start{index}", f"end{index}", "axis"], [f"{name}_slice"]),
+                  helper.make_node("Squeeze", [f"{name}_slice", "axis"], [name])]
+    nodes += [helper.make_node("Mul", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["y"])]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, [4, 3, 5])], [tg.tensor("y", d, [4, 5])], inits,
+                            ms_domain=False)
+    models = [build_training_graph(forward, [], input_gradients=["x"], optimize=flag) for flag in (True, False)]
+    kinds = [[node.op_type for node in model.graph.node] for model in models]
+    assert "Pad" not in kinds[0] and "Concat" in kinds[0] and "Pad" in kinds[1]
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 3, 5)).astype(d)
+    g = rng.standard_normal((4, 5)).astype(d)
+    (got,), (want,) = [tg.SplitRunner(split_training_graph(model)).run({"x": x}, [g])[1] for model in models]
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, np.stack([g * x[:, 1], g * x[:, 0], g], axis=1), rtol=1e-6)

@@ -510,12 +510,16 @@ def _check_exported(model: Any, training: bool) -> None:
 
 
 def inference_model(model: Any) -> Any:
-    """The forward model as onnxruntime runs it: StopGradient markers become Identity."""
+    """The forward model as onnxruntime runs it: StopGradient markers become Identity, and a
+    Softmax of scores masked with -inf is computed in parts (see
+    :func:`ortagent._graph_passes.masked_softmax_in_parts`), as in the training graph."""
     import onnx
 
     from ortagent import _ad_rules
+    from ortagent._graph_passes import masked_softmax_in_parts
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     _ad_rules.finish(copy)
+    masked_softmax_in_parts(copy)
     return copy
