@@ -59,6 +59,14 @@ amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 specification's function body, in which it cannot place its seed axis): see
 :func:`_nll_loss_reverse`.
 
+``LayerNormalization`` over float32 (opset 17 and up) reports its ``Mean`` and ``InvStdDev``:
+:func:`prepare` names those outputs where the node leaves them out, and the reverse rule
+standardizes the input with them (``(x - mean) * inv_std``, two passes) where onnx-ad's
+computed the statistics again (two reductions and five more passes over the input); the
+gradient's formula is onnx-ad's (see :func:`_layer_norm_reverse_or_from_statistics`).
+
+``HardSwish``'s derivative is replaced by torch's (see :func:`_hard_swish_derivative`).
+
 ``ReduceMean``'s rule divides by the reduced count as ``Size(x) / max(Size(y), 1)``, so
 that a mean over an empty batch runs (see :func:`_reduce_reverse_or_empty_mean`).
 
@@ -95,7 +103,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, ValueInfoProto
 
-from ._onnx_graph import walk_graphs
+from ._onnx_graph import NameAllocator, all_value_names, walk_graphs
 from .errors import OrtNotImplemented
 
 __all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "prepare", "finish", "uses_private_ops",
@@ -894,6 +902,70 @@ def _batch_norm_by_inference_node(node, opset: int, make, name) -> list:
                          epsilon=_batch_norm_epsilon(node))]
 
 
+def _layer_norm_reverse_or_from_statistics(rule):
+    """onnx-ad's LayerNormalization rule, with the statistics the forward node reports (named by
+    :func:`prepare`): with ``x_hat = (x - mean) * inv_std`` and ``g = dY * scale``, ``dX = inv_std
+    * (g - mean(g) - x_hat * mean(g * x_hat))`` over the normalized axes, ``dscale = sum(dY *
+    x_hat)`` and ``dB = sum(dY)`` over the others (onnx-ad's reverse, the same nodes after the
+    statistics)."""
+    def reverse(ctx, node, grads):
+        x = node.input[0]
+        rank = ctx.rank(x)
+        if len(node.output) < 3 or not node.output[1] or not node.output[2] or rank is None \
+                or any(grad is not None for grad in grads[1:]):
+            return rule(ctx, node, grads)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1) % rank
+        axes = list(range(axis, rank))
+        inv_std = node.output[2]
+        standardized = ctx.b.op("Mul", [ctx.b.op("Sub", [x, node.output[1]]), inv_std], stem="standardized")
+        seeded = ctx.full(grads[0], node.output[0])
+        has_scale, has_bias = len(node.input) > 1 and bool(node.input[1]), len(node.input) > 2 and bool(node.input[2])
+        scaled = ctx.b.op("Mul", [seeded, ctx.lift(node.input[1])]) if has_scale else seeded
+        centered = ctx.b.op("Sub", [scaled, ctx.reduce_mean(scaled, axes)])
+        projection = ctx.b.op("Mul", [ctx.lift(standardized), ctx.reduce_mean(
+            ctx.b.op("Mul", [ctx.lift(standardized), scaled]), axes)])
+        contributions = [ctx.b.op("Mul", [ctx.lift(inv_std), ctx.b.op("Sub", [centered, projection])])]
+        if has_scale:
+            contributions.append(ctx.unbroadcast(ctx.b.op("Mul", [seeded, ctx.lift(standardized)]), rank,
+                                                 node.input[1]))
+        if has_bias:
+            contributions.append(ctx.unbroadcast(seeded, rank, node.input[2]))
+        return contributions
+    return reverse
+
+
+def _hard_swish_derivative(ctx, node, x, y, dtype):
+    """HardSwish's derivative as torch's ``hardswish_backward`` takes it: 0 up to -3 (included),
+    ``x / 3 + 1/2`` between -3 and 3, 1 from 3 on (and at NaN, as torch's scalar path; its
+    vectorized path gives NaN). onnx-ad's (``hard_sigmoid(x) + x * slope``, the same values at
+    the knees) recomputes the HardSigmoid with its clipping and takes two passes more over the
+    input."""
+    line = ctx.b.op("Add", [ctx.b.op("Div", [x, ctx.constant(3.0, dtype)]), ctx.constant(0.5, dtype)])
+    inside = ctx.b.op("Where", [ctx.b.op("Greater", [x, ctx.constant(-3.0, dtype)]), line, ctx.constant(0.0, dtype)])
+    return ctx.b.op("Where", [ctx.b.op("Less", [x, ctx.constant(3.0, dtype)]), inside, ctx.constant(1.0, dtype)],
+                    stem="hard_swish_slope")
+
+
+def _report_layer_norm_statistics(model: ModelProto, known: dict[str, ValueInfoProto]) -> None:
+    """Name the ``Mean`` and ``InvStdDev`` outputs of float32 LayerNormalization nodes (opset 17
+    and up) that leave them out, for the reverse rule to read (float32: both are float32 then,
+    whatever the ``stash_type``)."""
+    if _default_opset(model) < 17:
+        return
+    names = NameAllocator(all_value_names(model.graph))
+    for node in model.graph.node:
+        source = known.get(node.input[0]) if node.input else None
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx") or source is None \
+                or source.type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+            continue
+        outputs = list(node.output) + [""] * (3 - len(node.output))
+        for index, stem in ((1, "mean"), (2, "inv_std")):
+            if not outputs[index]:
+                outputs[index] = names.fresh(f"{node.name or node.output[0]}_{stem}")
+        del node.output[:]
+        node.output.extend(outputs)
+
+
 def _register() -> None:
     global _registered
     with _lock:
@@ -923,6 +995,9 @@ def _register() -> None:
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])
+        rules.DERIVATIVE["HardSwish"] = _hard_swish_derivative    # replaces onnx-ad's (torch's ties)
+        rules.REVERSE["LayerNormalization"] = _layer_norm_reverse_or_from_statistics(
+            rules.REVERSE["LayerNormalization"])
         for extremum in ("Max", "Min"):
             rules.REVERSE[extremum] = _extremum_reverse_or_halved(rules.REVERSE[extremum])
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
@@ -1024,6 +1099,8 @@ def prepare(model: ModelProto) -> None:
                 convolutions.append((node, CONVOLUTION_TRANSPOSE))
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     _declare_inverses(model)
+    if any(node.op_type == "LayerNormalization" for node in model.graph.node):
+        _report_layer_norm_statistics(model, _known_types(model))
     if not convolutions and not uses_private_ops(model):
         return
     known = _known_types(model)

@@ -95,6 +95,22 @@ def test_number_bounds_pass_no_gradient_at_the_bound(case):
     _assert_same(function, _ties(5, 7))
 
 
+@pytest.mark.parametrize("case", ["hardswish", "nn_hardswish_scaled", "hardswish_infinite"])
+def test_hardswish_takes_torch_slope_at_its_knees(case):
+    """torch's hardswish_backward: 0 up to -3 included, x / 3 + 1/2 between, 1 from 3 on; the
+    values of -4..4 hit both knees and each piece. (At NaN torch's own kernel disagrees with
+    itself: 1 on its scalar path, NaN on its vectorized one; not compared.)"""
+    import torch
+    import torch.nn.functional as F
+
+    x = _ties(5, 7, low=-4, high=5)
+    if case == "hardswish_infinite":
+        x[0, :2] = torch.tensor([float("inf"), -float("inf")])
+    function = {"hardswish": F.hardswish, "hardswish_infinite": F.hardswish,
+                "nn_hardswish_scaled": lambda x: torch.nn.Hardswish()(x * 1.5)}[case]
+    _assert_same(function, x)
+
+
 def test_hardtanh_keeps_the_gradient_of_nan_as_torch():
     import torch
     import torch.nn.functional as F

@@ -917,3 +917,53 @@ def test_unbind_gradient_is_a_concat():
     (got,), (want,) = [tg.SplitRunner(split_training_graph(model)).run({"x": x}, [g])[1] for model in models]
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, np.stack([g * x[:, 1], g * x[:, 0], g], axis=1), rtol=1e-6)
+
+
+# -- LayerNormalization's gradient from the statistics its forward reports -------------------------------
+
+def _layer_norm_reference(x, scale, bias, dy, axis, eps):
+    """dX, dScale, dB of LayerNormalization, in float64 numpy."""
+    axes = tuple(range(axis, x.ndim))
+    lead = tuple(range(axis))
+    mean = x.mean(axis=axes, keepdims=True)
+    inv_std = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + eps)
+    x_hat = (x - mean) * inv_std
+    g = dy * scale
+    dx = inv_std * (g - g.mean(axis=axes, keepdims=True) - x_hat * (g * x_hat).mean(axis=axes, keepdims=True))
+    return dx, (dy * x_hat).sum(axis=lead), dy.sum(axis=lead)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("axis, bias", [(-1, True), (1, True), (2, False)])
+def test_layer_norm_gradient_reads_the_forward_statistics(axis, bias, dtype):
+    """A float32 LayerNormalization reports its Mean and InvStdDev, and the backward reads them
+    instead of computing the statistics again (two ReduceMeans per LayerNorm, not four); float64
+    keeps onnx-ad's rule. Gradients against numpy in float64."""
+    rng = np.random.default_rng(abs(axis) + 3 * bias)
+    shape = (3, 4, 5)
+    normalized = shape[axis % 3:]
+    scale = (rng.standard_normal(normalized) + 1).astype(dtype)
+    b = rng.standard_normal(normalized).astype(dtype)
+    inputs = ["x", "scale", "b"] if bias else ["x", "scale"]
+    forward = tg.make_model([helper.make_node("LayerNormalization", inputs, ["y"], axis=axis, epsilon=1e-3)],
+                            [tg.tensor("x", dtype, ["n", 4, 5])], [tg.tensor("y", dtype, ["n", 4, 5])],
+                            [numpy_helper.from_array(scale, "scale"), numpy_helper.from_array(b, "b")][:len(inputs) - 1],
+                            ms_domain=False, opset=17)
+    model = build_training_graph(forward, inputs[1:], input_gradients=["x"])
+    norm = next(node for node in model.graph.node if node.op_type == "LayerNormalization")
+    split = split_training_graph(model)
+    reductions = sum(node.op_type == "ReduceMean" for node in split.backward_model.graph.node)
+    if dtype == np.float32:
+        assert len([name for name in norm.output if name]) == 3 and reductions == 2
+    else:
+        assert len([name for name in norm.output if name]) == 1 and reductions == 4
+    x = rng.standard_normal(shape).astype(dtype) * 2 + 1
+    dy = rng.standard_normal(shape).astype(dtype)
+    feeds = {"x": x, "scale": scale, "b": b}
+    outputs, grads = tg.SplitRunner(split).run({k: feeds[k] for k in inputs}, [dy])
+    want = _layer_norm_reference(x.astype(np.float64), scale.astype(np.float64), None, dy.astype(np.float64),
+                                 axis % 3, 1e-3)
+    tolerance = 2e-5 if dtype == np.float32 else 1e-10
+    assert len(grads) == len(inputs)            # (x's first, then the trainables in order)
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
