@@ -260,6 +260,12 @@ def test_gpt_block_tied_head():
                                       lambda step: (idx,), loss, steps=2)
     assert bridged.module.head.weight is bridged.module.wte.weight
     assert errors["grad"] < 1e-5
+    # eval mode runs the inference graph, its -inf-masked Softmax computed in parts as in training
+    eager.eval()
+    bridged.eval()
+    with torch.no_grad():
+        longer = torch.randint(0, 23, (3, 8), generator=torch.Generator().manual_seed(2))
+        torch.testing.assert_close(bridged(longer), eager(longer), rtol=1e-5, atol=1e-5)
 
 
 def test_dropout_statistics_and_seed_reproducibility():
