@@ -301,8 +301,25 @@ def build_training_graph(
             helper.make_attribute("non_differentiable_outputs", sorted(non_diff), attr_type=AttributeProto.INTS)
         )
     extra_nodes.append(yield_node)
-    for output_name, gradient in zip(seeded, yield_outputs):
-        extra_nodes.append(_axis_op("Unsqueeze", gradient, prefix + output_name, last_axis, opset))
+    seeded_indices = [index for index in range(output_count) if index not in non_diff]
+    seed_stand_ins: dict[str, list] = {}
+    for index, output_name, gradient in zip(seeded_indices, seeded, yield_outputs):
+        seed = prefix + output_name
+        if index in full_shape:
+            extra_nodes.append(_axis_op("Unsqueeze", gradient, seed, last_axis, opset))
+            continue
+        # a gradient that may be broadcast (outside full_shape_outputs) is expanded to its
+        # output's shape: the autodiff's rules take every seed for full-shaped (a bias's gradient
+        # summed the rows the gradient has, not the rows the output has)
+        lifted, dims, target = (names.fresh(f"ortagent_{output_name}_{stem}") for stem in ("lifted", "dims", "target"))
+        unit = names.fresh("ortagent_unit_axis")
+        result_graph.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), unit))
+        expand = helper.make_node("Expand", [lifted, target], [seed], name=names.fresh("ortagent_full_gradient"))
+        extra_nodes += [_axis_op("Unsqueeze", gradient, lifted, last_axis, opset),
+                        helper.make_node("Shape", [output_name], [dims]),
+                        helper.make_node("Concat", [dims, unit], [target], axis=0), expand]
+        # (for shape inference, the expanded seed is its output's shape and the seed axis)
+        seed_stand_ins[expand.name] = [_axis_op("Unsqueeze", output_name, seed, last_axis, opset)]
     for adjoint_name, gradient in zip(adjoint_names, gradient_outputs):
         extra_nodes.append(_axis_op("Squeeze", adjoint_name, gradient, last_axis, opset))
     if opset >= 13:
@@ -329,23 +346,21 @@ def build_training_graph(
     adjoint.ir_version = model.ir_version
     if optimize:
         # for shape inference only, the YieldOp passes each module output on as its gradient
-        # (full_shape_outputs: same shapes)
-        stand_in = [helper.make_node("Identity", [output], [gradient])
-                    for output, gradient in zip(seeded, yield_outputs)]
+        # where the gradient has the output's shape (full_shape_outputs); a gradient that may be
+        # broadcast has no known shape: its stand-in copies a value that nothing defines, so no
+        # shape is inferred for it or for what it reaches (given the output's shape, the passes
+        # took the autodiff's Expand of it to that shape for a no-op)
+        unknown = NameAllocator(all_value_names(adjoint.graph)).fresh("ortagent_unknown_shape")
+        stand_in = [helper.make_node("Identity", [output if index in full_shape else unknown], [gradient])
+                    for index, output, gradient in zip(seeded_indices, seeded, yield_outputs)]
+        stand_ins = {yield_node.name: stand_in, **seed_stand_ins}
+        kept = frozenset({YIELD_OP_TYPE})
         masked_softmax_in_parts(adjoint)
-        simplify_copies(adjoint, {yield_node.name: stand_in}, keep=frozenset({YIELD_OP_TYPE}),
-                        output_views=gradient_outputs if gradient_views else ())
-        reductions_without_unit_tail(adjoint, {yield_node.name: stand_in})
+        simplify_copies(adjoint, stand_ins, keep=kept, output_views=gradient_outputs if gradient_views else ())
+        reductions_without_unit_tail(adjoint, stand_ins)
         if input_symbols_checked:
-            # a gradient that may be broadcast has no known shape: its stand-in copies a value
-            # that nothing defines, so no shape is inferred for it or for what it reaches
-            unknown = NameAllocator(all_value_names(adjoint.graph)).fresh("ortagent_unknown_shape")
-            seeded_indices = [index for index in range(output_count) if index not in non_diff]
-            shaped = [helper.make_node("Identity", [output if index in full_shape else unknown], [gradient])
-                      for index, output, gradient in zip(seeded_indices, seeded, yield_outputs)]
-            share_shape_values(adjoint, {yield_node.name: shaped}, keep=frozenset({YIELD_OP_TYPE}),
-                               declared=forward_value_info, cut=yield_node.name)
-            padded_sums_as_concats(adjoint, {yield_node.name: shaped}, keep=frozenset({YIELD_OP_TYPE}))
+            share_shape_values(adjoint, stand_ins, keep=kept, declared=forward_value_info, cut=yield_node.name)
+            padded_sums_as_concats(adjoint, stand_ins, keep=kept)
     return adjoint
 
 

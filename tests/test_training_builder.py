@@ -967,3 +967,46 @@ def test_layer_norm_gradient_reads_the_forward_statistics(axis, bias, dtype):
     assert len(grads) == len(inputs)            # (x's first, then the trainables in order)
     for got, expected in zip(grads, want):
         np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+
+
+# -- gradients of outputs outside full_shape_outputs ------------------------------------------------------
+
+def _broadcast_gradient_forward(kind, d=np.float64):
+    rng = np.random.default_rng(7)
+    w, b = rng.standard_normal((4, 5)), rng.standard_normal(5)
+    nodes = {"bias": [helper.make_node("Add", ["x", "b"], ["y"])],
+             "matmul": [helper.make_node("MatMul", ["x", "w"], ["y"])],
+             "transpose": [helper.make_node("MatMul", ["x", "w"], ["h"]),
+                           helper.make_node("Transpose", ["h"], ["y"], perm=[1, 0])],
+             "flatten": [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "flat"], ["y"])]}[kind]
+    width = 5 if kind == "bias" else 4
+    y_shape = {"bias": ["n", 5], "matmul": ["n", 5], "transpose": [5, "n"], "flatten": ["m"]}[kind]
+    forward = tg.make_model(nodes, [tg.tensor("x", d, ["n", width])], [tg.tensor("y", d, y_shape)],
+                            [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+                             numpy_helper.from_array(np.array([-1], np.int64), "flat")], ms_domain=False)
+    return forward, {"w": w, "b": b}, width, ["b"] if kind == "bias" else ["w"]
+
+
+@pytest.mark.parametrize("optimize", [True, False], ids=["optimized", "as-generated"])
+@pytest.mark.parametrize("kind", ["bias", "matmul", "transpose", "flatten"])
+def test_a_broadcast_gradient_is_expanded_to_its_output(kind, optimize):
+    """An output outside full_shape_outputs may get a gradient that only broadcasts to it (a
+    scalar, a row): the results are those of the gradient broadcast to the output's shape. The
+    autodiff's rules take every seed for full-shaped: before, a bias's gradient summed the
+    gradient's one row instead of the output's three, and products and views of the gradient
+    failed in onnxruntime."""
+    forward, params, width, trainable = _broadcast_gradient_forward(kind)
+    model = build_training_graph(forward, trainable, input_gradients=["x"], full_shape_outputs=[], optimize=optimize)
+    runner = tg.SplitRunner(split_training_graph(model))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, width))
+    feeds = {"x": x, **{name: params[name] for name in trainable}}
+    (y,), _ = runner.run(feeds, [np.ones((3, 5)).T if kind == "transpose" else np.ones(15 if kind == "flatten" else (3, 5))])
+    shapes = [(), (1,)] + ([(1, 1), (1, y.shape[1]), (y.shape[0], 1)] if y.ndim == 2 else [])
+    for shape in shapes:
+        g = rng.standard_normal(shape)
+        _, got = runner.run(feeds, [g])
+        _, want = runner.run(feeds, [np.ascontiguousarray(np.broadcast_to(g, y.shape))])
+        for a, e in zip(got, want):
+            assert a.shape == e.shape
+            np.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
