@@ -63,7 +63,7 @@ specification's function body, in which it cannot place its seed axis): see
 :func:`prepare` names those outputs where the node leaves them out, and the reverse rule
 standardizes the input with them (``(x - mean) * inv_std``, two passes) where onnx-ad's
 computed the statistics again (two reductions and five more passes over the input); the
-gradient's formula is onnx-ad's (see :func:`_layer_norm_reverse_or_from_statistics`).
+gradient's formula is onnx-ad's (see :func:`_layer_norm_parts_from_statistics`).
 
 ``HardSwish``'s derivative is replaced by torch's (see :func:`_hard_swish_derivative`).
 
@@ -902,36 +902,21 @@ def _batch_norm_by_inference_node(node, opset: int, make, name) -> list:
                          epsilon=_batch_norm_epsilon(node))]
 
 
-def _layer_norm_reverse_or_from_statistics(rule):
-    """onnx-ad's LayerNormalization rule, with the statistics the forward node reports (named by
-    :func:`prepare`): with ``x_hat = (x - mean) * inv_std`` and ``g = dY * scale``, ``dX = inv_std
-    * (g - mean(g) - x_hat * mean(g * x_hat))`` over the normalized axes, ``dscale = sum(dY *
-    x_hat)`` and ``dB = sum(dY)`` over the others (onnx-ad's reverse, the same nodes after the
-    statistics)."""
-    def reverse(ctx, node, grads):
+def _layer_norm_parts_from_statistics(parts):
+    """onnx-ad's LayerNormalization statistics step ``parts(ctx, node) -> (axes, standardized,
+    inv_std)``, reading the ``Mean`` and ``InvStdDev`` the forward node reports (named by
+    :func:`prepare`) instead of computing both again: ``standardized = (x - mean) * inv_std``.
+    A node without them keeps onnx-ad's computation; the rule's gradient formula is onnx-ad's."""
+    def from_statistics(ctx, node):
         x = node.input[0]
         rank = ctx.rank(x)
-        if len(node.output) < 3 or not node.output[1] or not node.output[2] or rank is None \
-                or any(grad is not None for grad in grads[1:]):
-            return rule(ctx, node, grads)
+        if len(node.output) < 3 or not node.output[1] or not node.output[2] or rank is None:
+            return parts(ctx, node)
         axis = next((a.i for a in node.attribute if a.name == "axis"), -1) % rank
-        axes = list(range(axis, rank))
         inv_std = node.output[2]
         standardized = ctx.b.op("Mul", [ctx.b.op("Sub", [x, node.output[1]]), inv_std], stem="standardized")
-        seeded = ctx.full(grads[0], node.output[0])
-        has_scale, has_bias = len(node.input) > 1 and bool(node.input[1]), len(node.input) > 2 and bool(node.input[2])
-        scaled = ctx.b.op("Mul", [seeded, ctx.lift(node.input[1])]) if has_scale else seeded
-        centered = ctx.b.op("Sub", [scaled, ctx.reduce_mean(scaled, axes)])
-        projection = ctx.b.op("Mul", [ctx.lift(standardized), ctx.reduce_mean(
-            ctx.b.op("Mul", [ctx.lift(standardized), scaled]), axes)])
-        contributions = [ctx.b.op("Mul", [ctx.lift(inv_std), ctx.b.op("Sub", [centered, projection])])]
-        if has_scale:
-            contributions.append(ctx.unbroadcast(ctx.b.op("Mul", [seeded, ctx.lift(standardized)]), rank,
-                                                 node.input[1]))
-        if has_bias:
-            contributions.append(ctx.unbroadcast(seeded, rank, node.input[2]))
-        return contributions
-    return reverse
+        return list(range(axis, rank)), standardized, inv_std
+    return from_statistics
 
 
 def _hard_swish_derivative(ctx, node, x, y, dtype):
@@ -996,8 +981,8 @@ def _register() -> None:
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])
         rules.DERIVATIVE["HardSwish"] = _hard_swish_derivative    # replaces onnx-ad's (torch's ties)
-        rules.REVERSE["LayerNormalization"] = _layer_norm_reverse_or_from_statistics(
-            rules.REVERSE["LayerNormalization"])
+        # (onnx-ad's LayerNormalization rules look their statistics step up by this name)
+        rules._layer_norm_parts = _layer_norm_parts_from_statistics(rules._layer_norm_parts)
         for extremum in ("Max", "Min"):
             rules.REVERSE[extremum] = _extremum_reverse_or_halved(rules.REVERSE[extremum])
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
@@ -1099,11 +1084,14 @@ def prepare(model: ModelProto) -> None:
                 convolutions.append((node, CONVOLUTION_TRANSPOSE))
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     _declare_inverses(model)
-    if any(node.op_type == "LayerNormalization" for node in model.graph.node):
-        _report_layer_norm_statistics(model, _known_types(model))
+    normalizing = any(node.op_type == "LayerNormalization" for node in model.graph.node)
+    if not normalizing and not convolutions and not uses_private_ops(model):
+        return
+    known = _known_types(model)     # (the statistics' new outputs change no type read below)
+    if normalizing:
+        _report_layer_norm_statistics(model, known)
     if not convolutions and not uses_private_ops(model):
         return
-    known = _known_types(model)
     for node, private in convolutions:
         node.op_type = private
         node.domain = DOMAIN
