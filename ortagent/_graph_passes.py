@@ -253,7 +253,7 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset, 
     names = NameAllocator(all_value_names(graph))
     producers = {out: node for node in graph.node for out in node.output if out}
     initializers = {init.name: init for init in graph.initializer}
-    constants = constant_values(graph)
+    constants = None            # (read only when a Sum adds Pad results)
     count = 0
     nodes: list[onnx.NodeProto] = []
     uses: dict[str, int] = {}
@@ -293,7 +293,8 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset, 
                 shape_name, init = _constant(names, "ortagent_view_shape", out_shape)
                 graph.initializer.append(init)
                 replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
-        if node.domain in ("", "ai.onnx") and node.op_type == "Sum":
+        if _adds_pads(node, producers):
+            constants = constant_values(graph) if constants is None else constants
             replacement = _padded_sum_as_concat(node, shapes, producers, constants)
         if replacement is None and node.domain in ("", "ai.onnx") and node.op_type in _BROADCASTING:
             count += _full_rank_scalars(node, shapes, names, graph, initializers, nodes)
@@ -584,8 +585,7 @@ def padded_sums_as_concats(model: ModelProto, stand_ins: dict | None = None, kee
     inference runs only when some ``Sum`` adds ``Pad`` results."""
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output if out}
-    candidates = [node for node in graph.node if node.op_type == "Sum" and node.domain in ("", "ai.onnx")
-                  and all(getattr(producers.get(name), "op_type", None) == "Pad" for name in node.input)]
+    candidates = [node for node in graph.node if _adds_pads(node, producers)]
     if not candidates:
         return 0
     shapes, constants = known_shapes(model, stand_ins), constant_values(graph)
@@ -599,6 +599,13 @@ def padded_sums_as_concats(model: ModelProto, stand_ins: dict | None = None, kee
     if count:
         _drop_dead(graph, list(graph.node), keep)
     return count
+
+
+def _adds_pads(node, producers: dict) -> bool:
+    """A ``Sum`` whose every input is a ``Pad`` result: the candidates of
+    :func:`_padded_sum_as_concat`."""
+    return node.op_type == "Sum" and node.domain in ("", "ai.onnx") and \
+        all(getattr(producers.get(name), "op_type", None) == "Pad" for name in node.input)
 
 
 def _padded_sum_as_concat(node, shapes: dict, producers: dict, constants: dict):
@@ -717,11 +724,11 @@ def masked_softmax_in_parts(model: ModelProto) -> int:
     producers = {out: node for node in graph.node for out in node.output if out}
     constants = constant_values(graph)
     names = NameAllocator(all_value_names(graph))
-    zeros: dict[int, str] = {}
+    shared: dict[tuple, str] = {}       # one zero per element type, one axes operand per axis
     nodes: list = []
     count = 0
     for node in graph.node:
-        parts = _masked_softmax_parts(node, producers, constants, names, graph, zeros, opset)
+        parts = _masked_softmax_parts(node, producers, constants, names, graph, shared, opset)
         if parts is None:
             nodes.append(node)
         else:
@@ -733,7 +740,7 @@ def masked_softmax_in_parts(model: ModelProto) -> int:
     return count
 
 
-def _masked_softmax_parts(node, producers, constants, names, graph, zeros, opset) -> list | None:
+def _masked_softmax_parts(node, producers, constants, names, graph, shared, opset) -> list | None:
     if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
         return None
     where = producers.get(node.input[0])
@@ -743,20 +750,16 @@ def _masked_softmax_parts(node, producers, constants, names, graph, zeros, opset
                   None)
     if filled is None:
         return None
-    element_type = helper.np_dtype_to_tensor_dtype(constants[where.input[filled]].dtype)
-    if element_type not in zeros:
-        zeros[element_type] = names.fresh("ortagent_softmax_zero")
-        graph.initializer.append(numpy_helper.from_array(
-            np.zeros((), helper.tensor_dtype_to_np_dtype(element_type)), zeros[element_type]))
+    dtype = constants[where.input[filled]].dtype
+    zero = _shared_constant(shared, graph, names, "ortagent_softmax_zero", np.zeros((), dtype))
     axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    axes, init = _constant(names, "ortagent_softmax_axis", [axis])
-    graph.initializer.append(init)
+    axes = _shared_constant(shared, graph, names, "ortagent_softmax_axis", np.array([axis], np.int64))
     stem = node.output[0]
     part = lambda suffix: names.fresh(f"{stem}_{suffix}")      # noqa: E731
     t, mask = node.input[0], where.input[0]
 
     def masked_to_zero(value, out):
-        operands = [mask, zeros[element_type], value] if filled == 1 else [mask, value, zeros[element_type]]
+        operands = [mask, zero, value] if filled == 1 else [mask, value, zero]
         return helper.make_node("Where", operands, [out])
 
     largest, shifted, kept, exponential, masked, total = (part(suffix) for suffix in (
@@ -770,6 +773,16 @@ def _masked_softmax_parts(node, producers, constants, names, graph, zeros, opset
             masked_to_zero(exponential, masked),
             helper.make_node("ReduceSum", [masked, axes], [total], keepdims=1),
             helper.make_node("Div", [masked, total], list(node.output), name=node.name)]
+
+
+def _shared_constant(shared: dict, graph, names, stem: str, value: np.ndarray) -> str:
+    """The name of an initializer holding ``value``, added to ``graph`` the first time a pass
+    asks for that value (``shared`` remembers them)."""
+    key = (value.dtype.str, value.shape, value.tobytes())
+    if key not in shared:
+        shared[key] = names.fresh(stem)
+        graph.initializer.append(numpy_helper.from_array(value, shared[key]))
+    return shared[key]
 
 
 def _all_negative_infinity(value) -> bool:

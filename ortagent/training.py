@@ -303,6 +303,7 @@ def build_training_graph(
     extra_nodes.append(yield_node)
     seeded_indices = [index for index in range(output_count) if index not in non_diff]
     seed_stand_ins: dict[str, list] = {}
+    unit = None                         # (the [1] appended to an output's shape, one for all)
     for index, output_name, gradient in zip(seeded_indices, seeded, yield_outputs):
         seed = prefix + output_name
         if index in full_shape:
@@ -312,8 +313,9 @@ def build_training_graph(
         # output's shape: the autodiff's rules take every seed for full-shaped (a bias's gradient
         # summed the rows the gradient has, not the rows the output has)
         lifted, dims, target = (names.fresh(f"ortagent_{output_name}_{stem}") for stem in ("lifted", "dims", "target"))
-        unit = names.fresh("ortagent_unit_axis")
-        result_graph.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), unit))
+        if unit is None:
+            unit = names.fresh("ortagent_unit_axis")
+            result_graph.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), unit))
         expand = helper.make_node("Expand", [lifted, target], [seed], name=names.fresh("ortagent_full_gradient"))
         extra_nodes += [_axis_op("Unsqueeze", gradient, lifted, last_axis, opset),
                         helper.make_node("Shape", [output_name], [dims]),

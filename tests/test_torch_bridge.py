@@ -968,6 +968,31 @@ def test_declared_shapes_that_contradict_onnx_inference_are_replaced():
     onnx.checker.check_model(model)
 
 
+def test_exports_share_one_table_of_translations(monkeypatch):
+    """torch.onnx's table of translations (torchlib's and ours) is built once per process, not
+    on every export; where the exporter's entry point that takes one is missing, the public
+    torch.onnx.export makes the same graph."""
+    torch = _torch()
+    from torch.onnx._internal.exporter import _registration
+
+    from ortagent.torch import _export
+
+    x = torch.randn(2, 20)
+    _export.export(_mlp(), _export._trees.flatten(((x,), {}), "the arguments"))           # (the table exists now)
+    built = []
+    original = _registration.ONNXRegistry.from_torchlib
+    monkeypatch.setattr(_registration.ONNXRegistry, "from_torchlib",
+                        classmethod(lambda cls, *a, **k: built.append(1) or original(*a, **k)))
+    module = _cnn()
+    inputs = _export._trees.flatten(((torch.randn(2, 3, 8, 8),), {}), "the arguments")
+    shared, _ = _export.export(module, inputs)
+    assert built == []
+    monkeypatch.setattr(_export, "_exporter_core", lambda: None)
+    public, _ = _export.export(module, inputs)
+    assert built == [1]
+    assert shared.model.graph == public.model.graph
+
+
 def test_default_sessions_do_not_spin_and_given_options_are_kept():
     """Without session options, ORTModule's sessions let onnxruntime's intra-op threads sleep
     between runs (spinning threads take the CPUs torch's own threads need in the same step);

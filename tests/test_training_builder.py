@@ -824,6 +824,36 @@ def test_softmax_of_a_finite_mask_keeps_its_node(filler):
     assert [node.op_type for node in model.graph.node] == ["Where", "Softmax"]
 
 
+def test_masked_softmaxes_share_their_constants():
+    """Attention layers share one zero per element type and one axes operand per axis, not a
+    pair of initializers per Softmax; the values are each Softmax's own."""
+    import ortagent
+    from ortagent._graph_passes import masked_softmax_in_parts
+
+    model = _masked_softmax_model(18, 1, -1, -np.inf, np.float32)
+    graph = model.graph
+    graph.node.extend([helper.make_node("Mul", ["t", "two"], ["t2"]),
+                       helper.make_node("Softmax", ["t2"], ["y2"], axis=-1),
+                       helper.make_node("Where", ["mask", "filler", "y2"], ["t3"]),
+                       helper.make_node("Softmax", ["t3"], ["y3"], axis=-1),
+                       helper.make_node("Where", ["mask", "filler", "y3"], ["t4"]),
+                       helper.make_node("Softmax", ["t4"], ["y4"], axis=2)])
+    graph.initializer.append(numpy_helper.from_array(np.array(2, np.float32), "two"))
+    graph.output.extend([helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y4",)])
+    before = model.SerializeToString()
+    assert masked_softmax_in_parts(model) == 3          # (t2 is not a Where: its Softmax stays)
+    added = [init.name for init in graph.initializer if init.name.startswith("ortagent_softmax")]
+    assert sorted(name.rsplit("_", 1)[0] if name[-1].isdigit() else name for name in added) == \
+        ["ortagent_softmax_axis", "ortagent_softmax_axis", "ortagent_softmax_zero"], added
+    rng = np.random.default_rng(3)
+    s = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    mask = ~np.tril(np.ones((5, 5), bool))
+    want = ortagent.InferenceSession(before).run(None, {"s": s, "mask": mask})
+    got = ortagent.InferenceSession(model.SerializeToString()).run(None, {"s": s, "mask": mask})
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-12)
+
+
 def test_masked_softmax_in_a_training_graph():
     """Causal attention scores through the training graph: outputs and gradients of the
     rewritten graph against onnx-ad's graph as generated (optimize=False keeps the Softmax)."""
