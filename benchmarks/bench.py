@@ -126,6 +126,9 @@ def main(argv=None) -> int:
     parser.add_argument("--torch-models", default="", metavar="TAGS",
                         help="group 7: a comma-separated subset of resnet18, mobilenet_v3, gpt2, bert, "
                              "llama, t5, vit (default all)")
+    parser.add_argument("--torch-dynamic", choices=["default", "true"], default="default",
+                        help="group 7: ORTModule's dynamic argument (default: its default, an export at the "
+                             "first call's static shapes; true: symbolic dimensions from the first call)")
     args = parser.parse_args(argv)
     names = [g.strip() for g in args.groups.split(",") if g.strip()]
     unknown = sorted(set(names) - set(GROUPS))
@@ -143,6 +146,7 @@ def main(argv=None) -> int:
         settings = _common.Settings.make(args.quick, Path(workdir), args.rounds_scale, args.burst_ms,
                                          args.clock)
         settings.extra["torch_threads"] = args.torch_threads
+        settings.extra["torch_dynamic"] = args.torch_dynamic == "true" or None
         if args.torch_models:
             settings.extra["torch_models"] = {t.strip() for t in args.torch_models.split(",") if t.strip()}
         settings.wait_quiet_s = (args.wait_quiet if args.wait_quiet is not None

@@ -259,11 +259,13 @@ def run(settings) -> Group:
     started = time.perf_counter()
     rounds = settings.rounds.get("torch_models", ROUNDS_QUICK if settings.quick else ROUNDS_FULL)
     threads = int(settings.extra.get("torch_threads", 1))
+    dynamic = settings.extra.get("torch_dynamic")
     wanted = settings.extra.get("torch_models")
     # a thread's CPU time misses the other threads' work: several threads are timed by the wall
     clock = settings.clock if threads == 1 else "wall"
     group = Group("torch_models", f"7. torch model families: ORTModule vs torch eager (ms), {threads} "
-                  f"thread{'s' if threads > 1 else ''} each", rounds=rounds, burst_s=settings.burst_s, clock=clock)
+                  f"thread{'s' if threads > 1 else ''} each" + (", symbolic shapes from the first call" if dynamic else ""),
+                  rounds=rounds, burst_s=settings.burst_s, clock=clock)
     try:
         import onnxscript  # noqa: F401
         import torch
@@ -295,7 +297,7 @@ def run(settings) -> Group:
             continue
         torch.manual_seed(0)
         eager = make().train()
-        bridged = ORTModule(copy.deepcopy(eager), session_options=options)
+        bridged = ORTModule(copy.deepcopy(eager), session_options=options, dynamic=dynamic)
 
         def forward(model, args=args, kwargs=kwargs, loss_of=loss_of):
             model.zero_grad(set_to_none=True)

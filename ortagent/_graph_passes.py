@@ -62,6 +62,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
 __all__ = ["flatten_batched_matmuls", "simplify_copies", "padded_sums_as_concats", "reductions_without_unit_tail",
+           "pools_at_onnxruntime_sizes",
            "masked_softmax_in_parts",
            "known_shapes",
            "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses"]
@@ -913,3 +914,70 @@ def batch_unbatched_losses(model: ModelProto) -> int:
         del graph.node[:]
         graph.node.extend(rewritten)
     return batched
+
+
+_POOLS = frozenset({"AveragePool", "MaxPool", "LpPool"})
+
+
+def pools_at_onnxruntime_sizes(model: ModelProto) -> int:
+    """Give, in place, each pooling node with ``ceil_mode=1`` whose output size ONNX's rule
+    before opset 22 and onnxruntime's kernels disagree on, padding under which both agree;
+    returns how many nodes changed. Below opset 22 ONNX counts a last window that starts in the
+    end padding, which onnxruntime's kernels (at every opset) and torch drop: at static shapes
+    onnxruntime's own shape inference then gives the pool one window more per such axis than
+    its kernel writes, and a graph that meets that value with another of the kernel's size
+    fails to load (a Mul of the pool and its gradient), or takes the inferred size for a
+    constant (a Slice to ``Shape(pool)``). On such an axis the end padding becomes the
+    last kept window's overhang past the input, under which ONNX's ceil counts exactly the
+    kernel's windows; the values are the same, since no window that is kept reaches beyond
+    that overhang (an average's divisor, with ``count_include_pad``, counts up to the window's
+    end either way). Nodes with ``auto_pad``, input sizes not known at export, or a last window
+    ending inside the input (a stride longer than the kernel) are left alone."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    if opset >= 22 or not any(node.op_type in _POOLS for node in model.graph.node):
+        return 0
+    shapes = {value.name: [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+              for value in [*model.graph.input, *model.graph.value_info]
+              if value.type.tensor_type.HasField("shape")}
+    changed = 0
+    for node in model.graph.node:
+        if node.op_type not in _POOLS or node.domain not in ("", "ai.onnx"):
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        shape = shapes.get(node.input[0])
+        if not attributes.get("ceil_mode") or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
+                or shape is None or any(size is None for size in shape[2:]):
+            continue
+        sizes = shape[2:]
+        spatial = len(sizes)
+        kernel = list(attributes["kernel_shape"])
+        strides = list(attributes.get("strides") or [1] * spatial)
+        dilations = list(attributes.get("dilations") or [1] * spatial)
+        pads = list(attributes.get("pads") or [0] * (2 * spatial))
+        new_pads = _onnxruntime_pads(sizes, kernel, strides, dilations, pads)
+        if new_pads is None or new_pads == pads:
+            continue
+        kept = [a for a in node.attribute if a.name != "pads"]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", new_pads)])
+        changed += 1
+    return changed
+
+
+def _onnxruntime_pads(sizes, kernel, strides, dilations, pads) -> list[int] | None:
+    """Pads under which ONNX's ceil rule counts the windows onnxruntime's kernel writes, or
+    None where no such pads exist."""
+    spatial = len(sizes)
+    new_pads = list(pads)
+    for axis, (size, k, stride, dilation) in enumerate(zip(sizes, kernel, strides, dilations)):
+        begin, end = pads[axis], pads[axis + spatial]
+        extent = (k - 1) * dilation + 1
+        counted = -(-(size + begin + end - extent) // stride) + 1          # ONNX's ceil rule
+        written = counted - 1 if (counted - 1) * stride >= size + begin else counted
+        if written == counted:
+            continue
+        overhang = (written - 1) * stride + extent - size - begin
+        if overhang < 0:
+            return None
+        new_pads[axis + spatial] = overhang
+    return new_pads

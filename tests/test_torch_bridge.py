@@ -54,16 +54,17 @@ def _train_step(model, inputs, loss_fn):
     return loss.detach(), out
 
 
-def _compare(make_model, make_inputs, loss_fn, *, seed=0, steps=1, check_buffers=True):
+def _compare(make_model, make_inputs, loss_fn, *, seed=0, steps=1, check_buffers=True, **options):
     """Train eager and bridged copies of one model side by side (same seed before each step, so
-    dropout draws the same masks) and compare losses, gradients, buffers; returns max errors."""
+    dropout draws the same masks) and compare losses, gradients, buffers; returns max errors.
+    ``options`` go to ORTModule."""
     torch = _torch()
     from ortagent.torch import ORTModule
 
     torch.manual_seed(seed)
     eager = make_model()
     bridged_inner = copy.deepcopy(eager)
-    bridged = ORTModule(bridged_inner)
+    bridged = ORTModule(bridged_inner, **options)
     errors = {"loss": 0.0, "grad": 0.0}
     for step in range(steps):
         inputs = make_inputs(step)
@@ -598,9 +599,12 @@ def test_cuda_autocast_is_honoured(dtype_name):
         torch.testing.assert_close(got.grad / scale, expected.grad / scale, rtol=0, atol=2 * tolerance, msg=name)
 
 
-def test_one_export_serves_every_batch_and_sequence_length():
-    """A transformer trained on batches of varying size and sequence length exports once; a new
-    shape costs no export (shapes, gradients and dropout masks as eager's)."""
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_one_export_serves_every_batch_and_sequence_length(dynamic):
+    """A transformer trained on batches of varying size and sequence length: by default the
+    first call's export is specialised to its shapes and the second shape's has symbolic
+    dimensions, which serves every later shape; with ``dynamic=True`` the first export does
+    (shapes, gradients and dropout masks as eager's)."""
     torch = _torch()
 
     class Tagger(torch.nn.Module):
@@ -621,9 +625,71 @@ def test_one_export_serves_every_batch_and_sequence_length():
         mask[0, length - 2:] = True
         return torch.randint(0, 40, (batch, length)), mask
 
-    eager, bridged, errors = _compare(Tagger, inputs, lambda out: (out * out).mean(), steps=len(shapes))
-    assert bridged.exported_graphs == 1
+    eager, bridged, errors = _compare(Tagger, inputs, lambda out: (out * out).mean(), steps=len(shapes),
+                                      dynamic=dynamic)
+    guards = [entry.exported.guard for entries in bridged._exports.values() for entry in entries]
+    assert [guard.symbolic for guard in guards] == ([False, True] if dynamic is None else [True])
+    assert bridged.exported_graphs == len(guards)
     assert errors["grad"] < 1e-5
+
+
+def test_static_exports_one_for_each_shape():
+    """``dynamic=False``: every shape its own export at static shapes (a repeated shape reuses
+    its export); ``dynamic`` is checked."""
+    torch = _torch()
+    from ortagent.errors import OrtInvalidType
+    from ortagent.torch import ORTModule
+
+    batches = [6, 3, 6, 5]
+    eager, bridged, errors = _compare(_mlp, lambda step: (torch.randn(batches[step], 20),), _ce,
+                                      steps=len(batches), dynamic=False)
+    assert bridged.exported_graphs == 3
+    assert not any(entry.exported.guard.symbolic for entries in bridged._exports.values() for entry in entries)
+    assert errors["grad"] < 1e-6
+    with pytest.raises(OrtInvalidType, match="dynamic"):
+        ORTModule(_mlp(), dynamic="auto")
+
+
+@pytest.mark.parametrize("dynamic, failing, exports, kinds", [
+    (None, "static", 2, [True]),        # the first export, at static shapes, fails: symbolic
+    (None, "symbolic", 1, [False]),
+    (True, "symbolic", 2, [False]),     # a symbolic one that fails: the call's static shapes
+    (True, "static", 1, [True]),
+    (False, "static", 1, None),         # asked for static shapes, which fail: refused
+    (False, "symbolic", 1, [False]),
+])
+def test_a_graph_onnxruntime_cannot_run_is_exported_the_other_way(monkeypatch, dynamic, failing, exports, kinds):
+    """The first call of an export onnxruntime fails to load: one with symbolic dimensions is
+    exported again at the call's static shapes, and by default one at static shapes again with
+    symbolic dimensions; static shapes asked for (dynamic=False) are refused when they fail.
+    (onnxruntime's failure is stood in for by one raised at session creation.)"""
+    torch = _torch()
+    from ortagent.errors import OrtFail, OrtNotImplemented
+    from ortagent.torch import ORTModule, _bridge
+
+    build = _bridge.GraphRunner._build
+
+    def fails_for_one_kind(runner, *args, **kwargs):
+        if runner.exported.guard.symbolic == (failing == "symbolic"):
+            raise OrtFail(f"a {failing} graph onnxruntime cannot load")
+        return build(runner, *args, **kwargs)
+
+    monkeypatch.setattr(_bridge.GraphRunner, "_build", fails_for_one_kind)
+    torch.manual_seed(0)
+    net = _mlp()
+    bridged = ORTModule(copy.deepcopy(net), dynamic=dynamic)
+    x = torch.randn(5, 20)
+    if kinds is None:
+        with pytest.raises(OrtNotImplemented, match="cannot load"):
+            bridged(x)
+        assert bridged.exported_graphs == exports
+        return
+    _ce(bridged(x)).backward()
+    _ce(net(x)).backward()
+    for expected, got in zip(net.parameters(), bridged.parameters()):
+        _close(got.grad, expected.grad, "gradient")
+    assert [entry.exported.guard.symbolic for entries in bridged._exports.values() for entry in entries] == kinds
+    assert bridged.exported_graphs == exports
 
 
 def test_exports_are_bounded_and_warn(monkeypatch):
@@ -884,7 +950,7 @@ def test_what_real_models_use_and_return():
         return out["out"].logits.square().mean() + out["out"].features.square().mean()
 
     eager, bridged, errors = _compare(Mixed, inputs, loss, steps=2)
-    assert bridged.exported_graphs == 1
+    assert bridged.exported_graphs == 2         # the first call's static shapes, then symbolic ones
     images, mask = inputs(0)
     before = images.clone()
     torch.manual_seed(5)

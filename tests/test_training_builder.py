@@ -1040,3 +1040,52 @@ def test_a_broadcast_gradient_is_expanded_to_its_output(kind, optimize):
         for a, e in zip(got, want):
             assert a.shape == e.shape
             np.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
+
+
+# -- pools of ceil_mode=1 at onnxruntime's sizes (pools_at_onnxruntime_sizes) -------------------------------
+
+_CEIL_POOLS = [
+    # (op, input shape, attributes, what becomes of it: "fixed" where ONNX's rule below opset 22
+    # counts one window more than onnxruntime's kernel writes, "agree" where both count the same)
+    ("AveragePool", [1, 2, 5, 6, 7], dict(kernel_shape=[2, 3, 2], strides=[2, 2, 3], pads=[1, 0, 1, 1, 0, 1],
+                                          count_include_pad=0), "fixed"),
+    ("AveragePool", [1, 2, 10, 11], dict(kernel_shape=[3, 3], strides=[3, 3], pads=[1, 1, 1, 1],
+                                         count_include_pad=1), "fixed"),
+    ("MaxPool", [1, 1, 5, 5], dict(kernel_shape=[2, 2], strides=[3, 3], pads=[1, 1, 1, 1], dilations=[2, 2]), "fixed"),
+    ("LpPool", [1, 2, 5, 5], dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 1], p=2), "fixed"),
+    ("AveragePool", [1, 2, 9, 9], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), "agree"),
+    # a stride longer than the kernel: the last window ends inside the input, no pads express it
+    ("MaxPool", [1, 1, 6, 6], dict(kernel_shape=[1, 1], strides=[4, 4]), "left"),
+]
+
+
+@pytest.mark.parametrize("op_type, shape, attributes, outcome", _CEIL_POOLS)
+def test_ceil_mode_pools_get_pads_under_which_onnx_counts_the_kernels_windows(op_type, shape, attributes, outcome):
+    """At static shapes, ONNX's inference below opset 22 counts a last window starting in the end
+    padding that onnxruntime's kernel drops; the new pads make the two agree, with the same
+    values (count_include_pad's divisors included)."""
+    import onnx
+
+    import ortagent
+    from ortagent._graph_passes import pools_at_onnxruntime_sizes
+
+    node = helper.make_node(op_type, ["x"], ["y"], ceil_mode=1, **attributes)
+    model = helper.make_model(
+        helper.make_graph([node], "g", [tg.tensor("x", np.float32, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    before = model.SerializeToString()
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    (want,) = ortagent.InferenceSession(before).run(None, {"x": x})
+
+    def inferred(m):
+        out = onnx.shape_inference.infer_shapes(m).graph.output[0]
+        return tuple(d.dim_value for d in out.type.tensor_type.shape.dim)
+
+    assert (inferred(model) == want.shape) == (outcome == "agree")
+    assert pools_at_onnxruntime_sizes(model) == (outcome == "fixed")
+    (got,) = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(got, want)
+    assert (inferred(model) == want.shape) == (outcome != "left")
+    if outcome != "fixed":
+        assert model.SerializeToString() == before

@@ -15,6 +15,8 @@ input and parameter gradient and every buffer. A case ends as one of
 
 ``python tests/torch_sweep.py`` runs the whole sweep and writes the table (``make
 test-torch-ops``); ``tests/test_torch_sweep.py`` runs a fixed sample inside ``make test``.
+Each case is one call, so ORTModule's default exports it at the sample's static shapes;
+``--dynamic true`` sweeps the exports with symbolic dimensions a second shape would make.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 RTOL = 1e-4             # of the largest magnitude of each compared tensor
 NOISE_FACTOR = 8.0      # the bridge may differ from float64 by this many times eager float32's own error
 SEED = 1234
+DYNAMIC: bool | None = None      # ORTModule's dynamic argument for every case
 
 
 @dataclass
@@ -259,7 +262,7 @@ def run_op_sample(op: Any, sample: Any, index: int) -> Outcome:
 
     def bridge():
         inputs = _fresh(call.tensors)
-        module = ORTModule(Op())
+        module = ORTModule(Op(), dynamic=DYNAMIC)
         torch.manual_seed(SEED)
         with _quiet():
             outputs = _tensor_leaves(module(*inputs))
@@ -320,7 +323,7 @@ def run_module_sample(info: Any, sample: Any, index: int, training: bool) -> Out
 
     def bridge():
         inner = build()
-        module = ORTModule(inner)
+        module = ORTModule(inner, dynamic=DYNAMIC)
         inputs = _fresh(call_inputs.tensors)
         fa, fk = call_inputs(*inputs)
         torch.manual_seed(SEED)
@@ -426,7 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join("build", "torch_sweep"), help="folder for the results")
     parser.add_argument("--start", type=int, default=0, help="skip the first N ops of op_db (resuming)")
     parser.add_argument("--verbose", action="store_true", help="print each case's name before running it")
+    parser.add_argument("--dynamic", choices=["default", "true", "false"], default="default",
+                        help="ORTModule's dynamic argument (default: its default, None)")
     options = parser.parse_args(argv)
+    global DYNAMIC
+    DYNAMIC = {"default": None, "true": True, "false": False}[options.dynamic]
     outcomes: list[Outcome] = []
     started = time.time()
     os.makedirs(options.out, exist_ok=True)

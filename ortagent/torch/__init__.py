@@ -1,8 +1,8 @@
 """Train a ``torch.nn.Module`` with onnxruntime: :class:`ORTModule`.
 
 ``ORTModule(module)`` wraps a module. Its first call exports the module with torch's dynamo
-ONNX exporter (parameters and buffers as named graph inputs, symbolic batch and sequence
-dimensions), builds the training graph with :func:`ortagent.training.build_training_graph`,
+ONNX exporter (parameters and buffers as named graph inputs; at the call's shapes, and with
+symbolic dimensions once a call comes at other shapes: ``dynamic``), builds the training graph with :func:`ortagent.training.build_training_graph`,
 and runs the forward and, on ``.backward()``, the backward in onnxruntime through a
 :class:`~ortagent.TrainingAgent` (state API, one :class:`~ortagent.PartialGraphExecutionState`
 per forward, held by a ``torch.autograd.Function``). Gradients reach ``param.grad`` through

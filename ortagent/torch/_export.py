@@ -3,7 +3,8 @@
 
 The module runs as a function of ``(user tensors, parameters, buffers, random draws)``
 (``torch.func.functional_call``), so parameters and buffers are named graph inputs, never
-initializers, and tied weights appear once. The export asks torch.export for symbolic
+initializers, and tied weights appear once. An export at static shapes (``dynamic=False``)
+serves the call's shapes alone. A dynamic one asks torch.export for symbolic
 dimensions on every dimension of the user tensors and draws (``Dim.AUTO``): torch keeps a
 dimension symbolic unless the forward pins it (a dimension matched against a weight, or of size
 0 or 1), and :class:`ShapeGuard` records which dimensions are symbolic, which symbols are equal
@@ -31,6 +32,7 @@ import torch
 from torch import nn
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
+from ortagent._graph_passes import pools_at_onnxruntime_sizes
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
@@ -341,6 +343,7 @@ def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, all_
     model = program.model_proto
     model.ir_version = ir_version
     _static_literals(model)
+    pools_at_onnxruntime_sizes(model)
     _repair_declared_shapes(model)
     _check_exported(model, any(sub.training for sub in module.modules()))
     n_outputs = len(discovery.outputs.tensors)
@@ -396,9 +399,16 @@ def _repair_declared_shapes(model: Any) -> list[str]:
     graph = model.graph
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
+    # (ONNX infers the pools of ceil_mode=1 below opset 22 by the rule before torch's, which
+    # onnxruntime's kernels follow at every opset: a last window starting in the padding is
+    # dropped; the declared shapes of those are kept)
+    kept = _ceil_mode_pools(probe)
+    retained = [value for value in probe.graph.value_info if value.name in kept]
     del probe.graph.value_info[:]
+    probe.graph.value_info.extend(retained)
     for value in probe.graph.output:
-        value.type.tensor_type.ClearField("shape")
+        if value.name not in kept:
+            value.type.tensor_type.ClearField("shape")
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True).graph
     except Exception:
@@ -413,6 +423,17 @@ def _repair_declared_shapes(model: Any) -> list[str]:
         declared.shape.CopyFrom(onnx_says.shape)
         repaired.append(value.name)
     return repaired
+
+
+def _ceil_mode_pools(model: Any) -> set[str]:
+    """The outputs of ``model``'s pooling nodes with ``ceil_mode=1`` whose output shape ONNX's
+    shape inference computes by the rule of opsets before 22."""
+    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    if opset >= 22:
+        return set()
+    return {node.output[0] for node in model.graph.node
+            if node.op_type in ("AveragePool", "MaxPool", "LpPool") and node.domain in ("", "ai.onnx")
+            and any(attr.name == "ceil_mode" and attr.i for attr in node.attribute)}
 
 
 def _shapes_conflict(declared: Any, inferred: Any) -> bool:

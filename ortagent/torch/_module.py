@@ -178,7 +178,11 @@ class ORTModule(nn.Module):
     but with intra-op threads that sleep between runs instead of spinning, which would take
     the CPUs torch's own threads need in the same step). ``max_graphs`` bounds the
     exports kept in memory (least recently used first out; each serves a family of input
-    shapes). ``cache_dir`` (default: the environment variable ``ORTAGENT_TORCH_CACHE_DIR``,
+    shapes). ``dynamic`` chooses which shapes an export serves, as ``torch.compile``'s
+    argument does: None (default), the first export is specialised to the first call's
+    shapes and the first call at other shapes exports again with every dimension symbolic,
+    which then serves every shape; True, every export has symbolic dimensions from the first;
+    False, every shape gets an export of its own. ``cache_dir`` (default: the environment variable ``ORTAGENT_TORCH_CACHE_DIR``,
     else no disk cache) keeps exported and built graphs on disk, so that a restarted job skips
     the export. Parameters and buffers are the wrapped module's own, and ``state_dict`` /
     ``load_state_dict`` use its keys.
@@ -186,7 +190,7 @@ class ORTModule(nn.Module):
 
     def __init__(self, module: nn.Module, *, providers: Sequence[Any] | None = None,
                  session_options: Any = None, max_graphs: int = _DEFAULT_MAX_GRAPHS,
-                 cache_dir: str | os.PathLike | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, dynamic: bool | None = None) -> None:
         if not isinstance(module, nn.Module):
             raise OrtInvalidArgument(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}")
         if isinstance(module, ORTModule):
@@ -195,12 +199,15 @@ class ORTModule(nn.Module):
             raise OrtInvalidType(f"max_graphs must be an int, got {type(max_graphs).__name__}")
         if max_graphs < 1:
             raise OrtInvalidArgument(f"max_graphs must be 1 or more, got {max_graphs}")
+        if dynamic is not None and not isinstance(dynamic, bool):
+            raise OrtInvalidType(f"dynamic must be True, False or None, got {type(dynamic).__name__}")
         super().__init__()
         self._original_module = module
         self.register_state_dict_post_hook(ORTModule._strip_prefix)
         self.register_load_state_dict_pre_hook(ORTModule._add_prefix)
         self._config = SessionConfig(providers, session_options)
         self._max_graphs = max_graphs
+        self._dynamic = dynamic
         if cache_dir is None:
             cache_dir = os.environ.get("ORTAGENT_TORCH_CACHE_DIR") or None
         self._store = GraphStore(cache_dir) if cache_dir is not None else None
@@ -320,8 +327,11 @@ class ORTModule(nn.Module):
                 for entry in entries:
                     if entry.exported.guard.accepts(shapes):
                         return entry
+            # (by default, symbolic once a second shape shows the shapes vary: an export with
+            # symbolic dimensions traces several times slower than one at static shapes)
+            dynamic = self._dynamic if self._dynamic is not None else bool(entries)
             try:
-                entry = self._new_export(flat, key)
+                entry = self._new_export(flat, key, dynamic=dynamic)
             except TraceFailure:
                 if self._exact_grads:
                     raise
@@ -330,7 +340,7 @@ class ORTModule(nn.Module):
                 self._exact_grads = True
                 self._drop_exports()
                 key = self._signature(flat, tree)
-                entry = self._new_export(flat, key)
+                entry = self._new_export(flat, key, dynamic=bool(self._dynamic))
             self._exports.setdefault(key, []).append(entry)
             self._evict()
             return entry
@@ -341,16 +351,17 @@ class ORTModule(nn.Module):
                 entry.runner.close()
         self._exports.clear()
 
-    def _replace_with_static(self, flat: _trees.Flat, broken: _Export) -> _Export:
-        """An export with symbolic dimensions that onnxruntime cannot run (a translation that
-        only holds for static shapes): export this signature again with the call's shapes."""
+    def _export_again(self, flat: _trees.Flat, broken: _Export, dynamic: bool) -> _Export:
+        """An export that onnxruntime cannot run: export this signature again, with the call's
+        static shapes for one with symbolic dimensions (a translation that only holds for static
+        shapes), with symbolic dimensions for one at static shapes."""
         with _EXPORT_LOCK:
             key = self._signature(flat, walk_module(self._original_module))
             entries = self._exports.get(key, [])
             if broken in entries:
                 entries.remove(broken)
             broken.runner.close()
-            entry = self._new_export(flat, key, dynamic=False)
+            entry = self._new_export(flat, key, dynamic=dynamic)
             self._exports.setdefault(key, []).append(entry)
             self._evict()
             return entry
@@ -374,7 +385,7 @@ class ORTModule(nn.Module):
             raise OrtInvalidArgument(f"ORTModule: inputs, parameters and buffers are on several devices: {devices}")
         return devices.pop() if devices else torch.device("cpu")
 
-    def _new_export(self, flat: _trees.Flat, key: tuple, dynamic: bool = True) -> _Export:
+    def _new_export(self, flat: _trees.Flat, key: tuple, dynamic: bool) -> _Export:
         module = self._original_module
         if self._state_guard is not None and not self._state_guard.covers(module):
             # submodules were added or replaced since the guard was made: read their state too
@@ -443,15 +454,17 @@ class ORTModule(nn.Module):
             return self._call(entry, flat, tree)
         # the first call of an export: its training graph runs forward and backward once on its
         # own first; should onnxruntime fail to load or run what the export made, an export with
-        # symbolic dimensions is made again with static ones, and a static one is refused
+        # symbolic dimensions is made again with static ones and, by default, one at static
+        # shapes with symbolic ones; failing again, it is refused
         try:
             result = self._call(entry, flat, tree, check=True)
         except (OrtNotImplemented, FailedValueCheck):
             raise
         except OrtError as exc:
-            if not entry.exported.guard.symbolic:
+            symbolic = entry.exported.guard.symbolic
+            if not symbolic and self._dynamic is not None:
                 raise self._cannot_run(exc) from exc
-            entry = self._replace_with_static(flat, entry)
+            entry = self._export_again(flat, entry, dynamic=not symbolic)
             try:
                 result = self._call(entry, flat, tree, check=True)
             except OrtNotImplemented:

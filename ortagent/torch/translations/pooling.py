@@ -21,8 +21,8 @@ so ``F.avg_pool2d(x, 3, divisor_override=2)`` would run and differ from torch. H
 window's sum is divided by the given divisor: the sums are a Conv with a kernel of ones over
 the channels folded into the batch, with the padding grown at the end by stride - 1 when
 ``ceil_mode`` lets the last windows overhang (a Conv takes any padding; an AveragePool's must be
-smaller than its kernel), and the surplus last windows the ceil rule drops are sliced off to
-the shape torch.onnx's own pooling has. Without ``divisor_override`` the translation is
+smaller than its kernel), and the surplus last windows are sliced off to
+torch's output sizes, written out from the input's. Without ``divisor_override`` the translation is
 torch.onnx's own.
 
 ``adaptive_avg_pool1d`` goes through the same table as the 3-d pool (torch.onnx's translation
@@ -146,9 +146,8 @@ def _spread(value: Any, count: int, default: Sequence[int]) -> list[int]:
 def _avg_pool_with_divisor(spatial: int, own: Callable) -> Callable:
     def avg_pool(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, ceil_mode: bool = False,
                  count_include_pad: bool = True, divisor_override: Any = None) -> Any:
-        pooled = own(x, kernel_size, stride, padding, ceil_mode, count_include_pad)
         if divisor_override is None:
-            return pooled
+            return own(x, kernel_size, stride, padding, ceil_mode, count_include_pad)
         kernel = _spread(kernel_size, spatial, ())
         strides = _spread(stride, spatial, kernel)
         pads = _spread(padding, spatial, [0] * spatial)
@@ -156,21 +155,41 @@ def _avg_pool_with_divisor(spatial: int, own: Callable) -> Callable:
         unbatched = len(x.shape) == spatial + 1
         if unbatched:           # (pooling wants a batch axis)
             x = op.Unsqueeze(x, op.Constant(value_ints=[0]))
-            pooled = op.Unsqueeze(pooled, op.Constant(value_ints=[0]))
         axes = op.Constant(value_ints=list(range(2, 2 + spatial)))
+        sizes = op.Gather(op.Shape(x), axes, axis=0)
         # the channels folded into the batch, summed by a Conv with a kernel of ones
-        folded = op.Reshape(x, op.Concat(op.Constant(value_ints=[-1, 1]),
-                                         op.Gather(op.Shape(x), axes, axis=0), axis=0))
+        folded = op.Reshape(x, op.Concat(op.Constant(value_ints=[-1, 1]), sizes, axis=0))
         ones = op.CastLike(op.Reshape(op.Constant(value_floats=[1.0] * math.prod(kernel)),
                                       op.Constant(value_ints=[1, 1, *kernel])), x)
         summed = op.Conv(folded, ones, pads=pads + ends, strides=strides)
-        extents = op.Gather(op.Shape(pooled), axes, axis=0)
+        extents = _pooled_sizes(sizes, kernel, strides, pads, ceil_mode)
         kept = op.Slice(summed, op.Constant(value_ints=[0] * spatial), extents, axes)
         scale = op.CastLike(op.Constant(value_float=1.0 / float(divisor_override)), x)
-        result = op.Mul(op.Reshape(kept, op.Shape(pooled)), scale)
+        leading = op.Slice(op.Shape(x), op.Constant(value_ints=[0]), op.Constant(value_ints=[2]))
+        result = op.Mul(op.Reshape(kept, op.Concat(leading, extents, axis=0)), scale)
         return op.Squeeze(result, op.Constant(value_ints=[0])) if unbatched else result
 
     return avg_pool
+
+
+def _pooled_sizes(sizes: Any, kernel: list[int], strides: list[int], pads: list[int], ceil_mode: bool) -> Any:
+    """torch's output sizes of a pooling of spatial ``sizes`` (int64, one per axis): ``(size +
+    2 pad - kernel [+ stride - 1 with ceil_mode]) // stride + 1``, less the last window where
+    ceil_mode starts it in the end padding. (Written out rather than read from the pool's
+    Shape: below opset 22 ONNX infers such a pool one window longer, and at static shapes
+    torch.onnx's optimizer folds that size into the graph.)"""
+    def vector(values: list[int]) -> Any:
+        return op.Constant(value_ints=[int(v) for v in values])
+
+    reach = op.Sub(op.Add(sizes, vector([2 * pad for pad in pads])), vector(kernel))
+    if ceil_mode:
+        reach = op.Add(reach, vector([stride - 1 for stride in strides]))
+    counts = op.Add(op.Div(reach, vector(strides)), vector([1] * len(kernel)))
+    if not ceil_mode:
+        return counts
+    last_start = op.Mul(op.Sub(counts, vector([1] * len(kernel))), vector(strides))
+    in_padding = op.GreaterOrEqual(last_start, op.Add(sizes, vector(pads)))
+    return op.Sub(counts, op.Cast(in_padding, to=INT64))
 
 
 def _pair(value: Any) -> list[int]:
