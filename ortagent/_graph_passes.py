@@ -888,9 +888,13 @@ def batch_unbatched_losses(model: ModelProto) -> int:
     axis, axis_init = _constant(names, "ortagent_batch_axis", [0])
     rewritten: list = []
     batched = 0
+    losses = {id(node) for node in nodes}
     for node in graph.node:
+        if id(node) not in losses:
+            rewritten.append(node)
+            continue
         shape, target = shapes.get(node.input[0]), shapes.get(node.input[1]) if len(node.input) > 1 else None
-        if node not in nodes or shape is None or len(shape) != 1 or target is None or len(target) != 0:
+        if shape is None or len(shape) != 1 or target is None or len(target) != 0:
             rewritten.append(node)
             continue
         for position in (0, 1):

@@ -1089,3 +1089,26 @@ def test_ceil_mode_pools_get_pads_under_which_onnx_counts_the_kernels_windows(op
     assert (inferred(model) == want.shape) == (outcome != "left")
     if outcome != "fixed":
         assert model.SerializeToString() == before
+
+
+def test_an_unbatched_loss_beside_a_constant_node_gets_its_batch():
+    """batch_unbatched_losses reads only the loss nodes' inputs: a graph holding a Constant node
+    (no inputs) failed with an IndexError before; the loss of one unbatched sample is
+    torch's/numpy's."""
+    import ortagent
+    from ortagent._graph_passes import batch_unbatched_losses
+
+    nodes = [helper.make_node("Constant", [], ["shift"], value=numpy_helper.from_array(np.float32(0.5))),
+             helper.make_node("Add", ["x", "shift"], ["scores"]),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "target"], ["loss"])]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [tg.tensor("x", np.float32, [5]),
+                                       helper.make_tensor_value_info("target", TensorProto.INT64, [])],
+                          [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])]),
+        opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+    assert batch_unbatched_losses(model) == 1
+    x = np.array([0.3, -1.2, 2.0, 0.1, 0.7], np.float32)
+    (loss,) = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x, "target": np.int64(2)})
+    scores = x.astype(np.float64) + 0.5
+    expected = -(scores[2] - np.log(np.exp(scores).sum()))
+    assert loss.shape == () and abs(float(loss) - expected) < 1e-6
