@@ -62,7 +62,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
 __all__ = ["flatten_batched_matmuls", "simplify_copies", "padded_sums_as_concats", "reductions_without_unit_tail",
-           "pools_at_onnxruntime_sizes",
+           "pools_at_onnxruntime_sizes", "transposes_without_unit_axes",
            "masked_softmax_in_parts",
            "known_shapes",
            "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses"]
@@ -230,6 +230,52 @@ def _moves_only_unit_axes(shape: Dims, perm: list[int]) -> bool:
     return kept == sorted(kept)
 
 
+def transposes_without_unit_axes(model: ModelProto, stand_ins: dict | None = None) -> int:
+    """Rewrite, in place, each Transpose that moves axes of size 1 (onnx-ad's seed axis) along
+    with others as the Transpose of the other axes between two views; returns how many.
+    onnxruntime's CPU Transpose has fast paths for moving one axis, which the unit axes hide
+    (attention's gradient ``[16, 32, 4, 16, 1]`` by ``[4, 0, 2, 1, 3]``: 135 us, against 28 us
+    for the same data moved as ``[16, 32, 4, 16]`` by ``[0, 2, 1, 3]``). The elements' order is
+    the same. Run after :func:`simplify_copies`, whose products read such Transposes."""
+    graph = model.graph
+    if not any(node.op_type == "Transpose" for node in graph.node):
+        return 0
+    shapes = known_shapes(model, stand_ins)
+    names = NameAllocator(all_value_names(graph))
+    nodes: list[onnx.NodeProto] = []
+    count = 0
+    for node in graph.node:
+        in_shape = shapes.get(node.input[0]) if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") \
+            else None
+        if in_shape is None or 1 not in in_shape:
+            nodes.append(node)
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), list(range(len(in_shape)))[::-1])
+        if _moves_only_unit_axes(in_shape, perm):
+            nodes.append(node)          # (simplify_copies makes those views)
+            continue
+        nodes.append(_transpose_without_unit_axes(node, in_shape, perm, names, graph, nodes))
+        count += 1
+    if count:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return count
+
+
+def _transpose_without_unit_axes(node, in_shape: Dims, perm: list[int], names, graph, nodes: list):
+    kept = [axis for axis in range(len(in_shape)) if in_shape[axis] != 1]
+    inner = [kept.index(axis) for axis in perm if in_shape[axis] != 1]
+    source = node.input[0]
+    squeezed = names.fresh(f"{source}_without_units")
+    moved = names.fresh(f"{node.output[0]}_without_units")
+    shape_name = _shape_operand(names, graph, nodes, [in_shape[axis] for axis in kept], source, kept)
+    nodes.append(helper.make_node("Reshape", [source, shape_name], [squeezed]))
+    nodes.append(helper.make_node("Transpose", [squeezed], [moved], perm=inner))
+    out_shape = [in_shape[axis] for axis in perm]
+    out_name = _shape_operand(names, graph, nodes, out_shape, source, perm)
+    return helper.make_node("Reshape", [moved, out_name], list(node.output), name=node.name)
+
+
 def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),
                     rounds: int = 3, output_views: Collection[str] = ()) -> int:
     """Rewrite, in place, full-tensor copies that move no element into views (see the module
@@ -285,6 +331,7 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset, 
                 out_shape = [in_shape[axis] for axis in perm]
                 shape_name = _shape_operand(names, graph, nodes, out_shape, node.input[0], perm)
                 replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
+
         elif node.domain in ("", "ai.onnx") and node.op_type == "Expand" and node.input[0] in shapes \
                 and node.output[0] in shapes:
             in_shape, out_shape = shapes[node.input[0]], shapes[node.output[0]]

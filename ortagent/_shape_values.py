@@ -24,7 +24,7 @@ It relies on every dimension that ONNX shape inference gives one symbol being eq
 which holds when the inputs fed agree with the symbols the graph inputs declare (one size per
 symbol): only a caller that checks that before each run (ORTModule's shape guard does) should
 apply it. The values followed are int64 (and bool) tensors of rank 0 or 1 computed by
-``Shape``, ``Gather``, ``Unsqueeze``, ``Squeeze``, ``Concat``, ``Slice``, ``Identity``,
+``Shape``, ``Size`` (of a tensor of static shape), ``Gather``, ``Unsqueeze``, ``Squeeze``, ``Concat``, ``Slice``, ``Identity``,
 ``Cast``, ``ScatterElements``, integer arithmetic and comparisons on static elements; other nodes are left as they are, and a
 symbolic element is never assumed to have a particular size.
 """
@@ -59,7 +59,7 @@ class _Known:
 
 
 _MAX_ELEMENTS = 64
-_FOLLOWED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Identity", "Cast",
+_FOLLOWED = frozenset({"Shape", "Size", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Identity", "Cast",
                        "Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Equal", "Less", "Greater", "Not", "Where",
                        "ScatterElements"})
 
@@ -157,6 +157,11 @@ def _value_of(node, values: dict, shapes: dict, opset: int) -> _Known | None:
         if any(dim is None for dim in picked) or len(picked) > _MAX_ELEMENTS:
             return None
         return _Known(tuple(picked), False)
+    if op == "Size":
+        dims = shapes.get(node.input[0])
+        if dims is None or not all(isinstance(dim, int) for dim in dims):
+            return None
+        return _Known((int(np.prod(dims, dtype=np.int64)),), True)
     if op in ("Identity",) and ins[0] is not None:
         return ins[0]
     if op == "Cast":

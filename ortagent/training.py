@@ -36,6 +36,7 @@ from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, masked_softmax_in_parts,
     padded_sums_as_concats, promote_mixed_arithmetic, reductions_without_unit_tail, simplify_copies,
+    transposes_without_unit_axes,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -360,6 +361,7 @@ def build_training_graph(
         masked_softmax_in_parts(adjoint)
         simplify_copies(adjoint, stand_ins, keep=kept, output_views=gradient_outputs if gradient_views else ())
         reductions_without_unit_tail(adjoint, stand_ins)
+        transposes_without_unit_axes(adjoint, stand_ins)
         if input_symbols_checked:
             share_shape_values(adjoint, stand_ins, keep=kept, declared=forward_value_info, cut=yield_node.name)
             padded_sums_as_concats(adjoint, stand_ins, keep=kept)
