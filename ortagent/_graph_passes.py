@@ -62,7 +62,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
 __all__ = ["flatten_batched_matmuls", "simplify_copies", "padded_sums_as_concats", "reductions_without_unit_tail",
-           "pools_at_onnxruntime_sizes", "transposes_without_unit_axes",
+           "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs", "transposes_without_unit_axes",
            "masked_softmax_in_parts",
            "known_shapes",
            "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses"]
@@ -107,17 +107,24 @@ def inferred_dims(model: ModelProto, stand_ins: dict | None = None, declared: Se
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     except Exception:
         return {}
-    shapes: dict[str, Dims] = {}
     graph = inferred.graph
-    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
-        tensor = value.type.tensor_type
-        if not tensor.HasField("shape"):
-            continue
-        shapes[value.name] = [int(dim.dim_value) if dim.HasField("dim_value") else (dim.dim_param or None)
-                              for dim in tensor.shape.dim]
+    shapes = _declared_dims([*graph.input, *graph.value_info, *graph.output])
     for init in graph.initializer:
         shapes[init.name] = list(init.dims)
     return shapes
+
+
+def _declared_dims(values: Sequence) -> dict[str, Dims]:
+    """The shapes the ValueInfos ``values`` declare, by name: each dimension a static size, a
+    symbol, or None (unknown); values of unknown rank left out."""
+    return {value.name: [int(dim.dim_value) if dim.HasField("dim_value") else (dim.dim_param or None)
+                         for dim in value.type.tensor_type.shape.dim]
+            for value in values if value.type.tensor_type.HasField("shape")}
+
+
+def _default_opset(model: ModelProto) -> int:
+    """The version of the default ONNX domain ``model`` imports (1 where it imports none)."""
+    return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
 
 
 def _constant(names: NameAllocator, stem: str, values: list[int]):
@@ -255,12 +262,12 @@ def transposes_without_unit_axes(model: ModelProto, stand_ins: dict | None = Non
             nodes.append(node)
             continue
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), list(range(len(in_shape)))[::-1])
-        inner = [axis for axis in perm if in_shape[axis] != 1]
-        if _moves_only_unit_axes(in_shape, perm) or _moves_one_axis(perm) or \
-                not _moves_one_axis([sorted(inner).index(axis) for axis in inner]):
+        kept = [axis for axis in range(len(in_shape)) if in_shape[axis] != 1]
+        inner = [kept.index(axis) for axis in perm if in_shape[axis] != 1]      # (the others' own perm)
+        if _moves_only_unit_axes(in_shape, perm) or _moves_one_axis(perm) or not _moves_one_axis(inner):
             nodes.append(node)          # (simplify_copies makes views of the first kind)
             continue
-        nodes.append(_transpose_without_unit_axes(node, in_shape, perm, names, graph, nodes))
+        nodes.append(_transpose_without_unit_axes(node, in_shape, perm, kept, inner, names, graph, nodes))
         count += 1
     if count:
         del graph.node[:]
@@ -275,9 +282,8 @@ def _moves_one_axis(perm: list[int]) -> bool:
                ([axis for axis in perm if axis != moved] for moved in perm))
 
 
-def _transpose_without_unit_axes(node, in_shape: Dims, perm: list[int], names, graph, nodes: list):
-    kept = [axis for axis in range(len(in_shape)) if in_shape[axis] != 1]
-    inner = [kept.index(axis) for axis in perm if in_shape[axis] != 1]
+def _transpose_without_unit_axes(node, in_shape: Dims, perm: list[int], kept: list[int], inner: list[int], names,
+                                 graph, nodes: list):
     source = node.input[0]
     squeezed = names.fresh(f"{source}_without_units")
     moved = names.fresh(f"{node.output[0]}_without_units")
@@ -344,7 +350,6 @@ def _simplify_round(model: ModelProto, stand_ins: dict | None, keep: frozenset, 
                 out_shape = [in_shape[axis] for axis in perm]
                 shape_name = _shape_operand(names, graph, nodes, out_shape, node.input[0], perm)
                 replacement = helper.make_node("Reshape", [node.input[0], shape_name], list(node.output))
-
         elif node.domain in ("", "ai.onnx") and node.op_type == "Expand" and node.input[0] in shapes \
                 and node.output[0] in shapes:
             in_shape, out_shape = shapes[node.input[0]], shapes[node.output[0]]
@@ -779,7 +784,7 @@ def masked_softmax_in_parts(model: ModelProto) -> int:
     (``-inf - -inf``), as torch's is. A finite filler (``finfo.min``) is left alone: there a
     row masked entirely is uniform, not 0."""
     graph = model.graph
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+    opset = _default_opset(model)
     if opset < 13 or not any(node.op_type == "Softmax" for node in graph.node):
         return 0
     producers = {out: node for node in graph.node for out in node.output if out}
@@ -997,12 +1002,9 @@ def pools_at_onnxruntime_sizes(model: ModelProto) -> int:
     that overhang (an average's divisor, with ``count_include_pad``, counts up to the window's
     end either way). Nodes with ``auto_pad``, input sizes not known at export, or a last window
     ending inside the input (a stride longer than the kernel) are left alone."""
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
-    if opset >= 22 or not any(node.op_type in _POOLS for node in model.graph.node):
+    if _default_opset(model) >= 22 or not any(node.op_type in _POOLS for node in model.graph.node):
         return 0
-    shapes = {value.name: [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-              for value in [*model.graph.input, *model.graph.value_info]
-              if value.type.tensor_type.HasField("shape")}
+    shapes = _declared_dims([*model.graph.input, *model.graph.value_info])
     changed = 0
     for node in model.graph.node:
         if node.op_type not in _POOLS or node.domain not in ("", "ai.onnx"):
@@ -1010,7 +1012,7 @@ def pools_at_onnxruntime_sizes(model: ModelProto) -> int:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         shape = shapes.get(node.input[0])
         if not attributes.get("ceil_mode") or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") \
-                or shape is None or any(size is None for size in shape[2:]):
+                or shape is None or not all(isinstance(size, int) for size in shape[2:]):
             continue
         sizes = shape[2:]
         spatial = len(sizes)
@@ -1026,6 +1028,16 @@ def pools_at_onnxruntime_sizes(model: ModelProto) -> int:
         node.attribute.extend([*kept, helper.make_attribute("pads", new_pads)])
         changed += 1
     return changed
+
+
+def ceil_mode_pool_outputs(model: ModelProto) -> set[str]:
+    """The outputs of ``model``'s pooling nodes with ``ceil_mode=1`` whose size ONNX's shape
+    inference computes by its rule before opset 22 (see :func:`pools_at_onnxruntime_sizes`)."""
+    if _default_opset(model) >= 22:
+        return set()
+    return {node.output[0] for node in model.graph.node
+            if node.op_type in _POOLS and node.domain in ("", "ai.onnx")
+            and any(attr.name == "ceil_mode" and attr.i for attr in node.attribute)}
 
 
 def _onnxruntime_pads(sizes, kernel, strides, dilations, pads) -> list[int] | None:

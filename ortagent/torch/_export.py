@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
-from ortagent._graph_passes import pools_at_onnxruntime_sizes
+from ortagent._graph_passes import ceil_mode_pool_outputs, pools_at_onnxruntime_sizes
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
@@ -402,7 +402,7 @@ def _repair_declared_shapes(model: Any) -> list[str]:
     # (ONNX infers the pools of ceil_mode=1 below opset 22 by the rule before torch's, which
     # onnxruntime's kernels follow at every opset: a last window starting in the padding is
     # dropped; the declared shapes of those are kept)
-    kept = _ceil_mode_pools(probe)
+    kept = ceil_mode_pool_outputs(probe)
     retained = [value for value in probe.graph.value_info if value.name in kept]
     del probe.graph.value_info[:]
     probe.graph.value_info.extend(retained)
@@ -423,17 +423,6 @@ def _repair_declared_shapes(model: Any) -> list[str]:
         declared.shape.CopyFrom(onnx_says.shape)
         repaired.append(value.name)
     return repaired
-
-
-def _ceil_mode_pools(model: Any) -> set[str]:
-    """The outputs of ``model``'s pooling nodes with ``ceil_mode=1`` whose output shape ONNX's
-    shape inference computes by the rule of opsets before 22."""
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
-    if opset >= 22:
-        return set()
-    return {node.output[0] for node in model.graph.node
-            if node.op_type in ("AveragePool", "MaxPool", "LpPool") and node.domain in ("", "ai.onnx")
-            and any(attr.name == "ceil_mode" and attr.i for attr in node.attribute)}
 
 
 def _shapes_conflict(declared: Any, inferred: Any) -> bool:
