@@ -42,6 +42,10 @@ cdef extern from "ortagent/ort_abi.h" nogil:
     ctypedef struct OrtEpDevice
     ctypedef struct OrtModelCompilationOptions
     ctypedef struct OrtCompileApi
+    ctypedef struct OrtKernelInfo
+    ctypedef struct OrtKernelContext
+    ctypedef struct OrtCustomOpDomain
+    ctypedef struct OrtCustomOp
     # C's bool (stdbool.h, included by ort_abi.h)
     ctypedef bint bool
 
@@ -145,7 +149,13 @@ cdef extern from "ortagent/ort_abi.h" nogil:
         OrtDeviceMemoryType_DEFAULT
         OrtDeviceMemoryType_HOST_ACCESSIBLE
 
+    ctypedef enum OrtCustomOpInputOutputCharacteristic:
+        INPUT_OUTPUT_REQUIRED
+        INPUT_OUTPUT_OPTIONAL
+        INPUT_OUTPUT_VARIADIC
+
     ctypedef OrtStatus* (*ortagent_write_buffer_fn)(void*, const void*, size_t) noexcept
+    ctypedef void (*ortagent_parallel_fn)(void*, size_t) noexcept
 
     ctypedef struct ortagent_api_base:
         const void* (*get_api)(uint32_t)
@@ -204,6 +214,17 @@ cdef extern from "ortagent/ort_call.h" nogil:
     OrtStatus* SetSessionGraphOptimizationLevel "ORTAGENT_CALL(SetSessionGraphOptimizationLevel)"(OrtSessionOptions*, GraphOptimizationLevel)
     OrtStatus* SetIntraOpNumThreads "ORTAGENT_CALL(SetIntraOpNumThreads)"(OrtSessionOptions*, int)
     OrtStatus* SetInterOpNumThreads "ORTAGENT_CALL(SetInterOpNumThreads)"(OrtSessionOptions*, int)
+    OrtStatus* CreateCustomOpDomain "ORTAGENT_CALL(CreateCustomOpDomain)"(const char*, OrtCustomOpDomain**)
+    OrtStatus* CustomOpDomain_Add "ORTAGENT_CALL(CustomOpDomain_Add)"(OrtCustomOpDomain*, const OrtCustomOp*)
+    OrtStatus* AddCustomOpDomain "ORTAGENT_CALL(AddCustomOpDomain)"(OrtSessionOptions*, OrtCustomOpDomain*)
+    OrtStatus* KernelInfoGetAttribute_float "ORTAGENT_CALL(KernelInfoGetAttribute_float)"(const OrtKernelInfo*, const char*, float*)
+    OrtStatus* KernelInfoGetAttribute_int64 "ORTAGENT_CALL(KernelInfoGetAttribute_int64)"(const OrtKernelInfo*, const char*, int64_t*)
+    OrtStatus* KernelContext_GetInputCount "ORTAGENT_CALL(KernelContext_GetInputCount)"(const OrtKernelContext*, size_t*)
+    OrtStatus* KernelContext_GetOutputCount "ORTAGENT_CALL(KernelContext_GetOutputCount)"(const OrtKernelContext*, size_t*)
+    OrtStatus* KernelContext_GetInput "ORTAGENT_CALL(KernelContext_GetInput)"(const OrtKernelContext*, size_t, const OrtValue**)
+    OrtStatus* KernelContext_GetOutput "ORTAGENT_CALL(KernelContext_GetOutput)"(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)
+    void ReleaseCustomOpDomain "ORTAGENT_CALL(ReleaseCustomOpDomain)"(OrtCustomOpDomain*)
+    OrtStatus* KernelContext_ParallelFor "ORTAGENT_CALL(KernelContext_ParallelFor)"(const OrtKernelContext*, ortagent_parallel_fn, size_t, size_t, void*)
     OrtStatus* SessionGetInputCount "ORTAGENT_CALL(SessionGetInputCount)"(const OrtSession*, size_t*)
     OrtStatus* SessionGetOutputCount "ORTAGENT_CALL(SessionGetOutputCount)"(const OrtSession*, size_t*)
     OrtStatus* SessionGetOverridableInitializerCount "ORTAGENT_CALL(SessionGetOverridableInitializerCount)"(const OrtSession*, size_t*)

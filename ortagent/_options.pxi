@@ -20,6 +20,13 @@ from ortagent.errors import (
 )
 
 
+cdef extern from "ortagent/cpu_kernels.h" nogil:
+    const char* ORTAGENT_KERNELS_DOMAIN
+    ort.OrtStatus* ortagent_add_cpu_kernels(ort.OrtSessionOptions* options)
+
+CPU_TRAINING_KERNELS_DOMAIN = ORTAGENT_KERNELS_DOMAIN.decode()
+
+
 
 class GraphOptimizationLevel(enum.IntEnum):
     """Graph optimisation levels (values of onnxruntime's enum)."""
@@ -141,6 +148,7 @@ cdef class SessionOptions(_LogSettings):
         self._use_deterministic_compute = False
         self._has_providers = False
         self._device_providers = []
+        self._cpu_training_kernels = False
 
     def __dealloc__(self):
         if self.handle != NULL:
@@ -175,7 +183,11 @@ cdef class SessionOptions(_LogSettings):
         other._use_deterministic_compute = self._use_deterministic_compute
         other._has_providers = self._has_providers
         other._device_providers = list(self._device_providers)
+        other._cpu_training_kernels = self._cpu_training_kernels    # (the clone keeps the domain)
         return other
+
+    def __copy__(self):
+        return self.copy()
 
     @property
     def intra_op_num_threads(self):
@@ -444,6 +456,20 @@ cdef class SessionOptions(_LogSettings):
         if b"\0" in path:
             raise OrtInvalidArgument("library_path must not contain NUL characters")
         check(ort.RegisterCustomOpsLibrary_V2(self.handle, path))
+
+    def add_cpu_training_kernels(self):
+        """Let sessions using these options run ortagent's CPU gradient operators (domain
+        ``ai.ortagent.cpu``: LayerNormalizationGrad, BatchNormTrainingGrad; see README, "CPU
+        training kernels"), which the training graphs of
+        ``build_training_graph(..., cpu_kernels=True)`` use. Adding them twice does nothing."""
+        if not self._cpu_training_kernels:
+            check(ortagent_add_cpu_kernels(self.handle))
+            self._cpu_training_kernels = True
+
+    @property
+    def has_cpu_training_kernels(self):
+        """Whether add_cpu_training_kernels() was called on these options (or the ones copied)."""
+        return self._cpu_training_kernels
 
     def add_provider_for_devices(self, ep_devices, provider_options):
         """Add the execution provider of `ep_devices` (OrtEpDevice objects of one provider, from

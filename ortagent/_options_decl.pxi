@@ -29,6 +29,7 @@ cdef class SessionOptions(_LogSettings):
     cdef bint _use_deterministic_compute
     cdef bint _has_providers         # devices or a selection policy were given (see _epdevices)
     cdef list _device_providers      # names of the providers added for devices, in order
+    cdef bint _cpu_training_kernels  # ortagent's CPU gradient kernels were added (cpu_kernels.h)
     cdef SessionOptions copy(self)
 
 

@@ -7,8 +7,10 @@ repository. Every test against a genuine header runs once per header. The tests 
 
 What is checked (tests/abi_check/check_ort_abi.c does the C part):
   - every declared slot index and signature that the header's API version covers, every enum
-    value, the OrtApiBase layout, and ortagent_allocator_v1 against OrtAllocator's first
-    members (the pooled CPU allocator, include/ortagent/cpu_pool.h, is handed to onnxruntime as one);
+    value, the OrtApiBase layout, ortagent_allocator_v1 against OrtAllocator's first
+    members (the pooled CPU allocator, include/ortagent/cpu_pool.h, is handed to onnxruntime as one),
+    and ortagent_custom_op_v16 against OrtCustomOp's members up to KernelComputeV2 (ortagent's
+    CPU kernels, include/ortagent/cpu_kernels.h, are registered as such operators);
   - every declared `since` against the header: a slot the header's version covers must be
     there (under its name), and its `since` must match the member's "\\since" doc comment, or
     lie between the documented versions around it; a slot newer than the header must lie past
@@ -218,6 +220,7 @@ def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
     assert f"table {len(genuine.members)}" in lines
     assert "api_base ok" in lines
     assert "allocator_v1 ok" in lines
+    assert "custom_op_v16 ok" in lines
 
     declared = ctools.declared_functions()
     expected_slots = {f"slot {d.name} {d.slot} {d.since} {d.slot}"
@@ -247,8 +250,8 @@ def test_ort_abi_matches_genuine_header(genuine, tmp_path, request):
                   f"declared slots verified (index + signature), {len(checked_compile)} of "
                   f"{len(compile_declared)} OrtCompileApi slots, "
                   f"{len({line.split()[1] for line in checked_enums})} of {len(enums)} enums / "
-                  f"{len(checked_enums)} values verified, OrtApiBase layout and OrtAllocator's "
-                  "version-1 members verified")
+                  f"{len(checked_enums)} values verified, OrtApiBase layout, OrtAllocator's "
+                  "version-1 members and OrtCustomOp's members up to version 16 verified")
 
 
 def test_since_versions_agree_with_genuine_header(genuine, request):
@@ -329,6 +332,19 @@ MUTATIONS = {
     "allocator member type": ("    uint32_t version;\n    void* (*Alloc)",
                               "    uint64_t version;\n    void* (*Alloc)",
                               "ortagent_allocator_v1.version"),
+    "custom op member order": (
+        "    size_t (*GetInputTypeCount)(const ortagent_custom_op_v16* op);\n"
+        "    ONNXTensorElementDataType (*GetOutputType)(const ortagent_custom_op_v16* op, size_t index);",
+        "    ONNXTensorElementDataType (*GetOutputType)(const ortagent_custom_op_v16* op, size_t index);\n"
+        "    size_t (*GetInputTypeCount)(const ortagent_custom_op_v16* op);",
+        "ortagent_custom_op_v16.GetInputTypeCount"),
+    "custom op member signature": (
+        "    OrtStatus* (*KernelComputeV2)(void* kernel, OrtKernelContext* context);",
+        "    OrtStatus* (*KernelComputeV2)(void* kernel, const OrtKernelContext* context);",
+        "OrtCustomOp.KernelComputeV2"),
+    "custom op member missing": (
+        "    int (*GetVariadicOutputHomogeneity)(const ortagent_custom_op_v16* op);\n", "",
+        "ortagent_custom_op_v16"),
 }
 
 

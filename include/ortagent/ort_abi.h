@@ -54,6 +54,12 @@ typedef struct OrtKeyValuePairs OrtKeyValuePairs;
 typedef struct OrtHardwareDevice OrtHardwareDevice;
 typedef struct OrtEpDevice OrtEpDevice;
 typedef struct OrtModelCompilationOptions OrtModelCompilationOptions;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+/* OrtCustomOp is a struct of callbacks in the runtime; ortagent fills in its own
+ * ortagent_custom_op_v16 (below) and passes it as a pointer to this tag. */
+typedef struct OrtCustomOp OrtCustomOp;
 /* The compile API's table of function pointers (ortagent indexes it, see ORTAGENT_COMPILE_FUNCTIONS). */
 typedef struct OrtCompileApi OrtCompileApi;
 /* OrtAllocator is a struct of callbacks in the runtime; ortagent only passes pointers to it. */
@@ -112,10 +118,14 @@ typedef struct OrtAllocator OrtAllocator;
     E(ORT_SPARSE_COO_INDICES, 0) E(ORT_SPARSE_CSR_INNER_INDICES, 1) E(ORT_SPARSE_CSR_OUTER_INDICES, 2) \
     E(ORT_SPARSE_BLOCK_SPARSE_INDICES, 3)
 
+#define ORTAGENT_ENUM_OrtCustomOpInputOutputCharacteristic(E) \
+    E(INPUT_OUTPUT_REQUIRED, 0) E(INPUT_OUTPUT_OPTIONAL, 1) E(INPUT_OUTPUT_VARIADIC, 2)
+
 #define ORTAGENT_ENUMS(LIST) \
     LIST(OrtErrorCode) LIST(OrtLoggingLevel) LIST(ONNXTensorElementDataType) LIST(ONNXType) \
     LIST(GraphOptimizationLevel) LIST(ExecutionMode) LIST(OrtAllocatorType) LIST(OrtMemType) \
-    LIST(OrtMemoryInfoDeviceType) LIST(OrtSparseFormat) LIST(OrtSparseIndicesFormat)
+    LIST(OrtMemoryInfoDeviceType) LIST(OrtSparseFormat) LIST(OrtSparseIndicesFormat) \
+    LIST(OrtCustomOpInputOutputCharacteristic)
 
 /* Enums newer than the floor, grouped by the API version that added them: ORTAGENT_ENUMS_<N>
  * lists the enums of onnxruntime 1.N. A genuine header older than 1.N lacks them, so the ABI
@@ -175,6 +185,38 @@ typedef struct ortagent_allocator_v1 {
     const OrtMemoryInfo* (*Info)(const struct ortagent_allocator_v1* self);
 } ortagent_allocator_v1;
 
+/* KernelContext_ParallelFor's work item: fn(user data, index) for each index below the total. */
+typedef void (*ortagent_parallel_fn)(void* data, size_t index);
+
+/* The members of OrtCustomOp up to KernelComputeV2, in order: what ortagent fills in for each
+ * operator of its CPU kernels (cpu_kernels.h). `version` is set to 16, the version that added
+ * CreateKernelV2 and KernelComputeV2: onnxruntime reads a member that a later version appended
+ * (InferOutputShapeFn, GetStartVersion, GetMayInplace, ...) only when `version` is at least
+ * that version, and refuses a `version` newer than its own. */
+typedef struct ortagent_custom_op_v16 ortagent_custom_op_v16;
+struct ortagent_custom_op_v16 {
+    uint32_t version;
+    void* (*CreateKernel)(const ortagent_custom_op_v16* op, const void* api, const OrtKernelInfo* info);
+    const char* (*GetName)(const ortagent_custom_op_v16* op);
+    const char* (*GetExecutionProviderType)(const ortagent_custom_op_v16* op);
+    ONNXTensorElementDataType (*GetInputType)(const ortagent_custom_op_v16* op, size_t index);
+    size_t (*GetInputTypeCount)(const ortagent_custom_op_v16* op);
+    ONNXTensorElementDataType (*GetOutputType)(const ortagent_custom_op_v16* op, size_t index);
+    size_t (*GetOutputTypeCount)(const ortagent_custom_op_v16* op);
+    void (*KernelCompute)(void* kernel, OrtKernelContext* context);
+    void (*KernelDestroy)(void* kernel);
+    OrtCustomOpInputOutputCharacteristic (*GetInputCharacteristic)(const ortagent_custom_op_v16* op, size_t index);
+    OrtCustomOpInputOutputCharacteristic (*GetOutputCharacteristic)(const ortagent_custom_op_v16* op, size_t index);
+    OrtMemType (*GetInputMemoryType)(const ortagent_custom_op_v16* op, size_t index);
+    int (*GetVariadicInputMinArity)(const ortagent_custom_op_v16* op);
+    int (*GetVariadicInputHomogeneity)(const ortagent_custom_op_v16* op);
+    int (*GetVariadicOutputMinArity)(const ortagent_custom_op_v16* op);
+    int (*GetVariadicOutputHomogeneity)(const ortagent_custom_op_v16* op);
+    OrtStatus* (*CreateKernelV2)(const ortagent_custom_op_v16* op, const void* api, const OrtKernelInfo* info,
+                                 void** kernel);
+    OrtStatus* (*KernelComputeV2)(void* kernel, OrtKernelContext* context);
+};
+
 /* ---- entry points ----------------------------------------------------------------------- */
 /* The one exported symbol: OrtGetApiBase() returns a pointer to this pair of functions. */
 typedef struct ortagent_api_base {
@@ -212,6 +254,9 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X( 23,  1, OrtStatus*, SetSessionGraphOptimizationLevel, (OrtSessionOptions*, GraphOptimizationLevel)) \
     X( 24,  1, OrtStatus*, SetIntraOpNumThreads, (OrtSessionOptions*, int)) \
     X( 25,  1, OrtStatus*, SetInterOpNumThreads, (OrtSessionOptions*, int)) \
+    X( 26,  1, OrtStatus*, CreateCustomOpDomain, (const char*, OrtCustomOpDomain**)) \
+    X( 27,  1, OrtStatus*, CustomOpDomain_Add, (OrtCustomOpDomain*, const OrtCustomOp*)) \
+    X( 28,  1, OrtStatus*, AddCustomOpDomain, (OrtSessionOptions*, OrtCustomOpDomain*)) \
     X( 30,  1, OrtStatus*, SessionGetInputCount, (const OrtSession*, size_t*)) \
     X( 31,  1, OrtStatus*, SessionGetOutputCount, (const OrtSession*, size_t*)) \
     X( 32,  1, OrtStatus*, SessionGetOverridableInitializerCount, (const OrtSession*, size_t*)) \
@@ -262,6 +307,12 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X( 80,  1, OrtStatus*, GetValue, (const OrtValue*, int, OrtAllocator*, OrtValue**)) \
     X( 81,  1, OrtStatus*, GetValueCount, (const OrtValue*, size_t*)) \
     X( 82,  1, OrtStatus*, CreateValue, (const OrtValue* const*, size_t, ONNXType, OrtValue**)) \
+    X( 85,  1, OrtStatus*, KernelInfoGetAttribute_float, (const OrtKernelInfo*, const char*, float*)) \
+    X( 86,  1, OrtStatus*, KernelInfoGetAttribute_int64, (const OrtKernelInfo*, const char*, int64_t*)) \
+    X( 88,  1, OrtStatus*, KernelContext_GetInputCount, (const OrtKernelContext*, size_t*)) \
+    X( 89,  1, OrtStatus*, KernelContext_GetOutputCount, (const OrtKernelContext*, size_t*)) \
+    X( 90,  1, OrtStatus*, KernelContext_GetInput, (const OrtKernelContext*, size_t, const OrtValue**)) \
+    X( 91,  1, OrtStatus*, KernelContext_GetOutput, (OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**)) \
     X( 92,  1, void, ReleaseEnv, (OrtEnv*)) \
     X( 93,  1, void, ReleaseStatus, (OrtStatus*)) \
     X( 94,  1, void, ReleaseMemoryInfo, (OrtMemoryInfo*)) \
@@ -271,6 +322,7 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X( 98,  1, void, ReleaseTypeInfo, (OrtTypeInfo*)) \
     X( 99,  1, void, ReleaseTensorTypeAndShapeInfo, (OrtTensorTypeAndShapeInfo*)) \
     X(100,  1, void, ReleaseSessionOptions, (OrtSessionOptions*)) \
+    X(101,  1, void, ReleaseCustomOpDomain, (OrtCustomOpDomain*)) \
     X(103,  2, OrtStatus*, CastTypeInfoToMapTypeInfo, (const OrtTypeInfo*, const OrtMapTypeInfo**)) \
     X(104,  2, OrtStatus*, CastTypeInfoToSequenceTypeInfo, (const OrtTypeInfo*, const OrtSequenceTypeInfo**)) \
     X(105,  2, OrtStatus*, GetMapKeyType, (const OrtMapTypeInfo*, ONNXTensorElementDataType*)) \
@@ -355,6 +407,7 @@ typedef const ortagent_api_base* (*ortagent_get_api_base_fn)(void);
     X(254, 15, const char*, GetBuildInfoString, (void)) \
     X(259, 16, OrtStatus*, CreateAndRegisterAllocatorV2, (OrtEnv*, const char*, const OrtMemoryInfo*, const OrtArenaCfg*, const char* const*, const char* const*, size_t)) \
     X(273, 17, OrtStatus*, SetDeterministicCompute, (OrtSessionOptions*, bool)) \
+    X(274, 17, OrtStatus*, KernelContext_ParallelFor, (const OrtKernelContext*, ortagent_parallel_fn, size_t, size_t, void*)) \
     X(279, 18, OrtStatus*, AddExternalInitializersFromFilesInMemory, (OrtSessionOptions*, const char* const*, char* const*, const size_t*, size_t)) \
     X(280, 20, OrtStatus*, CreateLoraAdapter, (const char*, OrtAllocator*, OrtLoraAdapter**)) \
     X(281, 20, OrtStatus*, CreateLoraAdapterFromArray, (const void*, size_t, OrtAllocator*, OrtLoraAdapter**)) \

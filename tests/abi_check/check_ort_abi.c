@@ -32,6 +32,7 @@
  *   compile_slot <name> <slot> <since> <offset/sizeof(void*)>
  *   enum <type> <enumerator> <value>
  *   api_base ok
+ *   allocator_v1 ok, custom_op_v16 ok  (their layouts are checked at compile time)
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -166,6 +167,69 @@ _Static_assert(_Generic(((OrtAllocator*)0)->Info,
                             const OrtMemoryInfo* (*)(const ortagent_allocator_v1*): 1, default: 0),
                "signature of OrtAllocator.Info differs");
 
+/* ---- OrtCustomOp's members up to KernelComputeV2 ------------------------------------------ */
+/* ortagent_custom_op_v16 is the genuine OrtCustomOp cut after KernelComputeV2 (the members a
+ * `version` of 16 makes onnxruntime read): the same offsets and sizes, and each function member
+ * of the same shape, with `self` the struct's own type (and the OrtApi pointer, which ours
+ * declares as const void*, compared by shape). */
+#define CHECK_OP_MEMBER_AT(member)                                                            \
+    _Static_assert(offsetof(ortagent_custom_op_v16, member) == offsetof(OrtCustomOp, member),  \
+                   "offset of ortagent_custom_op_v16." #member " differs from OrtCustomOp");  \
+    _Static_assert(sizeof(((ortagent_custom_op_v16*)0)->member) == sizeof(((OrtCustomOp*)0)->member), \
+                   "size of ortagent_custom_op_v16." #member " differs from OrtCustomOp");
+/* a member whose first parameter is the op itself: ret (*)(const <op>*, rest...) */
+#define CHECK_OP_METHOD(member, ret, ...)                                                     \
+    CHECK_OP_MEMBER_AT(member)                                                                \
+    _Static_assert(_Generic(((OrtCustomOp*)0)->member,                                         \
+                            ret (*)(const OrtCustomOp*, ##__VA_ARGS__): 1, default: 0) &&      \
+                       _Generic(((ortagent_custom_op_v16*)0)->member,                          \
+                                ret (*)(const ortagent_custom_op_v16*, ##__VA_ARGS__): 1, default: 0), \
+                   "signature of OrtCustomOp." #member " differs");
+/* a member without the op: the same type in both */
+#define CHECK_OP_FUNCTION(member)                                                             \
+    CHECK_OP_MEMBER_AT(member)                                                                \
+    _Static_assert(_Generic(((OrtCustomOp*)0)->member,                                         \
+                            __typeof__(((ortagent_custom_op_v16*)0)->member): 1, default: 0), \
+                   "signature of OrtCustomOp." #member " differs");
+CHECK_OP_MEMBER_AT(version)
+_Static_assert(_Generic(((OrtCustomOp*)0)->version, uint32_t: 1, default: 0) &&
+                   _Generic(((ortagent_custom_op_v16*)0)->version, uint32_t: 1, default: 0),
+               "OrtCustomOp.version is not a uint32_t in both");
+CHECK_OP_MEMBER_AT(CreateKernel)
+_Static_assert(_Generic(((OrtCustomOp*)0)->CreateKernel,
+                        void* (*)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*): 1, default: 0) &&
+                   _Generic(((ortagent_custom_op_v16*)0)->CreateKernel,
+                            void* (*)(const ortagent_custom_op_v16*, const void*, const OrtKernelInfo*): 1,
+                            default: 0),
+               "signature of OrtCustomOp.CreateKernel differs");
+CHECK_OP_METHOD(GetName, const char*)
+CHECK_OP_METHOD(GetExecutionProviderType, const char*)
+CHECK_OP_METHOD(GetInputType, ONNXTensorElementDataType, size_t)
+CHECK_OP_METHOD(GetInputTypeCount, size_t)
+CHECK_OP_METHOD(GetOutputType, ONNXTensorElementDataType, size_t)
+CHECK_OP_METHOD(GetOutputTypeCount, size_t)
+CHECK_OP_FUNCTION(KernelCompute)
+CHECK_OP_FUNCTION(KernelDestroy)
+CHECK_OP_METHOD(GetInputCharacteristic, OrtCustomOpInputOutputCharacteristic, size_t)
+CHECK_OP_METHOD(GetOutputCharacteristic, OrtCustomOpInputOutputCharacteristic, size_t)
+CHECK_OP_METHOD(GetInputMemoryType, OrtMemType, size_t)
+CHECK_OP_METHOD(GetVariadicInputMinArity, int)
+CHECK_OP_METHOD(GetVariadicInputHomogeneity, int)
+CHECK_OP_METHOD(GetVariadicOutputMinArity, int)
+CHECK_OP_METHOD(GetVariadicOutputHomogeneity, int)
+CHECK_OP_MEMBER_AT(CreateKernelV2)
+_Static_assert(_Generic(((OrtCustomOp*)0)->CreateKernelV2,
+                        OrtStatus* (*)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**): 1,
+                        default: 0) &&
+                   _Generic(((ortagent_custom_op_v16*)0)->CreateKernelV2,
+                            OrtStatus* (*)(const ortagent_custom_op_v16*, const void*, const OrtKernelInfo*,
+                                           void**): 1, default: 0),
+               "signature of OrtCustomOp.CreateKernelV2 differs");
+CHECK_OP_FUNCTION(KernelComputeV2)
+/* KernelComputeV2 is the last member ortagent declares: the next genuine one starts right after */
+_Static_assert(sizeof(ortagent_custom_op_v16) == offsetof(OrtCustomOp, InferOutputShapeFn),
+               "ortagent_custom_op_v16 does not end where OrtCustomOp's version-17 members begin");
+
 #define STRINGIFY_(x) #x
 #define STRINGIFY(x) STRINGIFY_(x)
 
@@ -223,5 +287,6 @@ int main(void) {
     }
     printf("api_base ok\n");
     printf("allocator_v1 ok\n");
+    printf("custom_op_v16 ok\n");
     return 0;
 }
