@@ -65,6 +65,16 @@ standardizes the input with them (``(x - mean) * inv_std``, two passes) where on
 computed the statistics again (two reductions and five more passes over the input); the
 gradient's formula is onnx-ad's (see :func:`_layer_norm_parts_from_statistics`).
 
+With ortagent's CPU gradient kernels asked for (``build_training_graph(cpu_kernels=True)``,
+see :func:`differentiating`; the graph then runs on onnxruntime's CPU provider with
+``SessionOptions.add_cpu_training_kernels()``), three gradients are one node of the domain
+``ai.ortagent.cpu`` each (include/ortagent/cpu_kernels.h): a float32 LayerNormalization's
+(``LayerNormalizationGrad`` over the statistics it reports, where its scale has the normalised
+dimensions' shape), a float32 BatchNormTraining's over every axis but the channels
+(``BatchNormTrainingGrad``), and a float32 GELU's of the erf form (``GeluGrad``: :func:`prepare`
+collapses the five nodes torch's exporter writes into a private ``ErfGelu`` whose reverse it
+is, and :func:`finish` writes them back). Other graphs are as without the kernels.
+
 ``HardSwish``'s derivative is replaced by torch's (see :func:`_hard_swish_derivative`).
 
 ``ReduceMean``'s rule divides by the reduced count as ``Size(x) / max(Size(y), 1)``, so
@@ -106,15 +116,20 @@ from onnx import ModelProto, ValueInfoProto
 from ._onnx_graph import NameAllocator, all_value_names, walk_graphs
 from .errors import OrtNotImplemented
 
-__all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "prepare", "finish", "uses_private_ops",
-           "differentiating"]
+__all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "CPU_KERNELS_DOMAIN", "CPU_KERNEL_OPS", "prepare",
+           "finish", "uses_private_ops", "differentiating"]
 
 DOMAIN = "ai.ortagent.ad"
 STOP_GRADIENT = "StopGradient"
 CONVOLUTION = "Convolution"
 CONVOLUTION_TRANSPOSE = "ConvolutionTranspose"
 BATCH_NORM_TRAINING = "BatchNormTraining"
-_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE, BATCH_NORM_TRAINING}
+GELU = "ErfGelu"        # x * cdf(x), written as torch's exporter writes it (see _collapse_gelus)
+_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE, BATCH_NORM_TRAINING, GELU}
+# ortagent's CPU gradient kernels (include/ortagent/cpu_kernels.h), emitted only on request
+# (see differentiating); a session runs them once SessionOptions.add_cpu_training_kernels() was called
+CPU_KERNELS_DOMAIN = "ai.ortagent.cpu"
+CPU_KERNEL_OPS = frozenset({"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad"})
 _CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
 _MS_DOMAIN = "com.microsoft"
 
@@ -791,7 +806,9 @@ def _batch_norm_training_reverse(ctx, node, grads):
     count per channel, ``dB = sum(dY)``, ``dscale = sum(dY x_hat)`` and ``dX = scale /
     sqrt(var + eps) * (dY - dB / n - x_hat dscale / n)``, sums over ``axes``. The batch
     statistics are outputs the bridge never differentiates (they update the running buffers):
-    a gradient asked of them is refused rather than dropped."""
+    a gradient asked of them is refused rather than dropped. With ortagent's CPU kernels (see
+    :func:`differentiating`), a float32 BatchNorm over every axis but the channels is one
+    ``BatchNormTrainingGrad`` node."""
     from onnx_ad._build import UnsupportedOperator
 
     if any(grad is not None for grad in grads[1:]):
@@ -802,6 +819,13 @@ def _batch_norm_training_reverse(ctx, node, grads):
     inputs, wanted, dy = found
     x, scale = node.input[0], node.input[1]
     axes = _batch_norm_axes(node)
+    shape = ctx.shapes.shape(x)
+    if (_cpu_kernels() and scale and len(node.output) >= 3 and node.output[1] and node.output[2]
+            and ctx.shapes.dtype(x) == onnx.TensorProto.FLOAT and shape is not None
+            and axes == [0, *range(2, len(shape))]):
+        result = _fused_gradient(ctx, "BatchNormTrainingGrad", [dy, x, scale, node.output[1], node.output[2]],
+                                 wanted, "batch_norm", epsilon=_batch_norm_epsilon(node))
+        return result[:len(node.input)]
     view = ctx.b.ints([1, -1] + [1] * (len(axes) - 1))
     dtype = ctx.dtype(x)
     mean = ctx.b.op("Reshape", [node.output[1], view], stem="batch_norm_mean")
@@ -902,6 +926,54 @@ def _batch_norm_by_inference_node(node, opset: int, make, name) -> list:
                          epsilon=_batch_norm_epsilon(node))]
 
 
+def _fused_gradient(ctx, op_type: str, operands: list[str], wanted: list[bool], stem: str, **attrs) -> list:
+    """One node of ortagent's CPU kernels computing (dX, dscale, dbias) from ``operands``: dX
+    always, the others only where ``wanted`` (an output left unnamed is not computed); the
+    gradients asked for get the seed axis back, the others are None."""
+    outputs = ctx.b.op(op_type, operands, outputs=3, stem=f"{stem}_grad", domain=CPU_KERNELS_DOMAIN, **attrs)
+    grad_node = ctx.b.nodes[-1]
+    grad_node.name = ctx.b.name(f"{stem}_grad_node")
+    for index in (1, 2):
+        if not wanted[index]:
+            grad_node.output[index] = ""
+    return [_with_seed_axis(ctx, name, f"{stem}_adjoint") if asked else None
+            for name, asked in zip(outputs, wanted)]
+
+
+def _layer_norm_reverse_or_fused(rule):
+    """onnx-ad's LayerNormalization rule, or with ortagent's CPU kernels (see
+    :func:`differentiating`) one ``LayerNormalizationGrad`` node over the statistics the forward
+    node reports (named by :func:`prepare`) for a float32 LayerNormalization whose scale has the
+    normalised dimensions' shape."""
+    def reverse(ctx, node, grads):
+        if not _cpu_kernels() or any(grad is not None for grad in grads[1:]) or not _fusable_layer_norm(ctx, node):
+            return rule(ctx, node, grads)
+        found = _output_gradient(ctx, node, grads, "layer_norm_dy")
+        if found is None:
+            return [None] * len(node.input)
+        inputs, wanted, dy = found
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        result = _fused_gradient(ctx, "LayerNormalizationGrad",
+                                 [dy, node.input[0], node.input[1], node.output[1], node.output[2]],
+                                 wanted, "layer_norm", axis=axis)
+        return result[:len(node.input)]
+    return reverse
+
+
+def _fusable_layer_norm(ctx, node) -> bool:
+    x = node.input[0]
+    if len(node.input) < 2 or not node.input[1] or len(node.output) < 3 or not node.output[1] \
+            or not node.output[2] or ctx.shapes.dtype(x) != onnx.TensorProto.FLOAT:
+        return False
+    shape, scale_shape = ctx.shapes.shape(x), ctx.shapes.shape(node.input[1])
+    if shape is None or scale_shape is None or not shape:
+        return False
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1) % len(shape)
+    normalised = shape[axis:]
+    return len(scale_shape) == len(normalised) and all(
+        s is not None and (d is None or d == s) for d, s in zip(normalised, scale_shape))
+
+
 def _layer_norm_parts_from_statistics(parts):
     """onnx-ad's LayerNormalization statistics step ``parts(ctx, node) -> (axes, standardized,
     inv_std)``, reading the ``Mean`` and ``InvStdDev`` the forward node reports (named by
@@ -917,6 +989,122 @@ def _layer_norm_parts_from_statistics(parts):
         standardized = ctx.b.op("Mul", [ctx.b.op("Sub", [x, node.output[1]]), inv_std], stem="standardized")
         return list(range(axis, rank)), standardized, inv_std
     return from_statistics
+
+
+_SQRT_2 = float(np.float32(np.sqrt(2.0)))
+
+
+def _collapse_gelus(model: ModelProto, known: dict[str, ValueInfoProto]) -> None:
+    """Each float32 GELU of the erf form as torch's exporter writes it, ``y = x * (0.5 * (1 +
+    erf(x / sqrt(2))))`` (Div, Erf, Add, Mul, Mul; either operand order), whose intermediate
+    values nothing else reads, becomes one private ``ErfGelu(x) -> (y, cdf)`` node: its reverse is
+    one ``GeluGrad`` of ortagent's CPU kernels (the autodiff of the five nodes gave about eight
+    elementwise nodes over the activation), and :func:`finish` writes the five nodes back."""
+    graph = model.graph
+    constants = _scalar_constants(graph)
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    producer = {out: node for node in graph.node for out in node.output}
+
+    def only_reader(name):
+        readers = consumers.get(name, [])
+        return readers[0] if len(readers) == 1 and name not in outputs else None
+
+    def other(node, name):
+        return node.input[1] if node.input[0] == name else node.input[0]
+
+    replaced: dict[int, onnx.NodeProto] = {}
+    for erf in graph.node:
+        if erf.op_type != "Erf" or erf.domain not in ("", "ai.onnx") or len(erf.input) != 1:
+            continue
+        div = producer.get(erf.input[0])
+        if div is None or div.op_type != "Div" or div.domain not in ("", "ai.onnx") \
+                or not np.isclose(constants.get(div.input[1], 0.0), _SQRT_2, rtol=1e-6, atol=0):
+            continue
+        x = div.input[0]
+        source = known.get(x)
+        if source is None or source.type.tensor_type.elem_type != onnx.TensorProto.FLOAT or only_reader(div.output[0]) is not erf:
+            continue
+        add = only_reader(erf.output[0])
+        if add is None or add.op_type != "Add" or constants.get(other(add, erf.output[0])) != 1.0:
+            continue
+        half = only_reader(add.output[0])
+        if half is None or half.op_type != "Mul" or constants.get(other(half, add.output[0])) != 0.5:
+            continue
+        product = only_reader(half.output[0])
+        if product is None or product.op_type != "Mul" or other(product, half.output[0]) != x:
+            continue
+        chain = (div, erf, add, half, product)
+        if any(id(node) in replaced for node in chain):
+            continue
+        gelu = onnx.helper.make_node(GELU, [x], [product.output[0], half.output[0]], name=product.name or erf.name,
+                                     domain=DOMAIN)
+        replaced.update((id(node), None) for node in chain)
+        replaced[id(product)] = gelu
+    if not replaced:
+        return
+    kept = []
+    for node in graph.node:
+        if id(node) not in replaced:
+            kept.append(node)
+        elif replaced[id(node)] is not None:
+            kept.append(replaced[id(node)])
+    del graph.node[:]
+    graph.node.extend(kept)
+    for node in graph.node:
+        if node.domain == DOMAIN and node.op_type == GELU:
+            for output in node.output:
+                _declare(model, output, known.get(node.input[0]))
+    if not any(entry.domain == DOMAIN for entry in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+
+
+def _scalar_constants(graph) -> dict[str, float]:
+    """The one-element float constants of ``graph`` (initializers and Constant nodes), by name."""
+    found = {}
+    tensors = [(init.name, init) for init in graph.initializer]
+    tensors += [(node.output[0], attr.t) for node in graph.node if node.op_type == "Constant"
+                for attr in node.attribute if attr.name == "value"]
+    for name, tensor in tensors:
+        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and int(np.prod(tensor.dims)) == 1:
+            found[name] = float(onnx.numpy_helper.to_array(tensor).reshape(-1)[0])
+    return found
+
+
+def _gelu_nodes(node) -> list:
+    """A private ``ErfGelu(x) -> (y, cdf)`` as the five standard nodes it stands for."""
+    make = onnx.helper.make_node
+    x, (y, cdf) = node.input[0], node.output
+    stem = (node.name or y) + "/"
+
+    def scalar(name, value):
+        return make("Constant", [], [stem + name], value=onnx.helper.make_tensor(name, onnx.TensorProto.FLOAT, [],
+                                                                                   [value]))
+    return [scalar("sqrt2", _SQRT_2), scalar("one", 1.0), scalar("half", 0.5),
+            make("Div", [x, stem + "sqrt2"], [stem + "scaled"]),
+            make("Erf", [stem + "scaled"], [stem + "erf"]),
+            make("Add", [stem + "erf", stem + "one"], [stem + "erf_plus_one"]),
+            make("Mul", [stem + "half", stem + "erf_plus_one"], [cdf]),
+            make("Mul", [x, cdf], [y], name=node.name)]
+
+
+def _gelu_reverse(ctx, node, grads):
+    """dX = dY * (cdf + x * pdf(x)) as one GeluGrad node (private Gelu nodes are made only for
+    graphs that run ortagent's CPU kernels)."""
+    from onnx_ad._build import UnsupportedOperator
+
+    if len(grads) > 1 and grads[1] is not None:
+        raise UnsupportedOperator("the CDF a private ErfGelu node reports is not differentiated")
+    x = node.input[0]
+    if not ctx.asked_for(x):
+        return [None]
+    dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="gelu_dy")
+    dx = ctx.b.op("GeluGrad", [dy, x, node.output[1]], stem="gelu_grad", domain=CPU_KERNELS_DOMAIN)
+    ctx.b.nodes[-1].name = ctx.b.name("gelu_grad_node")
+    return [_with_seed_axis(ctx, dx, "gelu_adjoint")]
 
 
 def _hard_swish_derivative(ctx, node, x, y, dtype):
@@ -962,7 +1150,8 @@ def _register() -> None:
         for op_type, reverse, forward in ((STOP_GRADIENT, _stop_gradient_reverse, _stop_gradient_forward),
                                           (CONVOLUTION, _convolution_reverse, None),
                                           (CONVOLUTION_TRANSPOSE, _convolution_transpose_reverse, None),
-                                          (BATCH_NORM_TRAINING, _batch_norm_training_reverse, None)):
+                                          (BATCH_NORM_TRAINING, _batch_norm_training_reverse, None),
+                                          (GELU, _gelu_reverse, None)):
             if op_type in rules.REVERSE or op_type in rules.FORWARD:
                 raise RuntimeError(f"onnx-ad defines a rule for {op_type} itself; ortagent's private "
                                    "operator of that name would shadow it")
@@ -983,6 +1172,7 @@ def _register() -> None:
         rules.DERIVATIVE["HardSwish"] = _hard_swish_derivative    # replaces onnx-ad's (torch's ties)
         # (onnx-ad's LayerNormalization rules look their statistics step up by this name)
         rules._layer_norm_parts = _layer_norm_parts_from_statistics(rules._layer_norm_parts)
+        rules.REVERSE["LayerNormalization"] = _layer_norm_reverse_or_fused(rules.REVERSE["LayerNormalization"])
         for extremum in ("Max", "Min"):
             rules.REVERSE[extremum] = _extremum_reverse_or_halved(rules.REVERSE[extremum])
         # (a forward rule too: onnx-ad expands an operator without one into its function body)
@@ -1002,7 +1192,8 @@ _reverse_state = threading.local()  # while ortagent's reverse runs: .dims, .abo
 
 
 @contextmanager
-def differentiating(dims: dict[str, list[int | str]], symbols_above_one: Collection[str] = ()) -> Iterator[None]:
+def differentiating(dims: dict[str, list[int | str]], symbols_above_one: Collection[str] = (),
+                    cpu_kernels: bool = False) -> Iterator[None]:
     """The facts ortagent's call of onnx-ad's reverse mode (in this thread) lets onnx-ad use:
 
     * One seed direction (build_training_graph seeds each module output with a trailing axis of
@@ -1019,16 +1210,26 @@ def differentiating(dims: dict[str, list[int | str]], symbols_above_one: Collect
       each of the operand's dimensions is a static size or such a symbol; onnx-ad otherwise
       computes the axes at run time from the operand's shape (Shape, Equal, NonZero, a ReduceSum
       over those axes, which copies the gradient even where nothing was broadcast, and a
-      Reshape)."""
+      Reshape).
+    * ``cpu_kernels``: the graph will run on onnxruntime's CPU provider with ortagent's CPU
+      gradient kernels registered (``SessionOptions.add_cpu_training_kernels``): the float32
+      gradients of LayerNormalization and of BatchNormTraining are one node of the domain
+      :data:`CPU_KERNELS_DOMAIN` each instead of a dozen standard ones."""
     _reverse_state.dims, _reverse_state.above_one = dims, frozenset(symbols_above_one)
+    _reverse_state.cpu_kernels = cpu_kernels
     try:
         yield
     finally:
         _reverse_state.dims = _reverse_state.above_one = None
+        _reverse_state.cpu_kernels = False
 
 
 def _active() -> bool:
     return getattr(_reverse_state, "dims", None) is not None
+
+
+def _cpu_kernels() -> bool:
+    return bool(getattr(_reverse_state, "cpu_kernels", False))
 
 
 def _reshape_like_with_one_seed(original):
@@ -1066,10 +1267,11 @@ def _default_opset(model: ModelProto) -> int:
     return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
 
 
-def prepare(model: ModelProto) -> None:
+def prepare(model: ModelProto, cpu_kernels: bool = False) -> None:
     """Make ``model`` ready for onnx-ad with ortagent's rules (in place): rename the operators
     ortagent differentiates itself, register the rules, and declare each private operator's
-    result type."""
+    result type. With ``cpu_kernels``, float32 GELUs become one private ``ErfGelu`` node each (see
+    :func:`_collapse_gelus`)."""
     for graph in walk_graphs(model.graph):
         for node in graph.node:
             if node.domain == DOMAIN and node.op_type not in _PRIVATE:
@@ -1085,9 +1287,12 @@ def prepare(model: ModelProto) -> None:
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     _declare_inverses(model)
     normalizing = any(node.op_type == "LayerNormalization" for node in model.graph.node)
-    if not normalizing and not convolutions and not uses_private_ops(model):
+    gelus = cpu_kernels and any(node.op_type == "Erf" for node in model.graph.node)
+    if not normalizing and not convolutions and not gelus and not uses_private_ops(model):
         return
     known = _known_types(model)     # (the statistics' new outputs change no type read below)
+    if gelus:
+        _collapse_gelus(model, known)
     if normalizing:
         _report_layer_norm_statistics(model, known)
     if not convolutions and not uses_private_ops(model):
@@ -1150,6 +1355,12 @@ def finish(model: ModelProto, element_types: dict[str, int] | None = None) -> No
             if node.domain == DOMAIN and node.op_type in _STANDARD:
                 node.op_type = _STANDARD[node.op_type]
                 node.domain = ""
+        if any(node.domain == DOMAIN and node.op_type == GELU for node in graph.node):
+            expanded = []
+            for node in graph.node:
+                expanded.extend(_gelu_nodes(node) if node.domain == DOMAIN and node.op_type == GELU else [node])
+            del graph.node[:]
+            graph.node.extend(expanded)
         if any(node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING for node in graph.node):
             types = dict(element_types or {})
             types.update((value.name, value.type.tensor_type.elem_type)

@@ -67,6 +67,7 @@ def build_training_graph(
     symbols_above_one: Sequence[str] = (),
     input_symbols_checked: bool = False,
     gradient_views: bool = False,
+    cpu_kernels: bool = False,
 ) -> ModelProto:
     """A training graph (ORTModule layout) for ``forward_model``.
 
@@ -104,6 +105,11 @@ def build_training_graph(
     the node computing it then writes it without a copy (a convolution's weight gradient from its
     matrix product, ``[Cout, Cin*k*k]``): the caller views it as its input's shape, as ORTModule
     does. With ``optimize`` only.
+    ``cpu_kernels`` writes the float32 gradients of LayerNormalization and of training-mode
+    BatchNorm as one node each of ortagent's CPU gradient kernels (domain ``ai.ortagent.cpu``,
+    README "CPU training kernels") instead of a dozen standard operators: the graph then runs
+    only on onnxruntime's CPU provider, in sessions whose options had
+    ``SessionOptions.add_cpu_training_kernels()`` called.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
@@ -260,10 +266,11 @@ def build_training_graph(
     explicit_gru_biases(model)          # (onnx-ad's GRU unrolling needs one for linear_before_reset)
     promote_mixed_arithmetic(model, inferred)   # (the exporter writes float / int64 where torch promotes)
     batch_unbatched_losses(model)       # (ONNX defines the cross-entropy losses batched only)
-    _ad_rules.prepare(model)
+    _ad_rules.prepare(model, cpu_kernels=cpu_kernels)
     forward_value_info = list(model.graph.value_info)   # (onnx-ad's result declares none)
     try:
-        with _ad_rules.differentiating(known_shapes(model) if symbols_above_one else {}, symbols_above_one):
+        with _ad_rules.differentiating(known_shapes(model) if symbols_above_one else {}, symbols_above_one,
+                                       cpu_kernels=cpu_kernels):
             adjoint = onnx_ad.reverse(
                 model, inputs=differentiated, outputs=seeded, prefix=prefix, dim=_SEED_DIM, layout="onnx"
             )
@@ -346,6 +353,11 @@ def build_training_graph(
 
     if not any(opset_id.domain == YIELD_OP_DOMAIN for opset_id in adjoint.opset_import):
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
+    kernel_nodes = [node for node in result_graph.node if node.domain == _ad_rules.CPU_KERNELS_DOMAIN]
+    if kernel_nodes:
+        if not any(opset_id.domain == _ad_rules.CPU_KERNELS_DOMAIN for opset_id in adjoint.opset_import):
+            adjoint.opset_import.append(helper.make_opsetid(_ad_rules.CPU_KERNELS_DOMAIN, 1))
+        _declare_kernel_outputs(result_graph, kernel_nodes, [*forward_value_info, *graph.input, *graph.output])
     adjoint.ir_version = model.ir_version
     if optimize:
         # for shape inference only, the YieldOp passes each module output on as its gradient
@@ -356,8 +368,8 @@ def build_training_graph(
         unknown = NameAllocator(all_value_names(adjoint.graph)).fresh("ortagent_unknown_shape")
         stand_in = [helper.make_node("Identity", [output if index in full_shape else unknown], [gradient])
                     for index, output, gradient in zip(seeded_indices, seeded, yield_outputs)]
-        stand_ins = {yield_node.name: stand_in, **seed_stand_ins}
-        kept = frozenset({YIELD_OP_TYPE})
+        stand_ins = {yield_node.name: stand_in, **seed_stand_ins, **_kernel_stand_ins(kernel_nodes)}
+        kept = frozenset({YIELD_OP_TYPE, *_ad_rules.CPU_KERNEL_OPS})
         masked_softmax_in_parts(adjoint)
         simplify_copies(adjoint, stand_ins, keep=kept, output_views=gradient_outputs if gradient_views else ())
         reductions_without_unit_tail(adjoint, stand_ins)
@@ -366,6 +378,32 @@ def build_training_graph(
             share_shape_values(adjoint, stand_ins, keep=kept, declared=forward_value_info, cut=yield_node.name)
             padded_sums_as_concats(adjoint, stand_ins, keep=kept)
     return adjoint
+
+
+def _declare_kernel_outputs(result_graph: GraphProto, nodes: Sequence[onnx.NodeProto],
+                            known: Sequence[ValueInfoProto]) -> None:
+    """Declare the outputs of CPU-kernel gradient nodes with the types of what they are shaped
+    like (dX like X, dscale and dbias like the scale), where the forward declares those: ONNX
+    has no shape inference for them, and onnxruntime's graph optimisations need the shapes of
+    what follows."""
+    types = {value.name: value.type for value in [*known, *result_graph.input, *result_graph.value_info]
+             if value.type.tensor_type.HasField("shape")}
+    declared = {value.name for value in result_graph.value_info} | {value.name for value in result_graph.output}
+    for node in nodes:
+        for index, output in enumerate(node.output):
+            source = types.get(node.input[1 if index == 0 else 2])
+            if output and output not in declared and source is not None:
+                value = result_graph.value_info.add()
+                value.name = output
+                value.type.CopyFrom(source)
+
+
+def _kernel_stand_ins(nodes: Sequence[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
+    """For shape inference only, each CPU-kernel gradient node as copies of what its outputs are
+    shaped like: dX like X, dscale and dbias like the scale (ONNX knows no shapes of them)."""
+    return {node.name: [helper.make_node("Identity", [node.input[1 if index == 0 else 2]], [output])
+                        for index, output in enumerate(node.output) if output]
+            for node in nodes}      # (GeluGrad: dX like X, its second input, too)
 
 
 def _rename_reserved_values(model: ModelProto, reserved: set[str]) -> None:

@@ -14,6 +14,7 @@ resumes it from the output gradients. Tensors cross by DLPack without copies.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from torch.utils.dlpack import from_dlpack as _torch_from_dlpack
 from torch.utils.dlpack import to_dlpack as _torch_to_dlpack
 
 from ortagent._core import from_dlpack
-from ortagent.errors import OrtNotImplemented, RunStateError
+from ortagent.errors import OrtInvalidArgument, OrtNotImplemented, RunStateError
 
 from ._export import IR_VERSION, ExportedGraph, inference_model
 
@@ -73,29 +74,62 @@ def to_torch(value: Any) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """What every session of one ORTModule is created with."""
+    """What every session of one ORTModule is created with. ``cpu_kernels``: whether training
+    graphs use ortagent's CPU gradient kernels (None: wherever the sessions run on the CPU
+    provider alone)."""
 
     providers: Sequence[Any] | None
     session_options: Any
+    cpu_kernels: bool | None = None
 
     def __deepcopy__(self, memo: dict) -> SessionConfig:
         # a copied ORTModule creates its sessions with the same providers and options
         return self
 
-    def options(self) -> Any:
+    def options(self, cpu_kernels: bool = False) -> Any:
         """The caller's session options, else onnxruntime's defaults with the intra-op threads
         sleeping rather than spinning between nodes: a training step interleaves torch's own
         work (the loss, the optimizer) with onnxruntime's runs, and threads that spin on after a
         run take the CPUs torch's threads then need (2 threads each on 2 CPUs: ResNet-18's
         eager forward in the same process 10-12 ms with onnxruntime's threads asleep, 39-45 ms
-        with them spinning)."""
-        if self.session_options is not None:
-            return self.session_options
-        from ortagent._core import SessionOptions
+        with them spinning). With ``cpu_kernels``, ortagent's CPU gradient kernels are added
+        (to a copy of the caller's options: theirs are left as they were)."""
+        options = self.session_options
+        if options is None:
+            from ortagent._core import SessionOptions
 
-        options = SessionOptions()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options = SessionOptions()
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        elif cpu_kernels:
+            options = copy.copy(options)
+        if cpu_kernels:
+            options.add_cpu_training_kernels()
         return options
+
+    def check_kernels(self, device: torch.device) -> None:
+        """Refuse ``cpu_kernels=True`` where the sessions cannot run them (before exporting)."""
+        if self.cpu_kernels and not (device.type == "cpu" and self.kernels_usable(self.providers_for(device))):
+            raise OrtInvalidArgument("ORTModule(cpu_kernels=True): ortagent's CPU gradient kernels run on "
+                                     "onnxruntime's CPU provider alone, with ortagent's SessionOptions; this module "
+                                     f"runs on {device} with providers {self.providers_for(device)}")
+
+    def providers_for(self, device: torch.device, stream: int | None = None) -> list:
+        """The providers of sessions on ``device`` (``stream``: torch's CUDA stream onnxruntime computes on)."""
+        if self.providers is not None:
+            return list(self.providers)
+        if device.type == "cuda":
+            return [("CUDAExecutionProvider", {"device_id": str(device.index or 0),
+                                               "has_user_compute_stream": "1",
+                                               "user_compute_stream": str(stream)}),
+                    "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def kernels_usable(self, providers: Sequence[Any]) -> bool:
+        """Whether sessions with ``providers`` and these options can run ortagent's CPU kernels:
+        the CPU provider alone, and ortagent's SessionOptions (or none given)."""
+        names = [provider[0] if isinstance(provider, tuple) else provider for provider in providers]
+        return (all(name == "CPUExecutionProvider" for name in names)
+                and (self.session_options is None or hasattr(self.session_options, "add_cpu_training_kernels")))
 
 
 @dataclass(frozen=True)
@@ -138,14 +172,7 @@ class GraphRunner:
     # -- sessions -------------------------------------------------------------------------------
 
     def _providers(self) -> list:
-        if self.config.providers is not None:
-            return list(self.config.providers)
-        if self.device.type == "cuda":
-            return [("CUDAExecutionProvider", {"device_id": str(self.device.index or 0),
-                                               "has_user_compute_stream": "1",
-                                               "user_compute_stream": str(self.stream)}),
-                    "CPUExecutionProvider"]
-        return ["CPUExecutionProvider"]
+        return self.config.providers_for(self.device, self.stream)
 
     def _ort_device(self) -> str:
         return f"cuda:{self.device.index or 0}" if self.device.type == "cuda" else "cpu"
@@ -239,11 +266,13 @@ class GraphRunner:
         from ortagent.agent import TrainingAgent
 
         graph = None
-        cache_key = (trainable, input_gradients, shapes)
+        cpu_kernels = self._cpu_kernels()
+        # (a graph with the kernels runs only where they are registered: one cache entry each)
+        cache_key = (trainable, input_gradients, shapes) + (("cpu_kernels",) if cpu_kernels else ())
         if self.cache is not None:
             graph = self.cache.load_training_graph(cache_key)
         if graph is None:
-            graph = self._training_graph(trainable, input_gradients, shapes)
+            graph = self._training_graph(trainable, input_gradients, shapes, cpu_kernels)
             if self.cache is not None:
                 self.cache.store_training_graph(cache_key, graph)
         names = list(self.exported.input_names)
@@ -258,7 +287,7 @@ class GraphRunner:
                               bw_feed_names=list(yield_node.output),
                               bw_fetches_names=outputs,
                               bw_outputs_device_info=[device] * len(outputs),
-                              session_options=self.config.options(),
+                              session_options=self.config.options(cpu_kernels),
                               providers=self._providers())
         non_differentiable: list[int] = []
         for attr in yield_node.attribute:
@@ -270,8 +299,15 @@ class GraphRunner:
                          tuple(names.index(name) for name in (*input_gradients, *trainable)),
                          _gradient_views(graph, (*input_gradients, *trainable)))
 
+    def _cpu_kernels(self) -> bool:
+        """Whether this device's training graphs use ortagent's CPU gradient kernels (a
+        ``cpu_kernels=True`` that cannot be met was refused before the export)."""
+        if self.config.cpu_kernels is False:
+            return False
+        return self.device.type == "cpu" and self.config.kernels_usable(self._providers())
+
     def _training_graph(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
-                        shapes: tuple[tuple[int, ...], ...] | None) -> Any:
+                        shapes: tuple[tuple[int, ...], ...] | None, cpu_kernels: bool = False) -> Any:
         from ortagent.training import build_training_graph
 
         model = self.exported.model
@@ -285,7 +321,7 @@ class GraphRunner:
             non_differentiable_outputs=self.exported.non_differentiable_outputs,
             ir_version=IR_VERSION,
             symbols_above_one=self._symbols_above_one() if shapes is None else (),
-            input_symbols_checked=True, gradient_views=True)
+            input_symbols_checked=True, gradient_views=True, cpu_kernels=cpu_kernels)
 
     def _symbols_above_one(self) -> list[str]:
         """The inputs' symbols whose lower bound is 2 or more: every call's shapes pass the

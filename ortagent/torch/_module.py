@@ -184,13 +184,18 @@ class ORTModule(nn.Module):
     which then serves every shape; True, every export has symbolic dimensions from the first;
     False, every shape gets an export of its own. ``cache_dir`` (default: the environment variable ``ORTAGENT_TORCH_CACHE_DIR``,
     else no disk cache) keeps exported and built graphs on disk, so that a restarted job skips
-    the export. Parameters and buffers are the wrapped module's own, and ``state_dict`` /
-    ``load_state_dict`` use its keys.
+    the export. ``cpu_kernels`` chooses whether the backward computes the float32 gradients of
+    LayerNorm and training-mode BatchNorm with ortagent's CPU gradient kernels, one operator
+    each (README, "CPU training kernels"): None (default), wherever the sessions run on the CPU
+    provider alone; False, never (standard ONNX operators); True, always (an error where the
+    sessions do not run on the CPU provider alone). Parameters and buffers are the wrapped
+    module's own, and ``state_dict`` / ``load_state_dict`` use its keys.
     """
 
     def __init__(self, module: nn.Module, *, providers: Sequence[Any] | None = None,
                  session_options: Any = None, max_graphs: int = _DEFAULT_MAX_GRAPHS,
-                 cache_dir: str | os.PathLike | None = None, dynamic: bool | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, dynamic: bool | None = None,
+                 cpu_kernels: bool | None = None) -> None:
         if not isinstance(module, nn.Module):
             raise OrtInvalidArgument(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}")
         if isinstance(module, ORTModule):
@@ -201,11 +206,13 @@ class ORTModule(nn.Module):
             raise OrtInvalidArgument(f"max_graphs must be 1 or more, got {max_graphs}")
         if dynamic is not None and not isinstance(dynamic, bool):
             raise OrtInvalidType(f"dynamic must be True, False or None, got {type(dynamic).__name__}")
+        if cpu_kernels is not None and not isinstance(cpu_kernels, bool):
+            raise OrtInvalidType(f"cpu_kernels must be True, False or None, got {type(cpu_kernels).__name__}")
         super().__init__()
         self._original_module = module
         self.register_state_dict_post_hook(ORTModule._strip_prefix)
         self.register_load_state_dict_pre_hook(ORTModule._add_prefix)
-        self._config = SessionConfig(providers, session_options)
+        self._config = SessionConfig(providers, session_options, cpu_kernels)
         self._max_graphs = max_graphs
         self._dynamic = dynamic
         if cache_dir is None:
@@ -392,6 +399,7 @@ class ORTModule(nn.Module):
             # from the next call on
             self._state_guard = None
         device = self._device(flat)
+        self._config.check_kernels(device)
         # (the export draws nothing from torch's generators: the draws made before each run
         # are then the ones eager would make from the same seed)
         store_key = structure_key(module, key, f"dynamic={dynamic}") if self._store is not None else ""

@@ -1,0 +1,478 @@
+"""ortagent's CPU gradient kernels (include/ortagent/cpu_kernels.h, domain ``ai.ortagent.cpu``).
+
+Each operator is run alone in a session (SessionOptions.add_cpu_training_kernels) and compared
+with a float64 evaluation of its formula and with torch's autograd of the forward it
+differentiates (``layer_norm``, training-mode ``batch_norm``, ``gelu``), over shapes drawn by
+hypothesis and the edge cases (one row, one column, empty
+batches, outputs left unnamed, several threads); bad input gives a typed ortagent error. Then
+the training graphs: ``build_training_graph(cpu_kernels=True)`` uses them only where it may, and
+its gradients agree with the standard graph's; ORTModule uses them on the CPU provider by default
+and its gradients agree with eager's either way.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper
+
+from ortagent import OrtFail, OrtInvalidArgument, OrtInvalidGraph, SessionOptions
+from ortagent._core import CPU_TRAINING_KERNELS_DOMAIN, InferenceSession
+
+torch = pytest.importorskip("torch")
+
+DOMAIN = CPU_TRAINING_KERNELS_DOMAIN
+CPU = ["CPUExecutionProvider"]
+
+
+def _kernel_model(op_type: str, inputs: dict[str, list | None], outputs=("dx", "dscale", "dbias"),
+                  element_type=TensorProto.FLOAT, **attrs) -> bytes:
+    """One node of the domain; input shapes as given (None: every dimension unknown)."""
+    node = helper.make_node(op_type, list(inputs), list(outputs), domain=DOMAIN, **attrs)
+    graph = helper.make_graph(
+        [node], op_type,
+        [helper.make_tensor_value_info(name, element_type, shape) for name, shape in inputs.items()],
+        [helper.make_tensor_value_info(name, element_type, None) for name in outputs if name])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=9)
+    return model.SerializeToString()
+
+
+def _options(threads: int = 1) -> SessionOptions:
+    options = SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_cpu_training_kernels()
+    return options
+
+
+def _layer_norm_case(shape, axis, seed):
+    """Inputs of LayerNormalizationGrad and torch's gradients (x, weight, bias) for them."""
+    rng = np.random.default_rng(seed)
+    normalised = list(shape[axis:])
+    x = torch.tensor(rng.standard_normal(shape) * 2 + 0.5, dtype=torch.float32, requires_grad=True)
+    weight = torch.tensor(rng.standard_normal(normalised), dtype=torch.float32, requires_grad=True)
+    bias = torch.tensor(rng.standard_normal(normalised), dtype=torch.float32, requires_grad=True)
+    dy = torch.tensor(rng.standard_normal(shape), dtype=torch.float32)
+    torch.nn.functional.layer_norm(x, normalised, weight, bias, 1e-5).backward(dy)
+    reduced = tuple(range(axis, len(shape)))
+    x64 = x.detach().numpy().astype(np.float64)
+    mean = x64.mean(axis=reduced, keepdims=True)
+    inv_std = 1 / np.sqrt(x64.var(axis=reduced, keepdims=True) + 1e-5)
+    feeds = {"dy": dy.numpy(), "x": x.detach().numpy(), "scale": weight.detach().numpy(),
+             "mean": mean.astype(np.float32), "inv_std": inv_std.astype(np.float32)}
+    return feeds, (x.grad.numpy(), weight.grad.numpy(), bias.grad.numpy())
+
+
+def _batch_norm_case(shape, epsilon, seed):
+    rng = np.random.default_rng(seed)
+    channels = shape[1]
+    x = torch.tensor(rng.standard_normal(shape) * 3 + 1, dtype=torch.float32, requires_grad=True)
+    weight = torch.tensor(rng.standard_normal(channels), dtype=torch.float32, requires_grad=True)
+    bias = torch.tensor(rng.standard_normal(channels), dtype=torch.float32, requires_grad=True)
+    dy = torch.tensor(rng.standard_normal(shape), dtype=torch.float32)
+    torch.nn.functional.batch_norm(x, None, None, weight, bias, True, 0.1, epsilon).backward(dy)
+    reduced = tuple(i for i in range(len(shape)) if i != 1)
+    x64 = x.detach().numpy().astype(np.float64)
+    feeds = {"dy": dy.numpy(), "x": x.detach().numpy(), "scale": weight.detach().numpy(),
+             "mean": x64.mean(axis=reduced).astype(np.float32), "var": x64.var(axis=reduced).astype(np.float32)}
+    return feeds, (x.grad.numpy(), weight.grad.numpy(), bias.grad.numpy())
+
+
+def _layer_norm_reference(feeds, axis):
+    """The gradients in float64 from the statistics fed (the kernel's own inputs): for a row of
+    one element, or of equal ones, torch's are rounding noise of x - mean times 1 / sqrt(eps)."""
+    dy, x, scale = (feeds[name].astype(np.float64) for name in ("dy", "x", "scale"))
+    mean, inv_std = feeds["mean"].astype(np.float64), feeds["inv_std"].astype(np.float64)
+    reduced = tuple(range(axis, x.ndim))
+    xhat = (x - mean) * inv_std
+    g = dy * scale
+    dx = inv_std * (g - g.mean(axis=reduced, keepdims=True) - xhat * (g * xhat).mean(axis=reduced, keepdims=True))
+    batch = tuple(range(axis))
+    return dx, (dy * xhat).sum(axis=batch), dy.sum(axis=batch)
+
+
+def _batch_norm_reference(feeds, epsilon):
+    dy, x, scale, mean, var = (feeds[name].astype(np.float64) for name in ("dy", "x", "scale", "mean", "var"))
+    view = [1, -1] + [1] * (x.ndim - 2)
+    reduced = tuple(i for i in range(x.ndim) if i != 1)
+    inv_std = 1 / np.sqrt(var + epsilon)
+    xhat = (x - mean.reshape(view)) * inv_std.reshape(view)
+    dbias, dscale = dy.sum(axis=reduced), (dy * xhat).sum(axis=reduced)
+    count = x.size / x.shape[1]
+    dx = (scale * inv_std).reshape(view) * (dy - (dbias / count).reshape(view) - xhat * (dscale / count).reshape(view))
+    return dx, dscale, dbias
+
+
+def _assert_gradients(got, expected, what):
+    for name, g, e in zip(("dX", "dscale", "dbias"), got, expected):
+        scale = max(1.0, float(np.abs(e).max(initial=0.0)))
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=2e-5 * scale, err_msg=f"{what}: {name}")
+
+
+def _layer_norm_inputs(shape, axis):
+    rows = list(shape[:axis]) + [1] * (len(shape) - axis)
+    return {"dy": list(shape), "x": list(shape), "scale": list(shape[axis:]), "mean": rows, "inv_std": rows}
+
+
+def _batch_norm_inputs(shape):
+    return {"dy": list(shape), "x": list(shape), "scale": [shape[1]], "mean": [shape[1]], "var": [shape[1]]}
+
+
+shapes = st.lists(st.integers(1, 9), min_size=1, max_size=4)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes, axis_seed=st.integers(0, 10), seed=st.integers(0, 2**16))
+def test_layer_norm_grad_matches_float64(shape, axis_seed, seed):
+    axis = axis_seed % len(shape)
+    feeds, _ = _layer_norm_case(shape, axis, seed)
+    session = InferenceSession(_kernel_model("LayerNormalizationGrad", _layer_norm_inputs(shape, axis), axis=axis),
+                               _options(), CPU)
+    _assert_gradients(session.run(None, feeds), _layer_norm_reference(feeds, axis), f"{shape} axis {axis}")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 9), min_size=2, max_size=5), seed=st.integers(0, 2**16),
+       epsilon=st.sampled_from([1e-5, 1e-3, 0.1]))
+def test_batch_norm_grad_matches_float64(shape, seed, epsilon):
+    assume(np.prod(shape) // shape[1] > 1)      # (torch, making the inputs, refuses one value per channel)
+    feeds, _ = _batch_norm_case(shape, epsilon, seed)
+    session = InferenceSession(_kernel_model("BatchNormTrainingGrad", _batch_norm_inputs(shape), epsilon=epsilon),
+                               _options(), CPU)
+    _assert_gradients(session.run(None, feeds), _batch_norm_reference(feeds, epsilon), f"{shape} epsilon {epsilon}")
+
+
+@pytest.mark.parametrize("shape, axis", [([16, 32, 64], 2), ([8, 197, 192], 2), ([2, 5, 7, 3], 1)])
+def test_layer_norm_grad_matches_torch(shape, axis):
+    feeds, expected = _layer_norm_case(shape, axis, 11)
+    session = InferenceSession(_kernel_model("LayerNormalizationGrad", _layer_norm_inputs(shape, axis), axis=axis),
+                               _options(), CPU)
+    _assert_gradients(session.run(None, feeds), expected, f"{shape} axis {axis}")
+
+
+@pytest.mark.parametrize("shape", [[2, 16, 32, 32], [8, 96, 4, 4], [5, 7], [3, 4, 2, 3, 2]])
+def test_batch_norm_grad_matches_torch(shape):
+    feeds, expected = _batch_norm_case(shape, 1e-5, 11)
+    session = InferenceSession(_kernel_model("BatchNormTrainingGrad", _batch_norm_inputs(shape), epsilon=1e-5),
+                               _options(), CPU)
+    _assert_gradients(session.run(None, feeds), expected, f"{shape}")
+
+
+@pytest.mark.parametrize("shape, axis", [([16, 32, 64], 2), ([3, 1000], 1), ([600, 33], 1), ([2, 5, 7, 3], 1),
+                                         ([1, 1], 1), ([4, 1], 0)])
+def test_layer_norm_grad_large_and_degenerate_rows(shape, axis):
+    """Rows longer than the 8 floats a loop step takes, with a tail; rows split into several
+    work blocks (600 x 33); a negative axis attribute; a single element."""
+    feeds, _ = _layer_norm_case(shape, axis, 7)
+    expected = _layer_norm_reference(feeds, axis)
+    for attribute in (axis, axis - len(shape)):
+        session = InferenceSession(_kernel_model("LayerNormalizationGrad", _layer_norm_inputs(shape, axis),
+                                                 axis=attribute), _options(), CPU)
+        _assert_gradients(session.run(None, feeds), expected, f"{shape} axis {attribute}")
+
+
+@pytest.mark.parametrize("op_type, case", [("LayerNormalizationGrad", (_layer_norm_case, [300, 96], 1)),
+                                           ("BatchNormTrainingGrad", (_batch_norm_case, [4, 16, 9, 9], 1e-5))])
+def test_results_do_not_depend_on_the_thread_count(op_type, case):
+    """Work is split over the session's threads, each LayerNorm block with partial sums of its
+    own added in block order: one thread and four give the same bits."""
+    make, shape, parameter = case
+    feeds, _ = make(shape, parameter, 3)
+    inputs = _layer_norm_inputs(shape, 1) if op_type == "LayerNormalizationGrad" else _batch_norm_inputs(shape)
+    attrs = {"axis": 1} if op_type == "LayerNormalizationGrad" else {"epsilon": parameter}
+    results = [InferenceSession(_kernel_model(op_type, inputs, **attrs), _options(threads), CPU).run(None, feeds)
+               for threads in (1, 4)]
+    for one, four in zip(*results):
+        np.testing.assert_array_equal(one, four)
+
+
+@pytest.mark.parametrize("op_type", ["LayerNormalizationGrad", "BatchNormTrainingGrad"])
+def test_unnamed_parameter_gradients_are_not_computed(op_type):
+    if op_type == "LayerNormalizationGrad":
+        feeds, _ = _layer_norm_case([5, 12], 1, 4)
+        expected = _layer_norm_reference(feeds, 1)
+        inputs, attrs = _layer_norm_inputs([5, 12], 1), {"axis": 1}
+    else:
+        feeds, _ = _batch_norm_case([3, 4, 5], 1e-5, 4)
+        expected = _batch_norm_reference(feeds, 1e-5)
+        inputs, attrs = _batch_norm_inputs([3, 4, 5]), {"epsilon": 1e-5}
+    for outputs in (("dx", "", ""), ("dx", "dscale", ""), ("dx", "", "dbias")):
+        session = InferenceSession(_kernel_model(op_type, inputs, outputs, **attrs), _options(), CPU)
+        got = session.run(None, feeds)
+        wanted = [e for name, e in zip(outputs, expected) if name]
+        _assert_gradients(got, wanted, f"{op_type} {outputs}")
+
+
+def test_empty_batches_give_zero_parameter_gradients():
+    session = InferenceSession(_kernel_model("LayerNormalizationGrad", _layer_norm_inputs([0, 6], 1), axis=1),
+                               _options(), CPU)
+    empty = np.zeros((0, 6), np.float32)
+    dx, dscale, dbias = session.run(None, {"dy": empty, "x": empty, "scale": np.ones(6, np.float32),
+                                           "mean": np.zeros((0, 1), np.float32),
+                                           "inv_std": np.zeros((0, 1), np.float32)})
+    assert dx.shape == (0, 6) and not dscale.any() and not dbias.any()
+    session = InferenceSession(_kernel_model("BatchNormTrainingGrad", _batch_norm_inputs([0, 3, 2])),
+                               _options(), CPU)
+    empty = np.zeros((0, 3, 2), np.float32)
+    dx, dscale, dbias = session.run(None, {"dy": empty, "x": empty, "scale": np.ones(3, np.float32),
+                                           "mean": np.zeros(3, np.float32), "var": np.ones(3, np.float32)})
+    assert dx.shape == (0, 3, 2) and not dscale.any() and not dbias.any()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes, seed=st.integers(0, 2**16), spread=st.sampled_from([0.5, 3.0, 20.0]))
+def test_gelu_grad_matches_torch(shape, seed, spread):
+    """Against torch's gelu backward and a float64 evaluation, over inputs out to where the
+    density underflows (|x| > 13: its exponential is evaluated by the kernel's own polynomial)."""
+    rng = np.random.default_rng(seed)
+    x = torch.tensor(rng.standard_normal(shape) * spread, dtype=torch.float32, requires_grad=True)
+    dy = torch.tensor(rng.standard_normal(shape), dtype=torch.float32)
+    torch.nn.functional.gelu(x).backward(dy)
+    x64 = x.detach().numpy().astype(np.float64)
+    cdf = (0.5 * (1 + torch.erf(x.detach() / np.float32(np.sqrt(2))))).numpy()
+    session = InferenceSession(_kernel_model("GeluGrad", {"dy": shape, "x": shape, "cdf": shape}, ("dx",)),
+                               _options(), CPU)
+    (dx,) = session.run(None, {"dy": dy.numpy(), "x": x.detach().numpy(), "cdf": cdf})
+    exact = dy.numpy() * (cdf + x64 * np.exp(-x64 * x64 / 2) / np.sqrt(2 * np.pi))
+    np.testing.assert_allclose(dx, exact, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---- bad input ------------------------------------------------------------------------------------
+
+
+def _unknown_shapes(op_type):
+    names = ("dy", "x", "scale", "mean", "inv_std" if op_type == "LayerNormalizationGrad" else "var")
+    return {name: None for name in names}
+
+
+@pytest.mark.parametrize("case, feeds, message", [
+    ("LayerNormalizationGrad", {"dy": (4, 6), "x": (4, 5), "scale": (6,), "mean": (4, 1), "inv_std": (4, 1)},
+     "dY and X differ in shape"),
+    ("LayerNormalizationGrad", {"dy": (4, 6), "x": (4, 6), "scale": (5,), "mean": (4, 1), "inv_std": (4, 1)},
+     "scale does not have one element per normalised element"),
+    ("LayerNormalizationGrad", {"dy": (4, 6), "x": (4, 6), "scale": (6,), "mean": (3, 1), "inv_std": (4, 1)},
+     "one element per normalised row"),
+    ("BatchNormTrainingGrad", {"dy": (2, 3), "x": (2, 3), "scale": (3,), "mean": (2,), "var": (3,)},
+     "one element per channel"),
+    ("BatchNormTrainingGrad", {"dy": (3,), "x": (3,), "scale": (3,), "mean": (3,), "var": (3,)},
+     "X must be [N, C, ...]"),
+])
+def test_inconsistent_inputs_are_refused(case, feeds, message):
+    session = InferenceSession(_kernel_model(case, _unknown_shapes(case)), _options(), CPU)
+    with pytest.raises(OrtInvalidArgument, match=message.replace("[", r"\[").replace("]", r"\]")):
+        session.run(None, {name: np.ones(shape, np.float32) for name, shape in feeds.items()})
+
+
+def test_an_axis_outside_the_input_is_refused():
+    session = InferenceSession(_kernel_model("LayerNormalizationGrad", _unknown_shapes("LayerNormalizationGrad"),
+                                             axis=3), _options(), CPU)
+    feeds = {"dy": np.ones((2, 3), np.float32), "x": np.ones((2, 3), np.float32), "scale": np.ones(3, np.float32),
+             "mean": np.ones((2, 1), np.float32), "inv_std": np.ones((2, 1), np.float32)}
+    with pytest.raises(OrtInvalidArgument, match="axis is outside"):
+        session.run(None, feeds)
+
+
+def test_only_float32_is_accepted():
+    """The kernels declare float32 inputs: onnxruntime refuses a double graph when it loads it."""
+    model = _kernel_model("LayerNormalizationGrad", _layer_norm_inputs([2, 3], 1), element_type=TensorProto.DOUBLE,
+                          axis=1)
+    with pytest.raises(OrtInvalidGraph, match="tensor\\(double\\)"):
+        InferenceSession(model, _options(), CPU)
+
+
+def test_a_session_without_the_kernels_names_the_operator():
+    model = _kernel_model("LayerNormalizationGrad", _layer_norm_inputs([2, 3], 1), axis=1)
+    with pytest.raises(OrtFail, match="ai.ortagent.cpu:LayerNormalizationGrad"):
+        InferenceSession(model, SessionOptions(), CPU)
+
+
+def test_options_remember_the_kernels_and_copies_keep_them():
+    options = SessionOptions()
+    assert not options.has_cpu_training_kernels
+    options.add_cpu_training_kernels()
+    options.add_cpu_training_kernels()          # a second call adds nothing
+    copied = copy.copy(options)
+    assert copied.has_cpu_training_kernels
+    feeds, expected = _layer_norm_case([3, 4], 1, 0)
+    session = InferenceSession(_kernel_model("LayerNormalizationGrad", _layer_norm_inputs([3, 4], 1), axis=1),
+                               copied, CPU)
+    _assert_gradients(session.run(None, feeds), expected, "copied options")
+
+
+# ---- in training graphs ---------------------------------------------------------------------------
+
+
+def _norm_model(element_type=TensorProto.FLOAT) -> onnx.ModelProto:
+    """x [B, 6] -> Gemm -> LayerNormalization (axis -1) -> Relu -> y, with parameters as
+    initializers; opset 17."""
+    rng = np.random.default_rng(0)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(element_type)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(dtype), name)
+             for name, shape in (("w", (6, 8)), ("b", (8,)), ("gamma", (8,)), ("beta", (8,)))]
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"]),
+             helper.make_node("LayerNormalization", ["h", "gamma", "beta"], ["n"], axis=-1, epsilon=1e-5),
+             helper.make_node("Relu", ["n"], ["y"])]
+    graph = helper.make_graph(nodes, "norm", [helper.make_tensor_value_info("x", element_type, ["B", 6])],
+                              [helper.make_tensor_value_info("y", element_type, ["B", 8])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _gradients(graph: onnx.ModelProto, feeds: dict[str, np.ndarray], dy: np.ndarray, options) -> list[np.ndarray]:
+    """The training graph's gradient outputs, its two halves run as an agent runs them."""
+    from ortagent.graph_split import split_training_graph
+
+    split = split_training_graph(graph)
+    forward = InferenceSession(split.forward_model.SerializeToString(), options, CPU)
+    backward = InferenceSession(split.backward_model.SerializeToString(), options, CPU)
+    outputs = forward.run(None, {name: feeds[name] for name in split.forward_input_names})
+    values = [dy, *outputs[len(split.module_output_names):],
+              *(feeds[name] for name in split.backward_graph_input_names)]
+    return backward.run(None, dict(zip(split.backward_input_names, values)))
+
+
+def test_training_graph_uses_the_kernels_only_when_asked_and_agrees():
+    from ortagent.training import build_training_graph
+
+    model = _norm_model()
+    trainable = ["w", "b", "gamma", "beta"]
+    plain = build_training_graph(model, trainable)
+    fused = build_training_graph(model, trainable, cpu_kernels=True)
+    assert not any(node.domain == DOMAIN for node in plain.graph.node)
+    assert [node.op_type for node in fused.graph.node if node.domain == DOMAIN] == ["LayerNormalizationGrad"]
+    assert any(opset.domain == DOMAIN for opset in fused.opset_import)
+    assert len(fused.graph.node) < len(plain.graph.node)
+    rng = np.random.default_rng(1)
+    feeds = {init.name: onnx.numpy_helper.to_array(init) for init in model.graph.initializer}
+    feeds["x"] = rng.standard_normal((5, 6)).astype(np.float32)
+    dy = rng.standard_normal((5, 8)).astype(np.float32)
+    expected = _gradients(plain, feeds, dy, SessionOptions())
+    got = _gradients(fused, feeds, dy, _options())
+    for name, g, e in zip(trainable, got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def _gelu_model(element_type=TensorProto.FLOAT, extra_reader=False) -> onnx.ModelProto:
+    """x [B, 6] -> MatMul -> GELU as torch's exporter writes it (x * (0.5 * (1 + erf(x / sqrt(2)))))
+    -> y; with ``extra_reader`` the erf's result is an output too (the GELU must stay apart)."""
+    rng = np.random.default_rng(0)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(element_type)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((6, 8)).astype(dtype), "w")]
+    inits += [onnx.numpy_helper.from_array(np.array(value, dtype=dtype), name)
+              for name, value in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Div", ["h", "sqrt2"], ["t"]),
+             helper.make_node("Erf", ["t"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]),
+             helper.make_node("Mul", ["half", "a"], ["cdf"]),
+             helper.make_node("Mul", ["h", "cdf"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", element_type, ["B", 8])]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("e", element_type, ["B", 8]))
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", element_type, ["B", 6])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_gelus_become_one_gradient_node_only_with_the_kernels():
+    from ortagent.training import build_training_graph
+
+    model = _gelu_model()
+    plain = build_training_graph(model, ["w"])
+    fused = build_training_graph(model, ["w"], cpu_kernels=True)
+    assert not any(node.domain == DOMAIN for node in plain.graph.node)
+    assert [node.op_type for node in fused.graph.node if node.domain == DOMAIN] == ["GeluGrad"]
+    # the forward is the five nodes again, under their standard names
+    assert sum(node.op_type == "Erf" for node in fused.graph.node) == 1
+    assert not any(node.domain == "ai.ortagent.ad" for node in fused.graph.node)
+    rng = np.random.default_rng(2)
+    feeds = {"w": onnx.numpy_helper.to_array(model.graph.initializer[0]),
+             "x": (rng.standard_normal((5, 6)) * 2).astype(np.float32)}
+    dy = rng.standard_normal((5, 8)).astype(np.float32)
+    np.testing.assert_allclose(_gradients(fused, feeds, dy, _options())[0],
+                               _gradients(plain, feeds, dy, SessionOptions())[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("element_type, extra_reader", [(TensorProto.DOUBLE, False), (TensorProto.FLOAT, True)])
+def test_gelus_the_kernel_cannot_take_stay_apart(element_type, extra_reader):
+    """A double GELU, or one whose erf another node reads, keeps the standard gradient."""
+    from ortagent.training import build_training_graph
+
+    fused = build_training_graph(_gelu_model(element_type, extra_reader), ["w"],
+                                 non_differentiable_outputs=[1] if extra_reader else None, cpu_kernels=True)
+    assert not any(node.domain == DOMAIN for node in fused.graph.node)
+
+
+def test_a_double_graph_keeps_standard_operators():
+    from ortagent.training import build_training_graph
+
+    fused = build_training_graph(_norm_model(TensorProto.DOUBLE), ["w", "b", "gamma", "beta"], cpu_kernels=True)
+    assert not any(node.domain == DOMAIN for node in fused.graph.node)
+
+
+class _Norms(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.batch_norm = torch.nn.BatchNorm2d(8)
+        self.linear = torch.nn.Linear(8 * 5 * 5, 16)
+        self.layer_norm = torch.nn.LayerNorm(16)
+        self.out = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.batch_norm(self.conv(x))).flatten(1)
+        return self.out(torch.nn.functional.gelu(self.layer_norm(self.linear(h))))
+
+
+@pytest.mark.parametrize("cpu_kernels", [None, True, False])
+def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, monkeypatch):
+    pytest.importorskip("onnxscript")
+    from ortagent.torch import ORTModule, _bridge
+
+    graphs = []
+    original = _bridge.GraphRunner._training_graph
+
+    def capture(self, *args, **kwargs):
+        graphs.append(original(self, *args, **kwargs))
+        return graphs[-1]
+
+    monkeypatch.setattr(_bridge.GraphRunner, "_training_graph", capture)
+    torch.manual_seed(0)
+    eager = _Norms().train()
+    bridged = ORTModule(copy.deepcopy(eager), cpu_kernels=cpu_kernels)
+    for step, batch in enumerate((4, 4, 6)):
+        x = torch.randn(batch, 3, 5, 5, generator=torch.Generator().manual_seed(step)) * 2 + 1
+        inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+        for model, tensor in zip((eager, bridged), inputs):
+            model.zero_grad()
+            model(tensor).square().sum().backward()
+        torch.testing.assert_close(inputs[1].grad, inputs[0].grad, rtol=1e-4, atol=1e-5)
+        for (name, p_eager), p_bridged in zip(eager.named_parameters(), bridged.parameters()):
+            torch.testing.assert_close(p_bridged.grad, p_eager.grad, rtol=1e-4, atol=1e-5, msg=name)
+    kernels = {node.op_type for graph in graphs for node in graph.graph.node if node.domain == DOMAIN}
+    assert kernels == (set() if cpu_kernels is False else {"LayerNormalizationGrad", "BatchNormTrainingGrad",
+                                                           "GeluGrad"})
+
+
+def test_ortmodule_refuses_the_kernels_off_the_cpu_provider():
+    pytest.importorskip("onnxscript")
+    from ortagent.torch import ORTModule
+
+    bridged = ORTModule(torch.nn.LayerNorm(4), cpu_kernels=True, providers=["CUDAExecutionProvider"])
+    with pytest.raises(OrtInvalidArgument, match="CPU provider alone"):
+        bridged(torch.randn(2, 4, requires_grad=True)).sum().backward()
+
+
+def test_ortmodule_leaves_the_callers_options_unchanged():
+    pytest.importorskip("onnxscript")
+    from ortagent.torch import ORTModule
+
+    options = SessionOptions()
+    bridged = ORTModule(torch.nn.LayerNorm(4), session_options=options)
+    bridged(torch.randn(2, 4, requires_grad=True)).sum().backward()
+    assert not options.has_cpu_training_kernels
