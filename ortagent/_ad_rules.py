@@ -68,12 +68,14 @@ gradient's formula is onnx-ad's (see :func:`_layer_norm_parts_from_statistics`).
 With ortagent's CPU gradient kernels asked for (``build_training_graph(cpu_kernels=True)``,
 see :func:`differentiating`; the graph then runs on onnxruntime's CPU provider with
 ``SessionOptions.add_cpu_training_kernels()``), three gradients are one node of the domain
-``ai.ortagent.cpu`` each (include/ortagent/cpu_kernels.h): a float32 LayerNormalization's
+``ai.ortagent.cpu`` each (include/ortagent/cpu_kernels.h), float32 only: a LayerNormalization's
 (``LayerNormalizationGrad`` over the statistics it reports, where its scale has the normalised
-dimensions' shape), a float32 BatchNormTraining's over every axis but the channels
-(``BatchNormTrainingGrad``), and a float32 GELU's of the erf form (``GeluGrad``: :func:`prepare`
-collapses the five nodes torch's exporter writes into a private ``ErfGelu`` whose reverse it
-is, and :func:`finish` writes them back). Other graphs are as without the kernels.
+dimensions' shape), a BatchNormTraining's over every axis but the channels
+(``BatchNormTrainingGrad``; :func:`finish` writes its forward as the kernels' ``BatchNormTraining``
+too), a GELU's of the erf form (``GeluGrad``: :func:`prepare` collapses the five nodes torch's
+exporter writes into a private ``ErfGelu`` whose reverse it is, and :func:`finish` writes them
+back), and Relu's, HardSwish's and HardSigmoid's (``ReluGrad``, ``HardSwishGrad``,
+``HardSigmoidGrad`` from the activation's input). Other graphs are as without the kernels.
 
 ``HardSwish``'s derivative is replaced by torch's (see :func:`_hard_swish_derivative`).
 
@@ -129,7 +131,13 @@ _PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE, BATCH_NORM_TRAINI
 # ortagent's CPU gradient kernels (include/ortagent/cpu_kernels.h), emitted only on request
 # (see differentiating); a session runs them once SessionOptions.add_cpu_training_kernels() was called
 CPU_KERNELS_DOMAIN = "ai.ortagent.cpu"
-CPU_KERNEL_OPS = frozenset({"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad"})
+# for each operator, the input each output is shaped like (for shape inference and declarations)
+CPU_KERNEL_OUTPUTS_LIKE = {"LayerNormalizationGrad": (1, 2, 2), "BatchNormTrainingGrad": (1, 2, 2),
+                           "GeluGrad": (1,), "BatchNormTraining": (0, 1, 1), "ReluGrad": (1,),
+                           "HardSwishGrad": (1,), "HardSigmoidGrad": (1,)}
+# the activations whose gradient is one node of the CPU kernels: operator -> kernel
+_ACTIVATION_KERNELS = {"Relu": "ReluGrad", "HardSwish": "HardSwishGrad", "HardSigmoid": "HardSigmoidGrad"}
+CPU_KERNEL_OPS = frozenset(CPU_KERNEL_OUTPUTS_LIKE)
 _CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
 _MS_DOMAIN = "com.microsoft"
 
@@ -901,6 +909,15 @@ def _batch_norm_training_nodes(node, opset: int, element_type: int | None = None
     return nodes
 
 
+def _fusable_batch_norm(node, element_type: int | None, top_level: bool) -> bool:
+    """Whether the CPU kernels' BatchNormTraining computes ``node``: float32, scale and bias
+    given, normalised over every axis but the channels, in the main graph (the kernels' nodes
+    are declared there only)."""
+    axes = _batch_norm_axes(node)
+    return (top_level and element_type == onnx.TensorProto.FLOAT and len(node.input) >= 3 and all(node.input[:3])
+            and axes == [0, *range(2, len(axes) + 1)])
+
+
 def _batch_norm_by_inference_node(node, opset: int, make, name) -> list:
     x, scale, bias = node.input[:3]
     y, mean_out, var_out = node.output[:3]
@@ -1107,6 +1124,23 @@ def _gelu_reverse(ctx, node, grads):
     return [_with_seed_axis(ctx, dx, "gelu_adjoint")]
 
 
+def _activation_reverse_or_fused(rule):
+    """An activation's rule, or with ortagent's CPU kernels (float32) one node computing dX from
+    dY and the activation's input (``_ACTIVATION_KERNELS``): onnx-ad's rule computes the slope
+    (two to six nodes) and multiplies."""
+    def reverse(ctx, node, grads):
+        x = node.input[0]
+        if not _cpu_kernels() or ctx.shapes.dtype(x) != onnx.TensorProto.FLOAT or not ctx.asked_for(x):
+            return rule(ctx, node, grads)
+        dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="activation_dy")
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in ("alpha", "beta")}
+        dx = ctx.b.op(_ACTIVATION_KERNELS[node.op_type], [dy, x], stem="activation_grad", domain=CPU_KERNELS_DOMAIN,
+                      **attrs)
+        ctx.b.nodes[-1].name = ctx.b.name("activation_grad_node")
+        return [_with_seed_axis(ctx, dx, "activation_adjoint")]
+    return reverse
+
+
 def _hard_swish_derivative(ctx, node, x, y, dtype):
     """HardSwish's derivative as torch's ``hardswish_backward`` takes it: 0 up to -3 (included),
     ``x / 3 + 1/2`` between -3 and 3, 1 from 3 on (and at NaN, as torch's scalar path; its
@@ -1170,6 +1204,8 @@ def _register() -> None:
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])
         rules.DERIVATIVE["HardSwish"] = _hard_swish_derivative    # replaces onnx-ad's (torch's ties)
+        for activation in _ACTIVATION_KERNELS:
+            rules.REVERSE[activation] = _activation_reverse_or_fused(rules.REVERSE[activation])
         # (onnx-ad's LayerNormalization rules look their statistics step up by this name)
         rules._layer_norm_parts = _layer_norm_parts_from_statistics(rules._layer_norm_parts)
         rules.REVERSE["LayerNormalization"] = _layer_norm_reverse_or_fused(rules.REVERSE["LayerNormalization"])
@@ -1346,9 +1382,12 @@ def _declare(model: ModelProto, name: str, source: ValueInfoProto | None) -> boo
 _STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv", CONVOLUTION_TRANSPOSE: "ConvTranspose"}
 
 
-def finish(model: ModelProto, element_types: dict[str, int] | None = None) -> None:
+def finish(model: ModelProto, element_types: dict[str, int] | None = None, cpu_kernels: bool = False) -> None:
     """Replace ``model``'s private operators by standard ones (in place). ``element_types``:
-    element types of values known from the forward model, besides those ``model`` declares."""
+    element types of values known from the forward model, besides those ``model`` declares.
+    With ``cpu_kernels``, a float32 BatchNormTraining over every axis but the channels becomes
+    the ``BatchNormTraining`` of ortagent's CPU kernels (one node and two passes over the input
+    for the statistics, one for the normalisation) instead of about seven standard nodes."""
     opset = _default_opset(model)
     for graph in walk_graphs(model.graph):
         for node in graph.node:
@@ -1369,10 +1408,14 @@ def finish(model: ModelProto, element_types: dict[str, int] | None = None) -> No
             types.update((init.name, init.data_type) for init in graph.initializer)
             expanded = []
             for node in graph.node:
-                if node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING:
-                    expanded.extend(_batch_norm_training_nodes(node, opset, types.get(node.input[0])))
-                else:
+                if node.domain != DOMAIN or node.op_type != BATCH_NORM_TRAINING:
                     expanded.append(node)
+                elif cpu_kernels and _fusable_batch_norm(node, types.get(node.input[0]), graph is model.graph):
+                    expanded.append(onnx.helper.make_node("BatchNormTraining", node.input[:3], node.output[:3],
+                                                         name=node.name, domain=CPU_KERNELS_DOMAIN,
+                                                         epsilon=_batch_norm_epsilon(node)))
+                else:
+                    expanded.extend(_batch_norm_training_nodes(node, opset, types.get(node.input[0])))
             del graph.node[:]
             graph.node.extend(expanded)
     kept = [opset for opset in model.opset_import if opset.domain != DOMAIN]

@@ -284,7 +284,7 @@ def build_training_graph(
         raise OrtNotImplemented(f"cannot differentiate the forward model: onnx-ad failed on it "
                                 f"({type(exc).__name__}: {exc})") from exc
 
-    _ad_rules.finish(adjoint, inferred)
+    _ad_rules.finish(adjoint, inferred, cpu_kernels=cpu_kernels)
     _unique_node_names(adjoint)
     _rename_reserved_values(adjoint, set(gradient_outputs) | set(yield_outputs))
     if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)
@@ -382,16 +382,16 @@ def build_training_graph(
 
 def _declare_kernel_outputs(result_graph: GraphProto, nodes: Sequence[onnx.NodeProto],
                             known: Sequence[ValueInfoProto]) -> None:
-    """Declare the outputs of CPU-kernel gradient nodes with the types of what they are shaped
-    like (dX like X, dscale and dbias like the scale), where the forward declares those: ONNX
+    """Declare the outputs of CPU-kernel nodes with the types of what they are shaped like (see
+    ``_ad_rules.CPU_KERNEL_OUTPUTS_LIKE``), where the forward declares those: ONNX
     has no shape inference for them, and onnxruntime's graph optimisations need the shapes of
     what follows."""
     types = {value.name: value.type for value in [*known, *result_graph.input, *result_graph.value_info]
              if value.type.tensor_type.HasField("shape")}
     declared = {value.name for value in result_graph.value_info} | {value.name for value in result_graph.output}
     for node in nodes:
-        for index, output in enumerate(node.output):
-            source = types.get(node.input[1 if index == 0 else 2])
+        for output, like in zip(node.output, _ad_rules.CPU_KERNEL_OUTPUTS_LIKE[node.op_type]):
+            source = types.get(node.input[like])
             if output and output not in declared and source is not None:
                 value = result_graph.value_info.add()
                 value.name = output
@@ -399,11 +399,12 @@ def _declare_kernel_outputs(result_graph: GraphProto, nodes: Sequence[onnx.NodeP
 
 
 def _kernel_stand_ins(nodes: Sequence[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
-    """For shape inference only, each CPU-kernel gradient node as copies of what its outputs are
-    shaped like: dX like X, dscale and dbias like the scale (ONNX knows no shapes of them)."""
-    return {node.name: [helper.make_node("Identity", [node.input[1 if index == 0 else 2]], [output])
-                        for index, output in enumerate(node.output) if output]
-            for node in nodes}      # (GeluGrad: dX like X, its second input, too)
+    """For shape inference only, each CPU-kernel node as copies of what its outputs are shaped
+    like (dX like X, dscale and dbias like the scale, ...: ONNX knows no shapes of them)."""
+    return {node.name: [helper.make_node("Identity", [node.input[like]], [output])
+                        for output, like in zip(node.output, _ad_rules.CPU_KERNEL_OUTPUTS_LIKE[node.op_type])
+                        if output]
+            for node in nodes}
 
 
 def _rename_reserved_values(model: ModelProto, reserved: set[str]) -> None:

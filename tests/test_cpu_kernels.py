@@ -1,10 +1,11 @@
-"""ortagent's CPU gradient kernels (include/ortagent/cpu_kernels.h, domain ``ai.ortagent.cpu``).
+"""ortagent's CPU training kernels (include/ortagent/cpu_kernels.h, domain ``ai.ortagent.cpu``).
 
 Each operator is run alone in a session (SessionOptions.add_cpu_training_kernels) and compared
-with a float64 evaluation of its formula and with torch's autograd of the forward it
-differentiates (``layer_norm``, training-mode ``batch_norm``, ``gelu``), over shapes drawn by
-hypothesis and the edge cases (one row, one column, empty
-batches, outputs left unnamed, several threads); bad input gives a typed ortagent error. Then
+with a float64 evaluation of its formula and with torch (the autograd of ``layer_norm``,
+training-mode ``batch_norm``, ``gelu``, ``relu``, ``hardswish`` and ``hardsigmoid``;
+``batch_norm``'s forward), over shapes drawn by
+hypothesis and the edge cases (one row, one column, empty batches, outputs left unnamed,
+several threads); bad input gives a typed ortagent error. Then
 the training graphs: ``build_training_graph(cpu_kernels=True)`` uses them only where it may, and
 its gradients agree with the standard graph's; ORTModule uses them on the CPU provider by default
 and its gradients agree with eager's either way.
@@ -225,6 +226,36 @@ def test_empty_batches_give_zero_parameter_gradients():
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 9), min_size=2, max_size=5), seed=st.integers(0, 2**16),
+       epsilon=st.sampled_from([1e-5, 1e-3, 0.1]))
+def test_batch_norm_forward_matches_torch(shape, seed, epsilon):
+    """The training-mode forward: the batch's mean and biased variance per channel, and the
+    normalised output, against torch's batch_norm (its running buffers are updated with the
+    unbiased variance, which ORTModule derives from this one)."""
+    assume(np.prod(shape) // shape[1] > 1)
+    rng = np.random.default_rng(seed)
+    x = torch.tensor(rng.standard_normal(shape) * 3 + 1, dtype=torch.float32)
+    weight = torch.tensor(rng.standard_normal(shape[1]), dtype=torch.float32)
+    bias = torch.tensor(rng.standard_normal(shape[1]), dtype=torch.float32)
+    expected = torch.nn.functional.batch_norm(x, None, None, weight, bias, True, 0.1, epsilon).numpy()
+    reduced = [0, *range(2, len(shape))]
+    session = InferenceSession(_kernel_model("BatchNormTraining", {"x": shape, "scale": [shape[1]], "B": [shape[1]]},
+                                             ("y", "mean", "var"), epsilon=epsilon), _options(), CPU)
+    y, mean, var = session.run(None, {"x": x.numpy(), "scale": weight.numpy(), "B": bias.numpy()})
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(mean, x.double().mean(reduced).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(var, x.double().var(reduced, unbiased=False).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_forward_of_an_empty_batch_has_no_statistics():
+    session = InferenceSession(_kernel_model("BatchNormTraining", {"x": [0, 3, 2], "scale": [3], "B": [3]},
+                                             ("y", "mean", "var")), _options(), CPU)
+    y, mean, var = session.run(None, {"x": np.zeros((0, 3, 2), np.float32), "scale": np.ones(3, np.float32),
+                                      "B": np.zeros(3, np.float32)})
+    assert y.shape == (0, 3, 2) and np.isnan(mean).all() and np.isnan(var).all()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shape=shapes, seed=st.integers(0, 2**16), spread=st.sampled_from([0.5, 3.0, 20.0]))
 def test_gelu_grad_matches_torch(shape, seed, spread):
     """Against torch's gelu backward and a float64 evaluation, over inputs out to where the
@@ -241,6 +272,43 @@ def test_gelu_grad_matches_torch(shape, seed, spread):
     exact = dy.numpy() * (cdf + x64 * np.exp(-x64 * x64 / 2) / np.sqrt(2 * np.pi))
     np.testing.assert_allclose(dx, exact, rtol=2e-6, atol=1e-7)
     np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _activation_slopes(kind, x, alpha=1 / 6, beta=0.5):
+    if kind == "ReluGrad":
+        return (x > 0).astype(np.float64)
+    if kind == "HardSwishGrad":
+        return np.where(x < 3, np.where(x > -3, x / 3 + 0.5, 0.0), 1.0)
+    line = alpha * x + beta
+    return np.where((line > 0) & (line < 1), alpha, 0.0)
+
+
+@pytest.mark.parametrize("kind, torch_fn", [("ReluGrad", torch.relu), ("HardSwishGrad", torch.nn.functional.hardswish),
+                                            ("HardSigmoidGrad", torch.nn.functional.hardsigmoid)])
+@pytest.mark.parametrize("shape", [[7], [2, 3, 5, 5], [64, 130]])
+def test_activation_grads_match_torch_and_their_rules(kind, torch_fn, shape):
+    """Each activation's gradient from its input, on values that include the knees (0 for Relu;
+    -3 and 3, where torch's derivatives switch): against torch's backward and against the
+    float64 slope of the rule it replaces (HardSigmoid with torch's alpha 1/6 and beta 0.5)."""
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    x.reshape(-1)[:4] = [0.0, -3.0, 3.0, 1.5][:x.size]
+    dy = rng.standard_normal(shape).astype(np.float32)
+    attrs = {"alpha": 1 / 6, "beta": 0.5} if kind == "HardSigmoidGrad" else {}
+    session = InferenceSession(_kernel_model(kind, {"dy": shape, "x": shape}, ("dx",), **attrs), _options(), CPU)
+    (dx,) = session.run(None, {"dy": dy, "x": x})
+    np.testing.assert_allclose(dx, dy * _activation_slopes(kind, x.astype(np.float64)), rtol=1e-6, atol=1e-7)
+    tensor = torch.tensor(x, requires_grad=True)
+    torch_fn(tensor).backward(torch.tensor(dy))
+    np.testing.assert_allclose(dx, tensor.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_relu_grad_selects_like_torch():
+    """Relu's gradient is dY or 0, never 0 * dY: an infinite or NaN dY where X <= 0 gives 0."""
+    session = InferenceSession(_kernel_model("ReluGrad", {"dy": [4], "x": [4]}, ("dx",)), _options(), CPU)
+    (dx,) = session.run(None, {"dy": np.array([np.inf, np.nan, np.inf, 2.0], np.float32),
+                               "x": np.array([-1.0, 0.0, 1.0, 1.0], np.float32)})
+    np.testing.assert_array_equal(dx, [0.0, 0.0, np.inf, 2.0])
 
 
 # ---- bad input ------------------------------------------------------------------------------------
@@ -344,7 +412,8 @@ def test_training_graph_uses_the_kernels_only_when_asked_and_agrees():
     plain = build_training_graph(model, trainable)
     fused = build_training_graph(model, trainable, cpu_kernels=True)
     assert not any(node.domain == DOMAIN for node in plain.graph.node)
-    assert [node.op_type for node in fused.graph.node if node.domain == DOMAIN] == ["LayerNormalizationGrad"]
+    assert sorted(node.op_type for node in fused.graph.node if node.domain == DOMAIN) == ["LayerNormalizationGrad",
+                                                                                          "ReluGrad"]
     assert any(opset.domain == DOMAIN for opset in fused.opset_import)
     assert len(fused.graph.node) < len(plain.graph.node)
     rng = np.random.default_rng(1)
@@ -415,10 +484,28 @@ def test_a_double_graph_keeps_standard_operators():
     assert not any(node.domain == DOMAIN for node in fused.graph.node)
 
 
+class _Mobile(torch.nn.Module):
+    """A MobileNetV3 block: depthwise convolution, BatchNorm, HardSwish, squeeze-excitation with
+    Relu and HardSigmoid."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(3, 8, 1)
+        self.depthwise = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False)   # (BatchNorm follows)
+        self.norm = torch.nn.BatchNorm2d(8)
+        self.squeeze = torch.nn.Conv2d(8, 4, 1)
+        self.excite = torch.nn.Conv2d(4, 8, 1)
+
+    def forward(self, x):
+        h = torch.nn.functional.hardswish(self.norm(self.depthwise(self.expand(x))))
+        gate = torch.nn.functional.hardsigmoid(self.excite(torch.relu(self.squeeze(h.mean((2, 3), keepdim=True)))))
+        return h * gate
+
+
 class _Norms(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.batch_norm = torch.nn.BatchNorm2d(8)
         self.linear = torch.nn.Linear(8 * 5 * 5, 16)
         self.layer_norm = torch.nn.LayerNorm(16)
@@ -430,7 +517,10 @@ class _Norms(torch.nn.Module):
 
 
 @pytest.mark.parametrize("cpu_kernels", [None, True, False])
-def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, monkeypatch):
+@pytest.mark.parametrize("net, kernels", [
+    (_Norms, {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad", "BatchNormTraining", "ReluGrad"}),
+    (_Mobile, {"BatchNormTrainingGrad", "BatchNormTraining", "ReluGrad", "HardSwishGrad", "HardSigmoidGrad"})])
+def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, kernels, monkeypatch):
     pytest.importorskip("onnxscript")
     from ortagent.torch import ORTModule, _bridge
 
@@ -443,7 +533,7 @@ def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, monke
 
     monkeypatch.setattr(_bridge.GraphRunner, "_training_graph", capture)
     torch.manual_seed(0)
-    eager = _Norms().train()
+    eager = net().train()
     bridged = ORTModule(copy.deepcopy(eager), cpu_kernels=cpu_kernels)
     for step, batch in enumerate((4, 4, 6)):
         x = torch.randn(batch, 3, 5, 5, generator=torch.Generator().manual_seed(step)) * 2 + 1
@@ -451,12 +541,13 @@ def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, monke
         for model, tensor in zip((eager, bridged), inputs):
             model.zero_grad()
             model(tensor).square().sum().backward()
-        torch.testing.assert_close(inputs[1].grad, inputs[0].grad, rtol=1e-4, atol=1e-5)
-        for (name, p_eager), p_bridged in zip(eager.named_parameters(), bridged.parameters()):
-            torch.testing.assert_close(p_bridged.grad, p_eager.grad, rtol=1e-4, atol=1e-5, msg=name)
-    kernels = {node.op_type for graph in graphs for node in graph.graph.node if node.domain == DOMAIN}
-    assert kernels == (set() if cpu_kernels is False else {"LayerNormalizationGrad", "BatchNormTrainingGrad",
-                                                           "GeluGrad"})
+        # (sums over the batch: rounding relative to the largest element, not to each one)
+        for (name, expected), got in zip([("x", inputs[0]), *eager.named_parameters()],
+                                         [inputs[1], *bridged.parameters()]):
+            scale = max(1.0, float(expected.grad.abs().max()))
+            torch.testing.assert_close(got.grad, expected.grad, rtol=1e-4, atol=2e-6 * scale, msg=name)
+    used = {node.op_type for graph in graphs for node in graph.graph.node if node.domain == DOMAIN}
+    assert used == (set() if cpu_kernels is False else kernels)
 
 
 def test_ortmodule_refuses_the_kernels_off_the_cpu_provider():

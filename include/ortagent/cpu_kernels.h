@@ -24,6 +24,13 @@
  *     the gradient of GELU (erf form), y = x * cdf with cdf = 0.5 * (1 + erf(x / sqrt(2))) the
  *     forward's own value: dX = dY * (cdf + x * exp(-x^2 / 2) / sqrt(2 pi)).
  *
+ *   ReluGrad(dY, X), HardSwishGrad(dY, X), HardSigmoidGrad(dY, X) -> dX  (attributes alpha, beta)
+ *     the activations' gradients from their input (see ortagent_activation_grad_block).
+ *   BatchNormTraining(X, scale, B) -> (Y, mean, var),  attribute epsilon
+ *     the forward of training-mode BatchNorm over every axis but the channels: the batch's mean
+ *     and biased variance per channel, and Y = X * a + b with a = scale / sqrt(var + epsilon),
+ *     b = B - mean * a (torch's CPU kernel's form). An empty X has NaN statistics.
+ *
  * float32 only. dscale and dbias are optional outputs (left unnamed, they are not written).
  * Work is split with KernelContext_ParallelFor over the session's intra-op threads: rows in
  * blocks for the LayerNorm (each block keeps its own partial dscale/dbias, summed in block
@@ -375,6 +382,96 @@ static OrtStatus* ortagent_batch_norm_grad_compute(void* kernel, OrtKernelContex
                                                     &work);
 }
 
+/* ---- BatchNormTraining ----------------------------------------------------------------------- */
+
+typedef struct ortagent_batch_norm_work {
+    const float* x;
+    const float* scale;
+    const float* bias;
+    float* y;
+    float* mean;
+    float* var;
+    int64_t batch, channels, spatial;
+    float epsilon;
+} ortagent_batch_norm_work;
+
+/* One channel: its mean, then its biased variance from the centred values (two passes, as
+ * exact as the float sums allow), then y = x * a + b with a = scale / sqrt(var + eps) and
+ * b = bias - mean * a, as torch's CPU kernel writes the normalisation. */
+ORTAGENT_KERNELS_CLONES
+static void ortagent_batch_norm_channel(void* data, size_t channel) {
+    const ortagent_batch_norm_work* w = (const ortagent_batch_norm_work*)data;
+    const int64_t c = (int64_t)channel, spatial = w->spatial, stride = w->channels * spatial;
+    const float count = (float)(w->batch * spatial);
+    ortagent_f8 sum8 = {0};
+    float sum = 0.0f;
+    for (int64_t n = 0; n < w->batch; ++n) {
+        const float* restrict x = w->x + n * stride + c * spatial;
+        int64_t s = 0;
+        for (; s + ORTAGENT_F8 <= spatial; s += ORTAGENT_F8) sum8 += ORTAGENT_F8_LOAD(x + s);
+        for (; s < spatial; ++s) sum += x[s];
+    }
+    ORTAGENT_F8_ADD_LANES(sum, sum8);
+    const float mean = sum / count;
+    ortagent_f8 squares8 = {0};
+    float squares = 0.0f;
+    for (int64_t n = 0; n < w->batch; ++n) {
+        const float* restrict x = w->x + n * stride + c * spatial;
+        int64_t s = 0;
+        for (; s + ORTAGENT_F8 <= spatial; s += ORTAGENT_F8) {
+            const ortagent_f8 centred = ORTAGENT_F8_LOAD(x + s) - mean;
+            squares8 += centred * centred;
+        }
+        for (; s < spatial; ++s) squares += (x[s] - mean) * (x[s] - mean);
+    }
+    ORTAGENT_F8_ADD_LANES(squares, squares8);
+    const float var = squares / count;
+    if (w->mean != NULL) w->mean[c] = mean;
+    if (w->var != NULL) w->var[c] = var;
+    const float a = w->scale[c] / sqrtf(var + w->epsilon);
+    const float b = w->bias[c] - mean * a;
+    for (int64_t n = 0; n < w->batch; ++n) {
+        const float* restrict x = w->x + n * stride + c * spatial;
+        float* restrict y = w->y + n * stride + c * spatial;
+        int64_t s = 0;
+        for (; s + ORTAGENT_F8 <= spatial; s += ORTAGENT_F8) ORTAGENT_F8_STORE(y + s, ORTAGENT_F8_LOAD(x + s) * a + b);
+        for (; s < spatial; ++s) y[s] = x[s] * a + b;
+    }
+}
+
+static OrtStatus* ortagent_batch_norm_compute(void* kernel, OrtKernelContext* context) {
+    static const char op[] = "BatchNormTraining";
+    const ortagent_batch_norm_grad_kernel* k = (const ortagent_batch_norm_grad_kernel*)kernel;
+    ortagent_kernel_tensor x, scale, bias, y, mean, var;
+    OrtStatus* status = NULL;
+    if ((status = ortagent_kernel_input(op, context, 0, &x)) != NULL) return status;
+    if ((status = ortagent_kernel_input(op, context, 1, &scale)) != NULL) return status;
+    if ((status = ortagent_kernel_input(op, context, 2, &bias)) != NULL) return status;
+    if (x.rank < 2) return ortagent_kernel_error(op, "X must be [N, C, ...]");
+    const int64_t batch = x.dims[0], channels = x.dims[1];
+    if (scale.count != channels || bias.count != channels)
+        return ortagent_kernel_error(op, "scale and B must have one element per channel");
+    if ((status = ortagent_kernel_output(op, context, 0, &x, &y)) != NULL) return status;
+    if ((status = ortagent_kernel_output(op, context, 1, &scale, &mean)) != NULL) return status;
+    if ((status = ortagent_kernel_output(op, context, 2, &scale, &var)) != NULL) return status;
+    if (channels == 0) return NULL;
+    if (x.count == 0) {
+        /* an empty batch: no statistics (NaN, as a mean over nothing), an empty Y */
+        for (int64_t c = 0; c < channels; ++c) {
+            if (mean.data != NULL) mean.data[c] = NAN;
+            if (var.data != NULL) var.data[c] = NAN;
+        }
+        return NULL;
+    }
+    ortagent_batch_norm_work work = {x.data, scale.data, bias.data, y.data, mean.data, var.data, batch, channels,
+                                     x.count / (batch * channels), k->epsilon};
+    if (channels == 1) {
+        ortagent_batch_norm_channel(&work, 0);
+        return NULL;
+    }
+    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_batch_norm_channel, (size_t)channels, 0, &work);
+}
+
 /* ---- GeluGrad -------------------------------------------------------------------------------- */
 
 /* exp(z) of 8 floats z <= 0 (GeluGrad's -x^2 / 2): z = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
@@ -456,6 +553,119 @@ static OrtStatus* ortagent_gelu_grad_compute(void* kernel, OrtKernelContext* con
     return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_gelu_grad_block, (size_t)blocks, 0, &work);
 }
 
+/* ---- ReluGrad, HardSwishGrad, HardSigmoidGrad ---------------------------------------------- */
+
+enum { ORTAGENT_RELU, ORTAGENT_HARD_SWISH, ORTAGENT_HARD_SIGMOID };
+
+typedef struct ortagent_activation_grad_kernel {
+    int kind;
+    float alpha, beta;        /* HardSigmoid's */
+} ortagent_activation_grad_kernel;
+
+typedef struct ortagent_activation_grad_work {
+    const float* dy;
+    const float* x;
+    float* dx;
+    int64_t count, per_block;
+    ortagent_activation_grad_kernel k;
+} ortagent_activation_grad_work;
+
+/* dX from dY and the forward's input X:
+ *   Relu:        dY where X > 0, else 0 (selected, as torch's threshold_backward: no 0 * inf)
+ *   HardSwish:   dY * slope, slope 0 up to -3 (included), X / 3 + 1/2 inside, 1 from 3 on and at
+ *                NaN (ortagent's rule for HardSwish, torch's hardswish_backward)
+ *   HardSigmoid: dY * (alpha where 0 < alpha X + beta < 1, else 0) (onnx-ad's rule) */
+ORTAGENT_KERNELS_CLONES
+static void ortagent_activation_grad_block(void* data, size_t block) {
+    const ortagent_activation_grad_work* w = (const ortagent_activation_grad_work*)data;
+    const int64_t first = (int64_t)block * w->per_block;
+    const int64_t last = first + w->per_block < w->count ? first + w->per_block : w->count;
+    const float* restrict dy = w->dy;
+    const float* restrict x = w->x;
+    float* restrict dx = w->dx;
+    const ortagent_f8 zero = {0}, one = zero + 1.0f, alpha = zero + w->k.alpha;
+    int64_t i = first;
+    switch (w->k.kind) {
+    case ORTAGENT_RELU:
+        for (; i + ORTAGENT_F8 <= last; i += ORTAGENT_F8) {
+            const ortagent_i8 positive = ORTAGENT_F8_LOAD(x + i) > 0.0f;
+            ORTAGENT_F8_STORE(dx + i, (ortagent_f8)((ortagent_i8)ORTAGENT_F8_LOAD(dy + i) & positive));
+        }
+        for (; i < last; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+        break;
+    case ORTAGENT_HARD_SWISH:
+        for (; i + ORTAGENT_F8 <= last; i += ORTAGENT_F8) {
+            const ortagent_f8 v = ORTAGENT_F8_LOAD(x + i);
+            const ortagent_i8 above = v > -3.0f, below = v < 3.0f;
+            const ortagent_f8 inside = (ortagent_f8)((ortagent_i8)(v / 3.0f + 0.5f) & above);
+            const ortagent_f8 slope = (ortagent_f8)(((ortagent_i8)inside & below) | ((ortagent_i8)one & ~below));
+            ORTAGENT_F8_STORE(dx + i, ORTAGENT_F8_LOAD(dy + i) * slope);
+        }
+        for (; i < last; ++i)
+            dx[i] = dy[i] * (x[i] < 3.0f ? (x[i] > -3.0f ? x[i] / 3.0f + 0.5f : 0.0f) : 1.0f);
+        break;
+    default:
+        for (; i + ORTAGENT_F8 <= last; i += ORTAGENT_F8) {
+            const ortagent_f8 line = ORTAGENT_F8_LOAD(x + i) * w->k.alpha + w->k.beta;
+            const ortagent_i8 inside = (line > 0.0f) & (line < 1.0f);
+            ORTAGENT_F8_STORE(dx + i, ORTAGENT_F8_LOAD(dy + i) * (ortagent_f8)((ortagent_i8)alpha & inside));
+        }
+        for (; i < last; ++i) {
+            const float line = x[i] * w->k.alpha + w->k.beta;
+            dx[i] = dy[i] * (line > 0.0f && line < 1.0f ? w->k.alpha : 0.0f);
+        }
+        break;
+    }
+}
+
+static OrtStatus* ortagent_activation_grad_compute(void* kernel, OrtKernelContext* context) {
+    static const char op[] = "activation gradient (ReluGrad, HardSwishGrad, HardSigmoidGrad)";
+    ortagent_kernel_tensor dy, x, dx;
+    OrtStatus* status = NULL;
+    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
+    if ((status = ortagent_kernel_input(op, context, 1, &x)) != NULL) return status;
+    if (dy.rank != x.rank || memcmp(dy.dims, x.dims, x.rank * sizeof(int64_t)) != 0)
+        return ortagent_kernel_error(op, "dY and X differ in shape");
+    if ((status = ortagent_kernel_output(op, context, 0, &x, &dx)) != NULL) return status;
+    if (x.count == 0 || dx.data == NULL) return NULL;
+    const int64_t per_block = 4 * ORTAGENT_KERNELS_BLOCK_ELEMENTS;
+    const int64_t blocks = (x.count + per_block - 1) / per_block;
+    ortagent_activation_grad_work work = {dy.data, x.data, dx.data, x.count, per_block,
+                                          *(const ortagent_activation_grad_kernel*)kernel};
+    if (blocks == 1) {
+        ortagent_activation_grad_block(&work, 0);
+        return NULL;
+    }
+    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_activation_grad_block, (size_t)blocks, 0, &work);
+}
+
+static OrtStatus* ortagent_activation_grad_create(const OrtKernelInfo* info, int kind, void** kernel) {
+    ortagent_activation_grad_kernel* k = (ortagent_activation_grad_kernel*)malloc(sizeof *k);
+    if (k == NULL) return ORTAGENT_CALL(CreateStatus)(ORT_FAIL, "activation gradient: out of memory");
+    k->kind = kind;
+    k->alpha = 0.2f;            /* HardSigmoid's defaults */
+    k->beta = 0.5f;
+    if (kind == ORTAGENT_HARD_SIGMOID) {
+        OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_float)(info, "alpha", &k->alpha);
+        if (status != NULL) ORTAGENT_CALL(ReleaseStatus)(status);
+        status = ORTAGENT_CALL(KernelInfoGetAttribute_float)(info, "beta", &k->beta);
+        if (status != NULL) ORTAGENT_CALL(ReleaseStatus)(status);
+    }
+    *kernel = k;
+    return NULL;
+}
+
+#define ORTAGENT_ACTIVATION_CREATE(name, kind)                                                \
+    static OrtStatus* name(const ortagent_custom_op_v16* op, const void* api, const OrtKernelInfo* info, \
+                           void** kernel) {                                                   \
+        (void)op;                                                                             \
+        (void)api;                                                                            \
+        return ortagent_activation_grad_create(info, kind, kernel);                           \
+    }
+ORTAGENT_ACTIVATION_CREATE(ortagent_relu_grad_create, ORTAGENT_RELU)
+ORTAGENT_ACTIVATION_CREATE(ortagent_hard_swish_grad_create, ORTAGENT_HARD_SWISH)
+ORTAGENT_ACTIVATION_CREATE(ortagent_hard_sigmoid_grad_create, ORTAGENT_HARD_SIGMOID)
+
 /* ---- the operator descriptions ---------------------------------------------------------------- */
 
 static const char* ortagent_kernel_name(const ortagent_custom_op_v16* op);
@@ -467,6 +677,7 @@ static ONNXTensorElementDataType ortagent_kernel_float_type(const ortagent_custo
 }
 static size_t ortagent_kernel_five(const ortagent_custom_op_v16* op) { (void)op; return 5; }
 static size_t ortagent_kernel_three(const ortagent_custom_op_v16* op) { (void)op; return 3; }
+static size_t ortagent_kernel_two(const ortagent_custom_op_v16* op) { (void)op; return 2; }
 static size_t ortagent_kernel_one(const ortagent_custom_op_v16* op) { (void)op; return 1; }
 static OrtStatus* ortagent_kernel_create_stateless(const ortagent_custom_op_v16* op, const void* api,
                                                    const OrtKernelInfo* info, void** kernel) {
@@ -555,8 +766,18 @@ static const ortagent_custom_op_v16 ortagent_kernel_ops[] = {
                        ortagent_batch_norm_grad_compute),
     ORTAGENT_KERNEL_OP(ortagent_kernel_three, ortagent_kernel_one, ortagent_kernel_create_stateless,
                        ortagent_gelu_grad_compute),
+    ORTAGENT_KERNEL_OP(ortagent_kernel_three, ortagent_kernel_three, ortagent_batch_norm_grad_create,
+                       ortagent_batch_norm_compute),
+    ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_relu_grad_create,
+                       ortagent_activation_grad_compute),
+    ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_hard_swish_grad_create,
+                       ortagent_activation_grad_compute),
+    ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_hard_sigmoid_grad_create,
+                       ortagent_activation_grad_compute),
 };
-static const char* const ortagent_kernel_names[] = {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad"};
+static const char* const ortagent_kernel_names[] = {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad",
+                                                    "BatchNormTraining", "ReluGrad", "HardSwishGrad",
+                                                    "HardSigmoidGrad"};
 #define ORTAGENT_KERNEL_COUNT (sizeof ortagent_kernel_ops / sizeof ortagent_kernel_ops[0])
 
 static const char* ortagent_kernel_name(const ortagent_custom_op_v16* op) {
