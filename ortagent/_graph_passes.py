@@ -61,7 +61,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
-__all__ = ["flatten_batched_matmuls", "simplify_copies", "padded_sums_as_concats", "reductions_without_unit_tail",
+__all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies", "padded_sums_as_concats", "reductions_without_unit_tail",
            "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs", "transposes_without_unit_axes",
            "masked_softmax_in_parts",
            "known_shapes",
@@ -293,6 +293,45 @@ def _transpose_without_unit_axes(node, in_shape: Dims, perm: list[int], kept: li
     out_shape = [in_shape[axis] for axis in perm]
     out_name = _shape_operand(names, graph, nodes, out_shape, source, perm)
     return helper.make_node("Reshape", [moved, out_name], list(node.output), name=node.name)
+
+
+def seed_axis_round_trips(model: ModelProto, keep: frozenset = frozenset()) -> int:
+    """``Squeeze(Unsqueeze(x, [-1]), [-1])``, through Identity nodes, is ``x``: each such Squeeze
+    becomes ``Identity(x)`` (onnxruntime removes it) and the Unsqueeze, when nothing else reads
+    it, is dropped. onnx-ad carries a trailing seed axis of 1 through the backward, and each
+    node that computes without it (the CPU kernels, ConvGrad's products) takes it off and puts
+    it back: MobileNetV3-small's backward had about 190 such pairs. Any shape: adding a last axis
+    and removing it moves nothing. Returns the number of Squeezes rewritten."""
+    graph = model.graph
+    constants = constant_values(graph)
+    producers = {out: node for node in graph.node for out in node.output if out}
+
+    def last_axis_only(node) -> bool:
+        if len(node.input) > 1:
+            axes = constants.get(node.input[1])
+        else:
+            axes = next((np.array(a.ints) for a in node.attribute if a.name == "axes"), None)
+        return axes is not None and axes.size == 1 and int(axes.reshape(-1)[0]) == -1
+
+    count = 0
+    for node in graph.node:
+        if node.op_type != "Squeeze" or node.domain not in ("", "ai.onnx") or not last_axis_only(node):
+            continue
+        source = producers.get(node.input[0])
+        while source is not None and source.op_type == "Identity" and source.domain in ("", "ai.onnx"):
+            source = producers.get(source.input[0])
+        if source is None or source.op_type != "Unsqueeze" or source.domain not in ("", "ai.onnx") \
+                or not last_axis_only(source):
+            continue
+        node.op_type = "Identity"
+        original = source.input[0]
+        del node.input[:]
+        node.input.append(original)
+        del node.attribute[:]
+        count += 1
+    if count:
+        _drop_dead(graph, list(graph.node), keep)
+    return count
 
 
 def simplify_copies(model: ModelProto, stand_ins: dict | None = None, keep: frozenset = frozenset(),

@@ -35,8 +35,8 @@ from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, masked_softmax_in_parts,
-    padded_sums_as_concats, promote_mixed_arithmetic, reductions_without_unit_tail, simplify_copies,
-    transposes_without_unit_axes,
+    padded_sums_as_concats, promote_mixed_arithmetic, reductions_without_unit_tail, seed_axis_round_trips,
+    simplify_copies, transposes_without_unit_axes,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -372,6 +372,7 @@ def build_training_graph(
         kept = frozenset({YIELD_OP_TYPE, *_ad_rules.CPU_KERNEL_OPS})
         masked_softmax_in_parts(adjoint)
         simplify_copies(adjoint, stand_ins, keep=kept, output_views=gradient_outputs if gradient_views else ())
+        seed_axis_round_trips(adjoint, keep=kept)     # (the copies it rewrote are Identity nodes now)
         reductions_without_unit_tail(adjoint, stand_ins)
         transposes_without_unit_axes(adjoint, stand_ins)
         if input_symbols_checked:

@@ -1144,3 +1144,38 @@ def test_transposes_of_unit_axes_move_the_others_alone(shape, perm, rewritten):
     x = np.random.default_rng(0).standard_normal([sizes.get(d, d) for d in shape]).astype(np.float32)
     (y,) = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     np.testing.assert_array_equal(y, x.transpose(perm))
+
+
+# -- the seed axis taken off and put back (seed_axis_round_trips) -------------------------------------
+
+@pytest.mark.parametrize("opset", [11, 18])
+def test_seed_axis_round_trips_are_removed(opset):
+    """Squeeze(Unsqueeze(x, [-1]), [-1]) through an Identity is x; a Squeeze of another axis, or of
+    an Unsqueeze of another axis, stays, and the results are the same arrays."""
+    import ortagent
+    from ortagent._graph_passes import seed_axis_round_trips
+
+    def axes_op(op_type, source, target, axes):
+        if opset >= 13:
+            return [helper.make_node("Constant", [], [target + "_axes"],
+                                     value=numpy_helper.from_array(np.array(axes, np.int64))),
+                    helper.make_node(op_type, [source, target + "_axes"], [target])]
+        return [helper.make_node(op_type, [source], [target], axes=axes)]
+
+    nodes = [*axes_op("Unsqueeze", "x", "seeded", [-1]),
+             helper.make_node("Identity", ["seeded"], ["alias"]),
+             *axes_op("Squeeze", "alias", "back", [-1]),               # a round trip
+             helper.make_node("Relu", ["back"], ["y"]),
+             *axes_op("Unsqueeze", "x", "front", [0]),
+             *axes_op("Squeeze", "front", "z", [0])]                  # another axis: stays
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [tg.tensor("x", np.float32, [3, 4])],
+                          [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in ("y", "z")]),
+        opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    assert seed_axis_round_trips(model) == 1
+    assert [node.op_type for node in model.graph.node if node.op_type in ("Squeeze", "Unsqueeze")] == \
+        ["Unsqueeze", "Squeeze"]
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    y, z = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
+    np.testing.assert_array_equal(z, x)
