@@ -1122,6 +1122,7 @@ def test_an_unbatched_loss_beside_a_constant_node_gets_its_batch():
     ([2, 576, 1, 2, 2], [2, 1, 0, 3, 4], 1),         # a depthwise convolution's gradient
     ([1, 6, 1, 4], [3, 2, 0, 1], 1),
     ([2, 576, 1, 2, 2], [1, 2, 0, 3, 4], 0),         # moves one axis already
+    ([16, 32, 4, 16, 1], [0, 2, 1, 3, 4], 1),        # so does this one, but the seed axis stays last
     ([2, 1, 3, 1, 5], [4, 3, 2, 1, 0], 0),           # the others alone still move several
     ([3, 1, 4], [1, 0, 2], 0),                       # moves only the unit axis: left to simplify_copies
 ])
