@@ -74,8 +74,9 @@ dimensions' shape), a BatchNormTraining's over every axis but the channels
 (``BatchNormTrainingGrad``; :func:`finish` writes its forward as the kernels' ``BatchNormTraining``
 too), a GELU's of the erf form (``GeluGrad``: :func:`prepare` collapses the five nodes torch's
 exporter writes into a private ``ErfGelu`` whose reverse it is, and :func:`finish` writes them
-back), and Relu's, HardSwish's and HardSigmoid's (``ReluGrad``, ``HardSwishGrad``,
-``HardSigmoidGrad`` from the activation's input). Other graphs are as without the kernels.
+back), Relu's, HardSwish's and HardSigmoid's (``ReluGrad``, ``HardSwishGrad``,
+``HardSigmoidGrad`` from the activation's input), and a Softmax's over the last axis
+(``SoftmaxGrad`` from its output). Other graphs are as without the kernels.
 
 ``HardSwish``'s derivative is replaced by torch's (see :func:`_hard_swish_derivative`).
 
@@ -134,7 +135,7 @@ CPU_KERNELS_DOMAIN = "ai.ortagent.cpu"
 # for each operator, the input each output is shaped like (for shape inference and declarations)
 CPU_KERNEL_OUTPUTS_LIKE = {"LayerNormalizationGrad": (1, 2, 2), "BatchNormTrainingGrad": (1, 2, 2),
                            "GeluGrad": (1,), "BatchNormTraining": (0, 1, 1), "ReluGrad": (1,),
-                           "HardSwishGrad": (1,), "HardSigmoidGrad": (1,)}
+                           "HardSwishGrad": (1,), "HardSigmoidGrad": (1,), "SoftmaxGrad": (1,)}
 # the activations whose gradient is one node of the CPU kernels: operator -> kernel
 _ACTIVATION_KERNELS = {"Relu": "ReluGrad", "HardSwish": "HardSwishGrad", "HardSigmoid": "HardSigmoidGrad"}
 CPU_KERNEL_OPS = frozenset(CPU_KERNEL_OUTPUTS_LIKE)
@@ -1141,6 +1142,23 @@ def _activation_reverse_or_fused(rule):
     return reverse
 
 
+def _softmax_reverse_or_fused(rule):
+    """Softmax's rule, or with ortagent's CPU kernels one ``SoftmaxGrad`` node from the output
+    for a float32 softmax over the last axis (onnx-ad's rule: Mul, ReduceSum, Sub, Mul)."""
+    def reverse(ctx, node, grads):
+        x, y = node.input[0], node.output[0]
+        shape = ctx.shapes.shape(x)
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+        if (not _cpu_kernels() or ctx.opset < 13 or ctx.shapes.dtype(x) != onnx.TensorProto.FLOAT or not shape
+                or axis % len(shape) != len(shape) - 1 or not ctx.asked_for(x)):
+            return rule(ctx, node, grads)
+        dy = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="softmax_dy")
+        dx = ctx.b.op("SoftmaxGrad", [dy, y], stem="softmax_grad", domain=CPU_KERNELS_DOMAIN)
+        ctx.b.nodes[-1].name = ctx.b.name("softmax_grad_node")
+        return [_with_seed_axis(ctx, dx, "softmax_adjoint")]
+    return reverse
+
+
 def _hard_swish_derivative(ctx, node, x, y, dtype):
     """HardSwish's derivative as torch's ``hardswish_backward`` takes it: 0 up to -3 (included),
     ``x / 3 + 1/2`` between -3 and 3, 1 from 3 on (and at NaN, as torch's scalar path; its
@@ -1206,6 +1224,7 @@ def _register() -> None:
         rules.DERIVATIVE["HardSwish"] = _hard_swish_derivative    # replaces onnx-ad's (torch's ties)
         for activation in _ACTIVATION_KERNELS:
             rules.REVERSE[activation] = _activation_reverse_or_fused(rules.REVERSE[activation])
+        rules.REVERSE["Softmax"] = _softmax_reverse_or_fused(rules.REVERSE["Softmax"])
         # (onnx-ad's LayerNormalization rules look their statistics step up by this name)
         rules._layer_norm_parts = _layer_norm_parts_from_statistics(rules._layer_norm_parts)
         rules.REVERSE["LayerNormalization"] = _layer_norm_reverse_or_fused(rules.REVERSE["LayerNormalization"])

@@ -2,7 +2,7 @@
 
 Each operator is run alone in a session (SessionOptions.add_cpu_training_kernels) and compared
 with a float64 evaluation of its formula and with torch (the autograd of ``layer_norm``,
-training-mode ``batch_norm``, ``gelu``, ``relu``, ``hardswish`` and ``hardsigmoid``;
+training-mode ``batch_norm``, ``gelu``, ``softmax``, ``relu``, ``hardswish`` and ``hardsigmoid``;
 ``batch_norm``'s forward), over shapes drawn by
 hypothesis and the edge cases (one row, one column, empty batches, outputs left unnamed,
 several threads); bad input gives a typed ortagent error. Then
@@ -274,6 +274,22 @@ def test_gelu_grad_matches_torch(shape, seed, spread):
     np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=shapes, seed=st.integers(0, 2**16))
+def test_softmax_grad_matches_torch(shape, seed):
+    rng = np.random.default_rng(seed)
+    x = torch.tensor(rng.standard_normal(shape) * 3, dtype=torch.float32, requires_grad=True)
+    dy = torch.tensor(rng.standard_normal(shape), dtype=torch.float32)
+    y = torch.softmax(x, -1)
+    y.backward(dy)
+    session = InferenceSession(_kernel_model("SoftmaxGrad", {"dy": shape, "y": shape}, ("dx",)), _options(), CPU)
+    (dx,) = session.run(None, {"dy": dy.numpy(), "y": y.detach().numpy()})
+    y64, dy64 = y.detach().numpy().astype(np.float64), dy.numpy().astype(np.float64)
+    exact = y64 * (dy64 - (dy64 * y64).sum(-1, keepdims=True))
+    np.testing.assert_allclose(dx, exact, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
 def _activation_slopes(kind, x, alpha=1 / 6, beta=0.5):
     if kind == "ReluGrad":
         return (x > 0).astype(np.float64)
@@ -502,6 +518,23 @@ class _Mobile(torch.nn.Module):
         return h * gate
 
 
+class _Attention(torch.nn.Module):
+    """Self-attention with a Softmax over the last axis and one over another axis (which keeps
+    the standard gradient), GELU feed-forward and LayerNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+        self.norm = torch.nn.LayerNorm(8)
+        self.out = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        scores = q @ k.transpose(-1, -2) / 8 ** 0.5
+        mixed = torch.softmax(scores, -1) @ v + torch.softmax(scores, 1) @ v
+        return self.out(torch.nn.functional.gelu(self.norm(mixed)))
+
+
 class _Norms(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -519,7 +552,8 @@ class _Norms(torch.nn.Module):
 @pytest.mark.parametrize("cpu_kernels", [None, True, False])
 @pytest.mark.parametrize("net, kernels", [
     (_Norms, {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad", "BatchNormTraining", "ReluGrad"}),
-    (_Mobile, {"BatchNormTrainingGrad", "BatchNormTraining", "ReluGrad", "HardSwishGrad", "HardSigmoidGrad"})])
+    (_Mobile, {"BatchNormTrainingGrad", "BatchNormTraining", "ReluGrad", "HardSwishGrad", "HardSigmoidGrad"}),
+    (_Attention, {"SoftmaxGrad", "LayerNormalizationGrad", "GeluGrad"})])
 def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, kernels, monkeypatch):
     pytest.importorskip("onnxscript")
     from ortagent.torch import ORTModule, _bridge
@@ -536,7 +570,8 @@ def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, 
     eager = net().train()
     bridged = ORTModule(copy.deepcopy(eager), cpu_kernels=cpu_kernels)
     for step, batch in enumerate((4, 4, 6)):
-        x = torch.randn(batch, 3, 5, 5, generator=torch.Generator().manual_seed(step)) * 2 + 1
+        shape = (batch, 5, 8) if net is _Attention else (batch, 3, 5, 5)
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(step)) * 2 + 1
         inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
         for model, tensor in zip((eager, bridged), inputs):
             model.zero_grad()

@@ -24,6 +24,8 @@
  *     the gradient of GELU (erf form), y = x * cdf with cdf = 0.5 * (1 + erf(x / sqrt(2))) the
  *     forward's own value: dX = dY * (cdf + x * exp(-x^2 / 2) / sqrt(2 pi)).
  *
+ *   SoftmaxGrad(dY, Y) -> dX
+ *     the gradient of a softmax over the last axis from its output: dX = Y * (dY - sum(dY * Y)).
  *   ReluGrad(dY, X), HardSwishGrad(dY, X), HardSigmoidGrad(dY, X) -> dX  (attributes alpha, beta)
  *     the activations' gradients from their input (see ortagent_activation_grad_block).
  *   BatchNormTraining(X, scale, B) -> (Y, mean, var),  attribute epsilon
@@ -553,6 +555,63 @@ static OrtStatus* ortagent_gelu_grad_compute(void* kernel, OrtKernelContext* con
     return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_gelu_grad_block, (size_t)blocks, 0, &work);
 }
 
+/* ---- SoftmaxGrad ----------------------------------------------------------------------------- */
+
+typedef struct ortagent_softmax_grad_work {
+    const float* dy;
+    const float* y;
+    float* dx;
+    int64_t rows, cols, rows_per_block;
+} ortagent_softmax_grad_work;
+
+/* Per row of the last axis: dX = Y * (dY - sum(dY * Y)), softmax's Jacobian applied to dY. */
+ORTAGENT_KERNELS_CLONES
+static void ortagent_softmax_grad_block(void* data, size_t block) {
+    const ortagent_softmax_grad_work* w = (const ortagent_softmax_grad_work*)data;
+    const int64_t cols = w->cols;
+    const int64_t first = (int64_t)block * w->rows_per_block;
+    const int64_t last = first + w->rows_per_block < w->rows ? first + w->rows_per_block : w->rows;
+    for (int64_t r = first; r < last; ++r) {
+        const float* restrict dy = w->dy + r * cols;
+        const float* restrict y = w->y + r * cols;
+        float* restrict dx = w->dx + r * cols;
+        ortagent_f8 sum8 = {0};
+        float sum = 0.0f;
+        int64_t c = 0;
+        for (; c + ORTAGENT_F8 <= cols; c += ORTAGENT_F8) sum8 += ORTAGENT_F8_LOAD(dy + c) * ORTAGENT_F8_LOAD(y + c);
+        for (; c < cols; ++c) sum += dy[c] * y[c];
+        ORTAGENT_F8_ADD_LANES(sum, sum8);
+        for (c = 0; c + ORTAGENT_F8 <= cols; c += ORTAGENT_F8)
+            ORTAGENT_F8_STORE(dx + c, ORTAGENT_F8_LOAD(y + c) * (ORTAGENT_F8_LOAD(dy + c) - sum));
+        for (; c < cols; ++c) dx[c] = y[c] * (dy[c] - sum);
+    }
+}
+
+static OrtStatus* ortagent_softmax_grad_compute(void* kernel, OrtKernelContext* context) {
+    static const char op[] = "SoftmaxGrad";
+    (void)kernel;
+    ortagent_kernel_tensor dy, y, dx;
+    OrtStatus* status = NULL;
+    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
+    if ((status = ortagent_kernel_input(op, context, 1, &y)) != NULL) return status;
+    if (y.rank == 0) return ortagent_kernel_error(op, "Y must have an axis to normalise over");
+    if (dy.rank != y.rank || memcmp(dy.dims, y.dims, y.rank * sizeof(int64_t)) != 0)
+        return ortagent_kernel_error(op, "dY and Y differ in shape");
+    if ((status = ortagent_kernel_output(op, context, 0, &y, &dx)) != NULL) return status;
+    const int64_t cols = y.dims[y.rank - 1];
+    if (y.count == 0 || cols == 0 || dx.data == NULL) return NULL;
+    const int64_t rows = y.count / cols;
+    int64_t rows_per_block = ORTAGENT_KERNELS_BLOCK_ELEMENTS / cols;
+    if (rows_per_block < 1) rows_per_block = 1;
+    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    ortagent_softmax_grad_work work = {dy.data, y.data, dx.data, rows, cols, rows_per_block};
+    if (blocks == 1) {
+        ortagent_softmax_grad_block(&work, 0);
+        return NULL;
+    }
+    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_softmax_grad_block, (size_t)blocks, 0, &work);
+}
+
 /* ---- ReluGrad, HardSwishGrad, HardSigmoidGrad ---------------------------------------------- */
 
 enum { ORTAGENT_RELU, ORTAGENT_HARD_SWISH, ORTAGENT_HARD_SIGMOID };
@@ -774,10 +833,12 @@ static const ortagent_custom_op_v16 ortagent_kernel_ops[] = {
                        ortagent_activation_grad_compute),
     ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_hard_sigmoid_grad_create,
                        ortagent_activation_grad_compute),
+    ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_kernel_create_stateless,
+                       ortagent_softmax_grad_compute),
 };
 static const char* const ortagent_kernel_names[] = {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad",
                                                     "BatchNormTraining", "ReluGrad", "HardSwishGrad",
-                                                    "HardSigmoidGrad"};
+                                                    "HardSigmoidGrad", "SoftmaxGrad"};
 #define ORTAGENT_KERNEL_COUNT (sizeof ortagent_kernel_ops / sizeof ortagent_kernel_ops[0])
 
 static const char* ortagent_kernel_name(const ortagent_custom_op_v16* op) {
