@@ -34,9 +34,10 @@
  *     b = B - mean * a (torch's CPU kernel's form). An empty X has NaN statistics.
  *
  * float32 only. dscale and dbias are optional outputs (left unnamed, they are not written).
- * Work is split with KernelContext_ParallelFor over the session's intra-op threads: rows in
- * blocks for the LayerNorm (each block keeps its own partial dscale/dbias, summed in block
- * order, so the result does not depend on the thread count), channels for the BatchNorm.
+ * Work is split with KernelContext_ParallelFor over the session's intra-op threads, for tensors of
+ * 65536 elements or more: rows in blocks for the LayerNorm (each block keeps its own partial
+ * dscale/dbias, summed in block order, so the result does not depend on the thread count) and
+ * the softmax, channels for the BatchNorm, blocks of elements for the rest.
  * The loops run over 8 floats at a time (the compilers' vector extension), sums kept per lane
  * and added at the end of a row or channel.
  *
@@ -58,12 +59,22 @@
 #define ORTAGENT_KERNELS_DOMAIN "ai.ortagent.cpu"
 #define ORTAGENT_KERNELS_MAX_RANK 16
 #define ORTAGENT_KERNELS_LANES 8
-/* elements per LayerNorm work block: below this, splitting costs more than it gains */
+/* elements per work item of the row and elementwise kernels (LayerNorm rows in blocks of about
+ * this many elements, each with its own partial dscale and dbias) */
 #define ORTAGENT_KERNELS_BLOCK_ELEMENTS 16384
+/* below this many elements a kernel runs on the calling thread alone: waking the session's
+ * sleeping intra-op threads (ORTModule's sessions do not spin) costs more than they save */
+#define ORTAGENT_KERNELS_PARALLEL_ELEMENTS 65536
 
+/* No contraction of a * b + c into one fused multiply-add: a value computed twice (g = dY scale in
+ * the LayerNorm's two passes) must round the same both times (fused, `g - mean(g)` of a row of
+ * one element was the product's rounding error times 1 / sqrt(eps), not 0), and the baseline
+ * and x86-64-v3 clones then give the same bits. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
-#pragma GCC optimize("O3")
+#pragma GCC optimize("O3", "fp-contract=off")
+#elif defined(__clang__)
+#pragma clang fp contract(off)
 #endif
 
 /* The loops are compiled twice on x86-64 Linux: for the baseline instruction set and for
@@ -131,6 +142,18 @@ static OrtStatus* ortagent_kernel_output(const char* op, OrtKernelContext* conte
     status = ORTAGENT_CALL(KernelContext_GetOutput)(context, index, like->dims, like->rank, &value);
     if (status != NULL || value == NULL) return status;
     return ortagent_kernel_describe(op, value, out);
+}
+
+/* Run fn(data, i) for i below `total` work items covering `elements` elements: on the session's
+ * intra-op threads (KernelContext_ParallelFor) when there are enough elements to pay for waking
+ * them (ORTAGENT_KERNELS_PARALLEL_ELEMENTS), on the calling thread otherwise. Each item writes
+ * its own outputs, so the result is the same either way. */
+static OrtStatus* ortagent_kernel_parallel(OrtKernelContext* context, ortagent_parallel_fn fn, int64_t total,
+                                           int64_t elements, void* data) {
+    if (total > 1 && elements >= ORTAGENT_KERNELS_PARALLEL_ELEMENTS)
+        return ORTAGENT_CALL(KernelContext_ParallelFor)(context, fn, (size_t)total, 0, data);
+    for (int64_t i = 0; i < total; ++i) fn(data, (size_t)i);
+    return NULL;
 }
 
 /* ---- LayerNormalizationGrad ----------------------------------------------------------------- */
@@ -267,11 +290,7 @@ static OrtStatus* ortagent_layer_norm_grad_compute(void* kernel, OrtKernelContex
                                           rows, cols, rows_per_block};
     work.partials = (float*)malloc((size_t)blocks * 2 * (size_t)cols * sizeof(float));
     if (work.partials == NULL) return ORTAGENT_CALL(CreateStatus)(ORT_FAIL, "LayerNormalizationGrad: out of memory");
-    if (blocks == 1)
-        ortagent_layer_norm_grad_block(&work, 0);
-    else
-        status = ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_layer_norm_grad_block, (size_t)blocks, 0,
-                                                          &work);
+    status = ortagent_kernel_parallel(context, ortagent_layer_norm_grad_block, blocks, x.count, &work);
     if (status == NULL) {
         /* the blocks' partial sums, added in block order */
         for (int64_t b = 1; b < blocks; ++b) {
@@ -376,12 +395,7 @@ static OrtStatus* ortagent_batch_norm_grad_compute(void* kernel, OrtKernelContex
         if (dbias.data != NULL) memset(dbias.data, 0, (size_t)channels * sizeof(float));
         return NULL;
     }
-    if (channels == 1) {
-        ortagent_batch_norm_grad_channel(&work, 0);
-        return NULL;
-    }
-    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_batch_norm_grad_channel, (size_t)channels, 0,
-                                                    &work);
+    return ortagent_kernel_parallel(context, ortagent_batch_norm_grad_channel, channels, x.count, &work);
 }
 
 /* ---- BatchNormTraining ----------------------------------------------------------------------- */
@@ -467,11 +481,7 @@ static OrtStatus* ortagent_batch_norm_compute(void* kernel, OrtKernelContext* co
     }
     ortagent_batch_norm_work work = {x.data, scale.data, bias.data, y.data, mean.data, var.data, batch, channels,
                                      x.count / (batch * channels), k->epsilon};
-    if (channels == 1) {
-        ortagent_batch_norm_channel(&work, 0);
-        return NULL;
-    }
-    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_batch_norm_channel, (size_t)channels, 0, &work);
+    return ortagent_kernel_parallel(context, ortagent_batch_norm_channel, channels, x.count, &work);
 }
 
 /* ---- GeluGrad -------------------------------------------------------------------------------- */
@@ -548,11 +558,7 @@ static OrtStatus* ortagent_gelu_grad_compute(void* kernel, OrtKernelContext* con
     const int64_t per_block = 4 * ORTAGENT_KERNELS_BLOCK_ELEMENTS;
     const int64_t blocks = (x.count + per_block - 1) / per_block;
     ortagent_gelu_grad_work work = {dy.data, x.data, cdf.data, dx.data, x.count, per_block};
-    if (blocks == 1) {
-        ortagent_gelu_grad_block(&work, 0);
-        return NULL;
-    }
-    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_gelu_grad_block, (size_t)blocks, 0, &work);
+    return ortagent_kernel_parallel(context, ortagent_gelu_grad_block, blocks, x.count, &work);
 }
 
 /* ---- SoftmaxGrad ----------------------------------------------------------------------------- */
@@ -605,11 +611,7 @@ static OrtStatus* ortagent_softmax_grad_compute(void* kernel, OrtKernelContext* 
     if (rows_per_block < 1) rows_per_block = 1;
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     ortagent_softmax_grad_work work = {dy.data, y.data, dx.data, rows, cols, rows_per_block};
-    if (blocks == 1) {
-        ortagent_softmax_grad_block(&work, 0);
-        return NULL;
-    }
-    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_softmax_grad_block, (size_t)blocks, 0, &work);
+    return ortagent_kernel_parallel(context, ortagent_softmax_grad_block, blocks, y.count, &work);
 }
 
 /* ---- ReluGrad, HardSwishGrad, HardSigmoidGrad ---------------------------------------------- */
@@ -691,11 +693,7 @@ static OrtStatus* ortagent_activation_grad_compute(void* kernel, OrtKernelContex
     const int64_t blocks = (x.count + per_block - 1) / per_block;
     ortagent_activation_grad_work work = {dy.data, x.data, dx.data, x.count, per_block,
                                           *(const ortagent_activation_grad_kernel*)kernel};
-    if (blocks == 1) {
-        ortagent_activation_grad_block(&work, 0);
-        return NULL;
-    }
-    return ORTAGENT_CALL(KernelContext_ParallelFor)(context, ortagent_activation_grad_block, (size_t)blocks, 0, &work);
+    return ortagent_kernel_parallel(context, ortagent_activation_grad_block, blocks, x.count, &work);
 }
 
 static OrtStatus* ortagent_activation_grad_create(const OrtKernelInfo* info, int kind, void** kernel) {
