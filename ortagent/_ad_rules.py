@@ -73,8 +73,8 @@ see :func:`differentiating`; the graph then runs on onnxruntime's CPU provider w
 dimensions' shape), a BatchNormTraining's over every axis but the channels
 (``BatchNormTrainingGrad``; :func:`finish` writes its forward as the kernels' ``BatchNormTraining``
 too), a GELU's of the erf form (``GeluGrad``: :func:`prepare` collapses the five nodes torch's
-exporter writes into a private ``ErfGelu`` whose reverse it is, and :func:`finish` writes them
-back), Relu's, HardSwish's and HardSigmoid's (``ReluGrad``, ``HardSwishGrad``,
+exporter writes into a private ``ErfGelu`` whose reverse it is, and :func:`finish` writes it as
+onnxruntime's ``com.microsoft:Gelu``), Relu's, HardSwish's and HardSigmoid's (``ReluGrad``, ``HardSwishGrad``,
 ``HardSigmoidGrad`` from the activation's input), and a Softmax's over the last axis
 (``SoftmaxGrad`` from its output). Other graphs are as without the kernels.
 
@@ -120,7 +120,7 @@ from ._onnx_graph import NameAllocator, all_value_names, walk_graphs
 from .errors import OrtNotImplemented
 
 __all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "CPU_KERNELS_DOMAIN", "CPU_KERNEL_OPS", "prepare",
-           "finish", "uses_private_ops", "differentiating"]
+           "finish", "uses_private_ops", "differentiating", "kernel_outputs_like"]
 
 DOMAIN = "ai.ortagent.ad"
 STOP_GRADIENT = "StopGradient"
@@ -139,6 +139,17 @@ CPU_KERNEL_OUTPUTS_LIKE = {"LayerNormalizationGrad": (1, 2, 2), "BatchNormTraini
 # the activations whose gradient is one node of the CPU kernels: operator -> kernel
 _ACTIVATION_KERNELS = {"Relu": "ReluGrad", "HardSwish": "HardSwishGrad", "HardSigmoid": "HardSigmoidGrad"}
 CPU_KERNEL_OPS = frozenset(CPU_KERNEL_OUTPUTS_LIKE)
+
+
+def kernel_outputs_like(node) -> tuple[int, ...] | None:
+    """For a node the CPU kernels' graphs hold that ONNX's shape inference does not know (the
+    kernels, and the ``com.microsoft:Gelu`` a collapsed GELU's forward becomes), the input each
+    output is shaped like; None for others."""
+    if node.domain == CPU_KERNELS_DOMAIN:
+        return CPU_KERNEL_OUTPUTS_LIKE.get(node.op_type)
+    if node.domain == _MS_DOMAIN and node.op_type == "Gelu":
+        return (0,)
+    return None
 _CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
 _MS_DOMAIN = "com.microsoft"
 
@@ -1015,9 +1026,11 @@ _SQRT_2 = float(np.float32(np.sqrt(2.0)))
 def _collapse_gelus(model: ModelProto, known: dict[str, ValueInfoProto]) -> None:
     """Each float32 GELU of the erf form as torch's exporter writes it, ``y = x * (0.5 * (1 +
     erf(x / sqrt(2))))`` (Div, Erf, Add, Mul, Mul; either operand order), whose intermediate
-    values nothing else reads, becomes one private ``ErfGelu(x) -> (y, cdf)`` node: its reverse is
-    one ``GeluGrad`` of ortagent's CPU kernels (the autodiff of the five nodes gave about eight
-    elementwise nodes over the activation), and :func:`finish` writes the five nodes back."""
+    values nothing else reads, becomes one private ``ErfGelu(x) -> y`` node: its reverse is one
+    ``GeluGrad`` of ortagent's CPU kernels from ``x`` alone (the autodiff of the five nodes gave
+    about eight elementwise nodes over the activation and kept the CDF for the backward), and
+    :func:`finish` writes it as onnxruntime's ``com.microsoft:Gelu`` (one pass, where the five
+    nodes took five)."""
     graph = model.graph
     constants = _scalar_constants(graph)
     consumers: dict[str, list] = {}
@@ -1058,8 +1071,7 @@ def _collapse_gelus(model: ModelProto, known: dict[str, ValueInfoProto]) -> None
         chain = (div, erf, add, half, product)
         if any(id(node) in replaced for node in chain):
             continue
-        gelu = onnx.helper.make_node(GELU, [x], [product.output[0], half.output[0]], name=product.name or erf.name,
-                                     domain=DOMAIN)
+        gelu = onnx.helper.make_node(GELU, [x], [product.output[0]], name=product.name or erf.name, domain=DOMAIN)
         replaced.update((id(node), None) for node in chain)
         replaced[id(product)] = gelu
     if not replaced:
@@ -1092,35 +1104,20 @@ def _scalar_constants(graph) -> dict[str, float]:
     return found
 
 
-def _gelu_nodes(node) -> list:
-    """A private ``ErfGelu(x) -> (y, cdf)`` as the five standard nodes it stands for."""
-    make = onnx.helper.make_node
-    x, (y, cdf) = node.input[0], node.output
-    stem = (node.name or y) + "/"
-
-    def scalar(name, value):
-        return make("Constant", [], [stem + name], value=onnx.helper.make_tensor(name, onnx.TensorProto.FLOAT, [],
-                                                                                   [value]))
-    return [scalar("sqrt2", _SQRT_2), scalar("one", 1.0), scalar("half", 0.5),
-            make("Div", [x, stem + "sqrt2"], [stem + "scaled"]),
-            make("Erf", [stem + "scaled"], [stem + "erf"]),
-            make("Add", [stem + "erf", stem + "one"], [stem + "erf_plus_one"]),
-            make("Mul", [stem + "half", stem + "erf_plus_one"], [cdf]),
-            make("Mul", [x, cdf], [y], name=node.name)]
+def _gelu_node(node) -> onnx.NodeProto:
+    """A private ``ErfGelu(x) -> y`` as onnxruntime's contrib ``com.microsoft:Gelu`` (the erf form;
+    :func:`finish` imports the domain)."""
+    return onnx.helper.make_node("Gelu", [node.input[0]], [node.output[0]], name=node.name, domain=_MS_DOMAIN)
 
 
 def _gelu_reverse(ctx, node, grads):
-    """dX = dY * (cdf + x * pdf(x)) as one GeluGrad node (private Gelu nodes are made only for
-    graphs that run ortagent's CPU kernels)."""
-    from onnx_ad._build import UnsupportedOperator
-
-    if len(grads) > 1 and grads[1] is not None:
-        raise UnsupportedOperator("the CDF a private ErfGelu node reports is not differentiated")
+    """dX = dY * (cdf(x) + x * pdf(x)) as one GeluGrad node (private ErfGelu nodes are made only
+    for graphs that run ortagent's CPU kernels)."""
     x = node.input[0]
     if not ctx.asked_for(x):
         return [None]
     dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="gelu_dy")
-    dx = ctx.b.op("GeluGrad", [dy, x, node.output[1]], stem="gelu_grad", domain=CPU_KERNELS_DOMAIN)
+    dx = ctx.b.op("GeluGrad", [dy, x], stem="gelu_grad", domain=CPU_KERNELS_DOMAIN)
     ctx.b.nodes[-1].name = ctx.b.name("gelu_grad_node")
     return [_with_seed_axis(ctx, dx, "gelu_adjoint")]
 
@@ -1414,11 +1411,12 @@ def finish(model: ModelProto, element_types: dict[str, int] | None = None, cpu_k
                 node.op_type = _STANDARD[node.op_type]
                 node.domain = ""
         if any(node.domain == DOMAIN and node.op_type == GELU for node in graph.node):
-            expanded = []
-            for node in graph.node:
-                expanded.extend(_gelu_nodes(node) if node.domain == DOMAIN and node.op_type == GELU else [node])
+            rewritten = [_gelu_node(node) if node.domain == DOMAIN and node.op_type == GELU else node
+                         for node in graph.node]
             del graph.node[:]
-            graph.node.extend(expanded)
+            graph.node.extend(rewritten)
+            if not any(entry.domain == _MS_DOMAIN for entry in model.opset_import):
+                model.opset_import.append(onnx.helper.make_opsetid(_MS_DOMAIN, 1))
         if any(node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING for node in graph.node):
             types = dict(element_types or {})
             types.update((value.name, value.type.tensor_type.elem_type)

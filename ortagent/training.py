@@ -353,9 +353,10 @@ def build_training_graph(
 
     if not any(opset_id.domain == YIELD_OP_DOMAIN for opset_id in adjoint.opset_import):
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
-    kernel_nodes = [node for node in result_graph.node if node.domain == _ad_rules.CPU_KERNELS_DOMAIN]
+    kernel_nodes = [node for node in result_graph.node if _ad_rules.kernel_outputs_like(node) is not None]
     if kernel_nodes:
-        if not any(opset_id.domain == _ad_rules.CPU_KERNELS_DOMAIN for opset_id in adjoint.opset_import):
+        if not any(opset_id.domain == _ad_rules.CPU_KERNELS_DOMAIN for opset_id in adjoint.opset_import) \
+                and any(node.domain == _ad_rules.CPU_KERNELS_DOMAIN for node in kernel_nodes):
             adjoint.opset_import.append(helper.make_opsetid(_ad_rules.CPU_KERNELS_DOMAIN, 1))
         _declare_kernel_outputs(result_graph, kernel_nodes, [*forward_value_info, *graph.input, *graph.output])
     adjoint.ir_version = model.ir_version
@@ -391,7 +392,7 @@ def _declare_kernel_outputs(result_graph: GraphProto, nodes: Sequence[onnx.NodeP
              if value.type.tensor_type.HasField("shape")}
     declared = {value.name for value in result_graph.value_info} | {value.name for value in result_graph.output}
     for node in nodes:
-        for output, like in zip(node.output, _ad_rules.CPU_KERNEL_OUTPUTS_LIKE[node.op_type]):
+        for output, like in zip(node.output, _ad_rules.kernel_outputs_like(node)):
             source = types.get(node.input[like])
             if output and output not in declared and source is not None:
                 value = result_graph.value_info.add()
@@ -403,8 +404,7 @@ def _kernel_stand_ins(nodes: Sequence[onnx.NodeProto]) -> dict[str, list[onnx.No
     """For shape inference only, each CPU-kernel node as copies of what its outputs are shaped
     like (dX like X, dscale and dbias like the scale, ...: ONNX knows no shapes of them)."""
     return {node.name: [helper.make_node("Identity", [node.input[like]], [output])
-                        for output, like in zip(node.output, _ad_rules.CPU_KERNEL_OUTPUTS_LIKE[node.op_type])
-                        if output]
+                        for output, like in zip(node.output, _ad_rules.kernel_outputs_like(node)) if output]
             for node in nodes}
 
 
