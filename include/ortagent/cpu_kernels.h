@@ -131,6 +131,20 @@ static OrtStatus* ortagent_kernel_input(const char* op, OrtKernelContext* contex
     return status != NULL ? status : ortagent_kernel_describe(op, value, out);
 }
 
+/* Inputs 0 .. count - 1, in order. */
+static OrtStatus* ortagent_kernel_inputs(const char* op, OrtKernelContext* context, ortagent_kernel_tensor* const* out,
+                                         size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+        OrtStatus* status = ortagent_kernel_input(op, context, i, out[i]);
+        if (status != NULL) return status;
+    }
+    return NULL;
+}
+
+static int ortagent_kernel_same_shape(const ortagent_kernel_tensor* a, const ortagent_kernel_tensor* b) {
+    return a->rank == b->rank && memcmp(a->dims, b->dims, a->rank * sizeof(int64_t)) == 0;
+}
+
 /* The output `index` shaped like `like`, or data NULL when the node leaves the output unnamed. */
 static OrtStatus* ortagent_kernel_output(const char* op, OrtKernelContext* context, size_t index,
                                          const ortagent_kernel_tensor* like, ortagent_kernel_tensor* out) {
@@ -260,15 +274,12 @@ static OrtStatus* ortagent_layer_norm_grad_compute(void* kernel, OrtKernelContex
     const ortagent_layer_norm_grad_kernel* k = (const ortagent_layer_norm_grad_kernel*)kernel;
     ortagent_kernel_tensor dy, x, scale, mean, inv_std, dx, dscale, dbias;
     OrtStatus* status = NULL;
-    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 1, &x)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 2, &scale)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 3, &mean)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 4, &inv_std)) != NULL) return status;
+    ortagent_kernel_tensor* const inputs[] = {&dy, &x, &scale, &mean, &inv_std};
+    if ((status = ortagent_kernel_inputs(op, context, inputs, 5)) != NULL) return status;
     const int64_t rank = (int64_t)x.rank;
     const int64_t axis = k->axis < 0 ? k->axis + rank : k->axis;
     if (rank == 0 || axis < 0 || axis >= rank) return ortagent_kernel_error(op, "axis is outside X's dimensions");
-    if (dy.rank != x.rank || memcmp(dy.dims, x.dims, x.rank * sizeof(int64_t)) != 0)
+    if (!ortagent_kernel_same_shape(&dy, &x))
         return ortagent_kernel_error(op, "dY and X differ in shape");
     int64_t rows = 1, cols = 1;
     for (int64_t i = 0; i < rank; ++i) *(i < axis ? &rows : &cols) *= x.dims[i];
@@ -306,22 +317,24 @@ static OrtStatus* ortagent_layer_norm_grad_compute(void* kernel, OrtKernelContex
 
 /* ---- BatchNormTrainingGrad ------------------------------------------------------------------ */
 
-typedef struct ortagent_batch_norm_grad_work {
-    const float* dy;
+/* A BatchNorm's tensors, as [batch, channels, spatial] (the forward fills mean and var). */
+typedef struct ortagent_batch_norm_work {
+    const float* dy;          /* (the backward's) */
     const float* x;
     const float* scale;
-    const float* mean;
-    const float* var;
-    float* dx;
-    float* dscale;
+    const float* bias;        /* (the forward's) */
+    float* mean;
+    float* var;
+    float* out;               /* Y, or dX (NULL: not asked for) */
+    float* dscale;            /* (the backward's; NULL: not asked for) */
     float* dbias;
     int64_t batch, channels, spatial;
     float epsilon;
-} ortagent_batch_norm_grad_work;
+} ortagent_batch_norm_work;
 
 ORTAGENT_KERNELS_CLONES
 static void ortagent_batch_norm_grad_channel(void* data, size_t channel) {
-    const ortagent_batch_norm_grad_work* w = (const ortagent_batch_norm_grad_work*)data;
+    const ortagent_batch_norm_work* w = (const ortagent_batch_norm_work*)data;
     const int64_t c = (int64_t)channel, spatial = w->spatial, stride = w->channels * spatial;
     const float mean = w->mean[c];
     const float inv_std = 1.0f / sqrtf(w->var[c] + w->epsilon);
@@ -345,7 +358,7 @@ static void ortagent_batch_norm_grad_channel(void* data, size_t channel) {
     ORTAGENT_F8_ADD_LANES(sum_dy_xc, sum_dy_xc8);
     if (w->dscale != NULL) w->dscale[c] = sum_dy_xc * inv_std;
     if (w->dbias != NULL) w->dbias[c] = sum_dy;
-    if (w->dx == NULL) return;
+    if (w->out == NULL) return;
     const float count = (float)(w->batch * spatial);
     const float mean_dy = sum_dy / count;
     const float projection = sum_dy_xc * inv_std * inv_std / count;
@@ -353,7 +366,7 @@ static void ortagent_batch_norm_grad_channel(void* data, size_t channel) {
     for (int64_t n = 0; n < w->batch; ++n) {
         const float* restrict dy = w->dy + n * stride + c * spatial;
         const float* restrict x = w->x + n * stride + c * spatial;
-        float* restrict dx = w->dx + n * stride + c * spatial;
+        float* restrict dx = w->out + n * stride + c * spatial;
         int64_t s = 0;
         for (; s + ORTAGENT_F8 <= spatial; s += ORTAGENT_F8)
             ORTAGENT_F8_STORE(dx + s, gain * (ORTAGENT_F8_LOAD(dy + s) - mean_dy -
@@ -372,13 +385,10 @@ static OrtStatus* ortagent_batch_norm_grad_compute(void* kernel, OrtKernelContex
     const ortagent_batch_norm_grad_kernel* k = (const ortagent_batch_norm_grad_kernel*)kernel;
     ortagent_kernel_tensor dy, x, scale, mean, var, dx, dscale, dbias;
     OrtStatus* status = NULL;
-    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 1, &x)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 2, &scale)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 3, &mean)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 4, &var)) != NULL) return status;
+    ortagent_kernel_tensor* const inputs[] = {&dy, &x, &scale, &mean, &var};
+    if ((status = ortagent_kernel_inputs(op, context, inputs, 5)) != NULL) return status;
     if (x.rank < 2) return ortagent_kernel_error(op, "X must be [N, C, ...]");
-    if (dy.rank != x.rank || memcmp(dy.dims, x.dims, x.rank * sizeof(int64_t)) != 0)
+    if (!ortagent_kernel_same_shape(&dy, &x))
         return ortagent_kernel_error(op, "dY and X differ in shape");
     const int64_t batch = x.dims[0], channels = x.dims[1];
     if (scale.count != channels || mean.count != channels || var.count != channels)
@@ -387,9 +397,9 @@ static OrtStatus* ortagent_batch_norm_grad_compute(void* kernel, OrtKernelContex
     if ((status = ortagent_kernel_output(op, context, 1, &scale, &dscale)) != NULL) return status;
     if ((status = ortagent_kernel_output(op, context, 2, &scale, &dbias)) != NULL) return status;
     if (channels == 0) return NULL;
-    ortagent_batch_norm_grad_work work = {dy.data, x.data, scale.data, mean.data, var.data, dx.data,
-                                          dscale.data, dbias.data, batch, channels,
-                                          x.count / (batch * channels > 0 ? batch * channels : 1), k->epsilon};
+    ortagent_batch_norm_work work = {dy.data, x.data, scale.data, NULL, mean.data, var.data, dx.data,
+                                     dscale.data, dbias.data, batch, channels,
+                                     x.count / (batch * channels > 0 ? batch * channels : 1), k->epsilon};
     if (x.count == 0) {
         if (dscale.data != NULL) memset(dscale.data, 0, (size_t)channels * sizeof(float));
         if (dbias.data != NULL) memset(dbias.data, 0, (size_t)channels * sizeof(float));
@@ -399,17 +409,6 @@ static OrtStatus* ortagent_batch_norm_grad_compute(void* kernel, OrtKernelContex
 }
 
 /* ---- BatchNormTraining ----------------------------------------------------------------------- */
-
-typedef struct ortagent_batch_norm_work {
-    const float* x;
-    const float* scale;
-    const float* bias;
-    float* y;
-    float* mean;
-    float* var;
-    int64_t batch, channels, spatial;
-    float epsilon;
-} ortagent_batch_norm_work;
 
 /* One channel: its mean, then its biased variance from the centred values (two passes, as
  * exact as the float sums allow), then y = x * a + b with a = scale / sqrt(var + eps) and
@@ -448,7 +447,7 @@ static void ortagent_batch_norm_channel(void* data, size_t channel) {
     const float b = w->bias[c] - mean * a;
     for (int64_t n = 0; n < w->batch; ++n) {
         const float* restrict x = w->x + n * stride + c * spatial;
-        float* restrict y = w->y + n * stride + c * spatial;
+        float* restrict y = w->out + n * stride + c * spatial;
         int64_t s = 0;
         for (; s + ORTAGENT_F8 <= spatial; s += ORTAGENT_F8) ORTAGENT_F8_STORE(y + s, ORTAGENT_F8_LOAD(x + s) * a + b);
         for (; s < spatial; ++s) y[s] = x[s] * a + b;
@@ -460,9 +459,8 @@ static OrtStatus* ortagent_batch_norm_compute(void* kernel, OrtKernelContext* co
     const ortagent_batch_norm_grad_kernel* k = (const ortagent_batch_norm_grad_kernel*)kernel;
     ortagent_kernel_tensor x, scale, bias, y, mean, var;
     OrtStatus* status = NULL;
-    if ((status = ortagent_kernel_input(op, context, 0, &x)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 1, &scale)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 2, &bias)) != NULL) return status;
+    ortagent_kernel_tensor* const inputs[] = {&x, &scale, &bias};
+    if ((status = ortagent_kernel_inputs(op, context, inputs, 3)) != NULL) return status;
     if (x.rank < 2) return ortagent_kernel_error(op, "X must be [N, C, ...]");
     const int64_t batch = x.dims[0], channels = x.dims[1];
     if (scale.count != channels || bias.count != channels)
@@ -479,12 +477,12 @@ static OrtStatus* ortagent_batch_norm_compute(void* kernel, OrtKernelContext* co
         }
         return NULL;
     }
-    ortagent_batch_norm_work work = {x.data, scale.data, bias.data, y.data, mean.data, var.data, batch, channels,
-                                     x.count / (batch * channels), k->epsilon};
+    ortagent_batch_norm_work work = {NULL, x.data, scale.data, bias.data, mean.data, var.data, y.data, NULL, NULL,
+                                     batch, channels, x.count / (batch * channels), k->epsilon};
     return ortagent_kernel_parallel(context, ortagent_batch_norm_channel, channels, x.count, &work);
 }
 
-/* ---- GeluGrad -------------------------------------------------------------------------------- */
+/* ---- GeluGrad's exponential and normal CDF ---------------------------------------------------- */
 
 /* exp(z) of 8 floats z <= 0 (GeluGrad's -x^2 / 2): z = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
  * parts, so that n ln2 is exact), exp(r) by its Taylor polynomial of degree 6 (relative error
@@ -551,66 +549,6 @@ typedef int32_t ortagent_i8 __attribute__((vector_size(32)));
                                  ((ortagent_i8)(1.0f - half_erfc_) & ~negative_));            \
     } while (0)
 
-typedef struct ortagent_gelu_grad_work {
-    const float* dy;
-    const float* x;
-    float* dx;
-    int64_t count, per_block;
-} ortagent_gelu_grad_work;
-
-/* dX = dY * (cdf(x) + x * pdf(x)): the derivative of GELU, x * cdf(x), with pdf(x) = exp(-x^2 / 2)
- * / sqrt(2 pi) and the CDF from the same exponential (ORTAGENT_F8_NORMAL_CDF). */
-ORTAGENT_KERNELS_CLONES
-static void ortagent_gelu_grad_block(void* data, size_t block) {
-    const ortagent_gelu_grad_work* w = (const ortagent_gelu_grad_work*)data;
-    const int64_t first = (int64_t)block * w->per_block;
-    const int64_t last = first + w->per_block < w->count ? first + w->per_block : w->count;
-    const float* restrict dy = w->dy;
-    const float* restrict x = w->x;
-    float* restrict dx = w->dx;
-    const float inv_sqrt_2pi = 0.398942280f;
-    float tail_x[ORTAGENT_F8] = {0}, tail_dy[ORTAGENT_F8] = {0}, tail_dx[ORTAGENT_F8];
-    for (int64_t i = first; i < last; i += ORTAGENT_F8) {
-        const int full = i + ORTAGENT_F8 <= last;
-        const float* xs = x + i;
-        const float* dys = dy + i;
-        if (!full) {            /* the last elements, through a zero-padded copy */
-            memcpy(tail_x, x + i, (size_t)(last - i) * sizeof(float));
-            memcpy(tail_dy, dy + i, (size_t)(last - i) * sizeof(float));
-            xs = tail_x;
-            dys = tail_dy;
-        }
-        const ortagent_f8 v = ORTAGENT_F8_LOAD(xs);
-        ortagent_f8 e, cdf;
-        ORTAGENT_F8_EXP_NONPOSITIVE(e, v * v * -0.5f);
-        ORTAGENT_F8_NORMAL_CDF(cdf, v, e);
-        const ortagent_f8 result = ORTAGENT_F8_LOAD(dys) * (cdf + v * e * inv_sqrt_2pi);
-        if (full) {
-            ORTAGENT_F8_STORE(dx + i, result);
-        } else {
-            ORTAGENT_F8_STORE(tail_dx, result);
-            memcpy(dx + i, tail_dx, (size_t)(last - i) * sizeof(float));
-        }
-    }
-}
-
-static OrtStatus* ortagent_gelu_grad_compute(void* kernel, OrtKernelContext* context) {
-    static const char op[] = "GeluGrad";
-    (void)kernel;
-    ortagent_kernel_tensor dy, x, dx;
-    OrtStatus* status = NULL;
-    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 1, &x)) != NULL) return status;
-    if (dy.rank != x.rank || memcmp(dy.dims, x.dims, x.rank * sizeof(int64_t)) != 0)
-        return ortagent_kernel_error(op, "dY and X differ in shape");
-    if ((status = ortagent_kernel_output(op, context, 0, &x, &dx)) != NULL) return status;
-    if (x.count == 0 || dx.data == NULL) return NULL;
-    const int64_t per_block = 4 * ORTAGENT_KERNELS_BLOCK_ELEMENTS;
-    const int64_t blocks = (x.count + per_block - 1) / per_block;
-    ortagent_gelu_grad_work work = {dy.data, x.data, dx.data, x.count, per_block};
-    return ortagent_kernel_parallel(context, ortagent_gelu_grad_block, blocks, x.count, &work);
-}
-
 /* ---- SoftmaxGrad ----------------------------------------------------------------------------- */
 
 typedef struct ortagent_softmax_grad_work {
@@ -648,10 +586,10 @@ static OrtStatus* ortagent_softmax_grad_compute(void* kernel, OrtKernelContext* 
     (void)kernel;
     ortagent_kernel_tensor dy, y, dx;
     OrtStatus* status = NULL;
-    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 1, &y)) != NULL) return status;
+    ortagent_kernel_tensor* const inputs[] = {&dy, &y};
+    if ((status = ortagent_kernel_inputs(op, context, inputs, 2)) != NULL) return status;
     if (y.rank == 0) return ortagent_kernel_error(op, "Y must have an axis to normalise over");
-    if (dy.rank != y.rank || memcmp(dy.dims, y.dims, y.rank * sizeof(int64_t)) != 0)
+    if (!ortagent_kernel_same_shape(&dy, &y))
         return ortagent_kernel_error(op, "dY and Y differ in shape");
     if ((status = ortagent_kernel_output(op, context, 0, &y, &dx)) != NULL) return status;
     const int64_t cols = y.dims[y.rank - 1];
@@ -664,9 +602,9 @@ static OrtStatus* ortagent_softmax_grad_compute(void* kernel, OrtKernelContext* 
     return ortagent_kernel_parallel(context, ortagent_softmax_grad_block, blocks, y.count, &work);
 }
 
-/* ---- ReluGrad, HardSwishGrad, HardSigmoidGrad ---------------------------------------------- */
+/* ---- ReluGrad, HardSwishGrad, HardSigmoidGrad, GeluGrad ------------------------------------ */
 
-enum { ORTAGENT_RELU, ORTAGENT_HARD_SWISH, ORTAGENT_HARD_SIGMOID };
+enum { ORTAGENT_RELU, ORTAGENT_HARD_SWISH, ORTAGENT_HARD_SIGMOID, ORTAGENT_GELU };
 
 typedef struct ortagent_activation_grad_kernel {
     int kind;
@@ -685,7 +623,11 @@ typedef struct ortagent_activation_grad_work {
  *   Relu:        dY where X > 0, else 0 (selected, as torch's threshold_backward: no 0 * inf)
  *   HardSwish:   dY * slope, slope 0 up to -3 (included), X / 3 + 1/2 inside, 1 from 3 on and at
  *                NaN (ortagent's rule for HardSwish, torch's hardswish_backward)
- *   HardSigmoid: dY * (alpha where 0 < alpha X + beta < 1, else 0) (onnx-ad's rule) */
+ *   HardSigmoid: dY * (alpha where 0 < alpha X + beta < 1, else 0) (onnx-ad's rule)
+ *   Gelu:        dY * (cdf(X) + X * pdf(X)), the derivative of X * cdf(X), with pdf(X) =
+ *                exp(-X^2 / 2) / sqrt(2 pi) and the CDF from the same exponential
+ *                (ORTAGENT_F8_NORMAL_CDF); the last elements through a zero-padded group of 8, so
+ *                that every element is computed by the same vector code */
 ORTAGENT_KERNELS_CLONES
 static void ortagent_activation_grad_block(void* data, size_t block) {
     const ortagent_activation_grad_work* w = (const ortagent_activation_grad_work*)data;
@@ -715,6 +657,28 @@ static void ortagent_activation_grad_block(void* data, size_t block) {
         for (; i < last; ++i)
             dx[i] = dy[i] * (x[i] < 3.0f ? (x[i] > -3.0f ? x[i] / 3.0f + 0.5f : 0.0f) : 1.0f);
         break;
+    case ORTAGENT_GELU: {
+        float tail_x[ORTAGENT_F8] = {0}, tail_dy[ORTAGENT_F8] = {0}, tail_dx[ORTAGENT_F8];
+        for (; i < last; i += ORTAGENT_F8) {
+            const int full = i + ORTAGENT_F8 <= last;
+            if (!full) {
+                memcpy(tail_x, x + i, (size_t)(last - i) * sizeof(float));
+                memcpy(tail_dy, dy + i, (size_t)(last - i) * sizeof(float));
+            }
+            const ortagent_f8 v = ORTAGENT_F8_LOAD(full ? x + i : tail_x);
+            ortagent_f8 e, cdf;
+            ORTAGENT_F8_EXP_NONPOSITIVE(e, v * v * -0.5f);
+            ORTAGENT_F8_NORMAL_CDF(cdf, v, e);
+            const ortagent_f8 result = ORTAGENT_F8_LOAD(full ? dy + i : tail_dy) * (cdf + v * e * 0.398942280f);
+            if (full) {
+                ORTAGENT_F8_STORE(dx + i, result);
+            } else {
+                ORTAGENT_F8_STORE(tail_dx, result);
+                memcpy(dx + i, tail_dx, (size_t)(last - i) * sizeof(float));
+            }
+        }
+        break;
+    }
     default:
         for (; i + ORTAGENT_F8 <= last; i += ORTAGENT_F8) {
             const ortagent_f8 line = ORTAGENT_F8_LOAD(x + i) * w->k.alpha + w->k.beta;
@@ -730,12 +694,12 @@ static void ortagent_activation_grad_block(void* data, size_t block) {
 }
 
 static OrtStatus* ortagent_activation_grad_compute(void* kernel, OrtKernelContext* context) {
-    static const char op[] = "activation gradient (ReluGrad, HardSwishGrad, HardSigmoidGrad)";
+    static const char op[] = "activation gradient (ReluGrad, HardSwishGrad, HardSigmoidGrad, GeluGrad)";
     ortagent_kernel_tensor dy, x, dx;
     OrtStatus* status = NULL;
-    if ((status = ortagent_kernel_input(op, context, 0, &dy)) != NULL) return status;
-    if ((status = ortagent_kernel_input(op, context, 1, &x)) != NULL) return status;
-    if (dy.rank != x.rank || memcmp(dy.dims, x.dims, x.rank * sizeof(int64_t)) != 0)
+    ortagent_kernel_tensor* const inputs[] = {&dy, &x};
+    if ((status = ortagent_kernel_inputs(op, context, inputs, 2)) != NULL) return status;
+    if (!ortagent_kernel_same_shape(&dy, &x))
         return ortagent_kernel_error(op, "dY and X differ in shape");
     if ((status = ortagent_kernel_output(op, context, 0, &x, &dx)) != NULL) return status;
     if (x.count == 0 || dx.data == NULL) return NULL;
@@ -772,6 +736,7 @@ static OrtStatus* ortagent_activation_grad_create(const OrtKernelInfo* info, int
 ORTAGENT_ACTIVATION_CREATE(ortagent_relu_grad_create, ORTAGENT_RELU)
 ORTAGENT_ACTIVATION_CREATE(ortagent_hard_swish_grad_create, ORTAGENT_HARD_SWISH)
 ORTAGENT_ACTIVATION_CREATE(ortagent_hard_sigmoid_grad_create, ORTAGENT_HARD_SIGMOID)
+ORTAGENT_ACTIVATION_CREATE(ortagent_gelu_grad_create, ORTAGENT_GELU)
 
 /* ---- the operator descriptions ---------------------------------------------------------------- */
 
@@ -871,8 +836,8 @@ static const ortagent_custom_op_v16 ortagent_kernel_ops[] = {
                        ortagent_layer_norm_grad_compute),
     ORTAGENT_KERNEL_OP(ortagent_kernel_five, ortagent_kernel_three, ortagent_batch_norm_grad_create,
                        ortagent_batch_norm_grad_compute),
-    ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_kernel_create_stateless,
-                       ortagent_gelu_grad_compute),
+    ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_gelu_grad_create,
+                       ortagent_activation_grad_compute),
     ORTAGENT_KERNEL_OP(ortagent_kernel_three, ortagent_kernel_three, ortagent_batch_norm_grad_create,
                        ortagent_batch_norm_compute),
     ORTAGENT_KERNEL_OP(ortagent_kernel_two, ortagent_kernel_one, ortagent_relu_grad_create,
