@@ -126,10 +126,12 @@ class SessionConfig:
 
     def kernels_usable(self, providers: Sequence[Any]) -> bool:
         """Whether sessions with ``providers`` and these options can run ortagent's CPU kernels:
-        the CPU provider alone, and ortagent's SessionOptions (or none given)."""
+        the CPU provider alone, and ortagent's SessionOptions (or none given) that choose no
+        provider of their own (devices or a selection policy)."""
         names = [provider[0] if isinstance(provider, tuple) else provider for provider in providers]
+        options = self.session_options
         return (all(name == "CPUExecutionProvider" for name in names)
-                and (self.session_options is None or hasattr(self.session_options, "add_cpu_training_kernels")))
+                and (options is None or (hasattr(options, "add_cpu_training_kernels") and not options.has_providers())))
 
 
 @dataclass(frozen=True)
