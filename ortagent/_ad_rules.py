@@ -67,7 +67,7 @@ gradient's formula is onnx-ad's (see :func:`_layer_norm_parts_from_statistics`).
 
 With ortagent's CPU gradient kernels asked for (``build_training_graph(cpu_kernels=True)``,
 see :func:`differentiating`; the graph then runs on onnxruntime's CPU provider with
-``SessionOptions.add_cpu_training_kernels()``), three gradients are one node of the domain
+``SessionOptions.add_cpu_training_kernels()``), these gradients are one node of the domain
 ``ai.ortagent.cpu`` each (include/ortagent/cpu_kernels.h), float32 only: a LayerNormalization's
 (``LayerNormalizationGrad`` over the statistics it reports, where its scale has the normalised
 dimensions' shape), a BatchNormTraining's over every axis but the channels
@@ -116,7 +116,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, ValueInfoProto
 
-from ._onnx_graph import NameAllocator, all_value_names, walk_graphs
+from ._onnx_graph import NameAllocator, all_value_names, constant_values, walk_graphs
 from .errors import OrtNotImplemented
 
 __all__ = ["DOMAIN", "STOP_GRADIENT", "BATCH_NORM_TRAINING", "CPU_KERNELS_DOMAIN", "CPU_KERNEL_OPS", "prepare",
@@ -139,6 +139,8 @@ CPU_KERNEL_OUTPUTS_LIKE = {"LayerNormalizationGrad": (1, 2, 2), "BatchNormTraini
 # the activations whose gradient is one node of the CPU kernels: operator -> kernel
 _ACTIVATION_KERNELS = {"Relu": "ReluGrad", "HardSwish": "HardSwishGrad", "HardSigmoid": "HardSigmoidGrad"}
 CPU_KERNEL_OPS = frozenset(CPU_KERNEL_OUTPUTS_LIKE)
+_CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
+_MS_DOMAIN = "com.microsoft"
 
 
 def kernel_outputs_like(node) -> tuple[int, ...] | None:
@@ -150,8 +152,7 @@ def kernel_outputs_like(node) -> tuple[int, ...] | None:
     if node.domain == _MS_DOMAIN and node.op_type == "Gelu":
         return (0,)
     return None
-_CONV_GRAD_OPSET = 16           # the lowering of ConvGrad needs it
-_MS_DOMAIN = "com.microsoft"
+
 
 _registered = False
 _lock = threading.Lock()
@@ -172,7 +173,26 @@ def _output_gradient(ctx, node, grads, stem):
     wanted = [bool(name) and ctx.asked_for(name) for name in inputs[:3]]
     if not any(wanted):
         return None
-    return inputs, wanted, ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem=stem)
+    return inputs, wanted, _without_seed_axis(ctx, grads[0], node.output[0], stem)
+
+
+def _without_seed_axis(ctx, grad, output, stem):
+    """The gradient of ``output`` (full-shaped) without its trailing seed axis."""
+    return ctx.b.op("Squeeze", [ctx.full(grad, output), ctx.b.ints([-1])], stem=stem)
+
+
+def _kernel_node(ctx, op_type: str, operands: list[str], stem: str, outputs: int = 1, **attrs):
+    """One node of ortagent's CPU kernels (named, for the passes' shape-inference stand-ins);
+    its output name, or names when ``outputs`` > 1."""
+    result = ctx.b.op(op_type, operands, outputs=outputs, stem=f"{stem}_grad", domain=CPU_KERNELS_DOMAIN, **attrs)
+    ctx.b.nodes[-1].name = ctx.b.name(f"{stem}_grad_node")
+    return result
+
+
+def _unary_kernel_reverse(ctx, node, grads, op_type: str, operand: str, stem: str, **attrs):
+    """The reverse of a one-input operator as one kernel node of (dY, ``operand``) -> dX."""
+    dy = _without_seed_axis(ctx, grads[0], node.output[0], f"{stem}_dy")
+    return [_with_seed_axis(ctx, _kernel_node(ctx, op_type, [dy, operand], stem, **attrs), f"{stem}_adjoint")]
 
 
 def _with_seed_axis(ctx, name, stem):
@@ -959,9 +979,8 @@ def _fused_gradient(ctx, op_type: str, operands: list[str], wanted: list[bool], 
     """One node of ortagent's CPU kernels computing (dX, dscale, dbias) from ``operands``: dX
     always, the others only where ``wanted`` (an output left unnamed is not computed); the
     gradients asked for get the seed axis back, the others are None."""
-    outputs = ctx.b.op(op_type, operands, outputs=3, stem=f"{stem}_grad", domain=CPU_KERNELS_DOMAIN, **attrs)
+    outputs = _kernel_node(ctx, op_type, operands, stem, outputs=3, **attrs)
     grad_node = ctx.b.nodes[-1]
-    grad_node.name = ctx.b.name(f"{stem}_grad_node")
     for index in (1, 2):
         if not wanted[index]:
             grad_node.output[index] = ""
@@ -1094,14 +1113,8 @@ def _collapse_gelus(model: ModelProto, known: dict[str, ValueInfoProto]) -> None
 
 def _scalar_constants(graph) -> dict[str, float]:
     """The one-element float constants of ``graph`` (initializers and Constant nodes), by name."""
-    found = {}
-    tensors = [(init.name, init) for init in graph.initializer]
-    tensors += [(node.output[0], attr.t) for node in graph.node if node.op_type == "Constant"
-                for attr in node.attribute if attr.name == "value"]
-    for name, tensor in tensors:
-        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) and int(np.prod(tensor.dims)) == 1:
-            found[name] = float(onnx.numpy_helper.to_array(tensor).reshape(-1)[0])
-    return found
+    return {name: float(value.reshape(-1)[0]) for name, value in constant_values(graph).items()
+            if value.dtype in (np.float32, np.float64) and value.size == 1}
 
 
 def _gelu_node(node) -> onnx.NodeProto:
@@ -1113,13 +1126,9 @@ def _gelu_node(node) -> onnx.NodeProto:
 def _gelu_reverse(ctx, node, grads):
     """dX = dY * (cdf(x) + x * pdf(x)) as one GeluGrad node (private ErfGelu nodes are made only
     for graphs that run ortagent's CPU kernels)."""
-    x = node.input[0]
-    if not ctx.asked_for(x):
+    if not ctx.asked_for(node.input[0]):
         return [None]
-    dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="gelu_dy")
-    dx = ctx.b.op("GeluGrad", [dy, x], stem="gelu_grad", domain=CPU_KERNELS_DOMAIN)
-    ctx.b.nodes[-1].name = ctx.b.name("gelu_grad_node")
-    return [_with_seed_axis(ctx, dx, "gelu_adjoint")]
+    return _unary_kernel_reverse(ctx, node, grads, "GeluGrad", node.input[0], "gelu")
 
 
 def _activation_reverse_or_fused(rule):
@@ -1130,12 +1139,8 @@ def _activation_reverse_or_fused(rule):
         x = node.input[0]
         if not _cpu_kernels() or ctx.shapes.dtype(x) != onnx.TensorProto.FLOAT or not ctx.asked_for(x):
             return rule(ctx, node, grads)
-        dy = ctx.b.op("Squeeze", [ctx.full(grads[0], node.output[0]), ctx.b.ints([-1])], stem="activation_dy")
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.name in ("alpha", "beta")}
-        dx = ctx.b.op(_ACTIVATION_KERNELS[node.op_type], [dy, x], stem="activation_grad", domain=CPU_KERNELS_DOMAIN,
-                      **attrs)
-        ctx.b.nodes[-1].name = ctx.b.name("activation_grad_node")
-        return [_with_seed_axis(ctx, dx, "activation_adjoint")]
+        return _unary_kernel_reverse(ctx, node, grads, _ACTIVATION_KERNELS[node.op_type], x, "activation", **attrs)
     return reverse
 
 
@@ -1149,10 +1154,7 @@ def _softmax_reverse_or_fused(rule):
         if (not _cpu_kernels() or ctx.opset < 13 or ctx.shapes.dtype(x) != onnx.TensorProto.FLOAT or not shape
                 or axis % len(shape) != len(shape) - 1 or not ctx.asked_for(x)):
             return rule(ctx, node, grads)
-        dy = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="softmax_dy")
-        dx = ctx.b.op("SoftmaxGrad", [dy, y], stem="softmax_grad", domain=CPU_KERNELS_DOMAIN)
-        ctx.b.nodes[-1].name = ctx.b.name("softmax_grad_node")
-        return [_with_seed_axis(ctx, dx, "softmax_adjoint")]
+        return _unary_kernel_reverse(ctx, node, grads, "SoftmaxGrad", y, "softmax")
     return reverse
 
 
@@ -1265,8 +1267,8 @@ def differentiating(dims: dict[str, list[int | str]], symbols_above_one: Collect
       Reshape).
     * ``cpu_kernels``: the graph will run on onnxruntime's CPU provider with ortagent's CPU
       gradient kernels registered (``SessionOptions.add_cpu_training_kernels``): the float32
-      gradients of LayerNormalization and of BatchNormTraining are one node of the domain
-      :data:`CPU_KERNELS_DOMAIN` each instead of a dozen standard ones."""
+      gradients the module docstring lists are one node of the domain :data:`CPU_KERNELS_DOMAIN`
+      each instead of two to a dozen standard ones."""
     _reverse_state.dims, _reverse_state.above_one = dims, frozenset(symbols_above_one)
     _reverse_state.cpu_kernels = cpu_kernels
     try:

@@ -105,11 +105,12 @@ def build_training_graph(
     the node computing it then writes it without a copy (a convolution's weight gradient from its
     matrix product, ``[Cout, Cin*k*k]``): the caller views it as its input's shape, as ORTModule
     does. With ``optimize`` only.
-    ``cpu_kernels`` writes the float32 gradients of LayerNormalization and of training-mode
-    BatchNorm as one node each of ortagent's CPU gradient kernels (domain ``ai.ortagent.cpu``,
-    README "CPU training kernels") instead of a dozen standard operators: the graph then runs
-    only on onnxruntime's CPU provider, in sessions whose options had
-    ``SessionOptions.add_cpu_training_kernels()`` called.
+    ``cpu_kernels`` writes float32 gradients (LayerNorm, BatchNorm and its training-mode forward,
+    GELU of the erf form, Softmax over the last axis, Relu, HardSwish, HardSigmoid) as one node
+    each of ortagent's CPU training kernels (domain ``ai.ortagent.cpu``, README "CPU training
+    kernels") instead of two to a dozen standard operators, and a GELU's forward as
+    ``com.microsoft:Gelu``: the graph then runs only on onnxruntime's CPU provider, in sessions
+    whose options had ``SessionOptions.add_cpu_training_kernels()`` called.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated

@@ -184,9 +184,10 @@ class ORTModule(nn.Module):
     which then serves every shape; True, every export has symbolic dimensions from the first;
     False, every shape gets an export of its own. ``cache_dir`` (default: the environment variable ``ORTAGENT_TORCH_CACHE_DIR``,
     else no disk cache) keeps exported and built graphs on disk, so that a restarted job skips
-    the export. ``cpu_kernels`` chooses whether the backward computes the float32 gradients of
-    LayerNorm and training-mode BatchNorm with ortagent's CPU gradient kernels, one operator
-    each (README, "CPU training kernels"): None (default), wherever the sessions run on the CPU
+    the export. ``cpu_kernels`` chooses whether the graphs compute the float32 gradients of
+    LayerNorm, BatchNorm (its training-mode forward too), GELU, Softmax, Relu, HardSwish and
+    HardSigmoid with ortagent's CPU training kernels, one operator each (README, "CPU training
+    kernels"): None (default), wherever the sessions run on the CPU
     provider alone; False, never (standard ONNX operators); True, always (an error where the
     sessions do not run on the CPU provider alone). Parameters and buffers are the wrapped
     module's own, and ``state_dict`` / ``load_state_dict`` use its keys.
