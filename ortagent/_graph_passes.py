@@ -61,8 +61,9 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
-__all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies", "padded_sums_as_concats", "reductions_without_unit_tail",
-           "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs", "transposes_without_unit_axes",
+__all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies", "padded_sums_as_concats",
+           "reductions_without_unit_tail", "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs",
+           "transposes_without_unit_axes",
            "masked_softmax_in_parts",
            "known_shapes",
            "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses"]
@@ -314,11 +315,7 @@ def seed_axis_round_trips(model: ModelProto, keep: frozenset = frozenset()) -> i
     producers = {out: node for node in graph.node for out in node.output if out}
 
     def last_axis_only(node) -> bool:
-        if len(node.input) > 1:
-            axes = constants.get(node.input[1])
-        else:
-            axes = next((np.array(a.ints) for a in node.attribute if a.name == "axes"), None)
-        return axes is not None and axes.size == 1 and int(axes.reshape(-1)[0]) == -1
+        return _constant_axes(node, constants) == [-1]
 
     count = 0
     for node in graph.node:
@@ -454,20 +451,24 @@ def reductions_without_unit_tail(model: ModelProto, stand_ins: dict | None = Non
     return count
 
 
+def _constant_axes(node, constants: dict) -> list[int] | None:
+    """The ``axes`` of a node that reads them from a constant input (Squeeze and Unsqueeze from
+    opset 13, reductions from 18) or from an attribute (before); None where they are absent,
+    empty or not constant."""
+    if len(node.input) > 1 and node.input[1]:
+        axes = constants.get(node.input[1])
+        return [int(axis) for axis in np.ravel(axes)] if axes is not None and axes.size else None
+    return next((list(a.ints) for a in node.attribute if a.name == "axes"), None) or None
+
+
 def _reduction_without_unit_tail(node, shape: Dims | None, constants: dict, names, graph) -> list | None:
     if shape is None or not shape:
         return None
     rank = len(shape)
     from_input = len(node.input) > 1 and bool(node.input[1])
-    if from_input:
-        axes = constants.get(node.input[1])
-        if axes is None or axes.size == 0:
-            return None
-        axes = [int(axis) for axis in np.ravel(axes)]
-    else:
-        axes = next((list(a.ints) for a in node.attribute if a.name == "axes"), None)
-        if not axes:
-            return None
+    axes = _constant_axes(node, constants)
+    if axes is None:
+        return None
     axes = sorted(axis % rank for axis in axes)
     tail = shape[axes[-1] + 1:]
     if not tail or any(dim != 1 for dim in tail):

@@ -458,8 +458,9 @@ cdef class SessionOptions(_LogSettings):
         check(ort.RegisterCustomOpsLibrary_V2(self.handle, path))
 
     def add_cpu_training_kernels(self):
-        """Let sessions using these options run ortagent's CPU gradient operators (domain
-        ``ai.ortagent.cpu``: LayerNormalizationGrad, BatchNormTrainingGrad; see README, "CPU
+        """Let sessions using these options run ortagent's CPU training operators (domain
+        ``ai.ortagent.cpu``: the gradients of LayerNorm, BatchNorm, GELU, Softmax, Relu,
+        HardSwish and HardSigmoid, and BatchNorm's training-mode forward; see README, "CPU
         training kernels"), which the training graphs of
         ``build_training_graph(..., cpu_kernels=True)`` use. Adding them twice does nothing."""
         if not self._cpu_training_kernels:
