@@ -1053,10 +1053,64 @@ def test_exports_share_one_table_of_translations(monkeypatch):
     inputs = _export._trees.flatten(((torch.randn(2, 3, 8, 8),), {}), "the arguments")
     shared, _ = _export.export(module, inputs)
     assert built == []
-    monkeypatch.setattr(_export, "_exporter_core", lambda: None)
+    monkeypatch.setattr(_export, "exporter_core", lambda: None)
     public, _ = _export.export(module, inputs)
     assert built == [1]
     assert shared.model.graph == public.model.graph
+
+
+def test_translation_table_defers_signatures_and_matches_torch_onnx():
+    """The table of translations the exports share is torch.onnx's own (the same functions for
+    the same operators, in the same order, the same complex flags) with torchlib's signatures
+    worked out when the exporter first asks for an operator: a model's export signs the
+    functions of its own operators, each signature the one torch.onnx makes, and no other."""
+    torch = _torch()
+    from ortagent.torch import _export, _registry
+
+    lazy = _registry._lazy_registry(_export.OPSET)
+    assert lazy is not None, "torch.onnx's internals are not those the deferred table reads"
+    eager = _registry.eager_registry(_export.OPSET)
+
+    def listed(registry):
+        return {name: [(meta.onnx_function, meta.is_complex, meta.is_custom) for meta in metas]
+                for name, metas in registry.functions.items()}
+
+    assert listed(lazy) == listed(eager)
+    unsigned = len(lazy.unsigned)
+    assert unsigned > 300
+    conv = torch.ops.aten.convolution.default
+    lazy_metas, eager_metas = lazy.get_decomps(conv), eager.get_decomps(conv)
+    assert [str(meta.signature) for meta in lazy_metas] == [str(meta.signature) for meta in eager_metas]
+    assert all(meta.signature is not None for meta in lazy_metas)
+    assert len(lazy.unsigned) == unsigned - len(lazy_metas)
+
+    shared = _registry.translation_registry(_export.OPSET, _export.translation_table)
+    waiting = dict(shared.unsigned)
+    x = torch.randn(2, 3, 8, 8)
+    _export.export(_cnn(), _export._trees.flatten(((x,), {}), "the arguments"))
+    signed = [meta for key, meta in waiting.items() if key not in shared.unsigned]
+    assert all(meta.signature is not None for meta in signed)
+    assert len(signed) < 40 and len(shared.unsigned) > 300
+
+
+def test_translation_table_drops_a_function_whose_signature_fails():
+    """As torch.onnx leaves out a torchlib function whose signature it cannot work out, the
+    deferred table drops it when it is first asked for, and an operator left with none
+    leaves the table (torch.onnx's decomposition step refuses empty entries)."""
+    torch = _torch()
+    from torch.onnx._internal.exporter import _decomp
+
+    from ortagent.torch import _export, _registry
+
+    registry = _registry._lazy_registry(_export.OPSET)
+    name, (meta,) = next((name, metas) for name, metas in registry.functions.items()
+                         if len(metas) == 1 and id(metas[0]) in registry.unsigned)
+    meta.onnx_function = object()
+    assert registry.get_decomps(meta.fx_target) == []
+    assert name not in registry.functions
+    assert meta.fx_target not in set(_decomp.get_onnx_implemented_overloads(registry))
+    relu = torch.ops.aten.relu.default
+    assert len(registry.get_decomps(relu)) == 1
 
 
 def test_default_sessions_do_not_spin_and_given_options_are_kept():

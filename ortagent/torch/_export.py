@@ -20,9 +20,7 @@ meets any refusal early; it runs again for each new input shape to find the draw
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
-import inspect
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _trees
 from ._complex import decompose_complex
+from ._registry import exporter_core, translation_registry
 from .translations import translation_table
 from .translations.linalg import without_error_checks
 from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
@@ -462,42 +461,17 @@ def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names
 
 def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> Any:
     """torch.onnx's translation of ``exported_program``. torch.onnx.export builds its table of
-    translations (torchlib's, then ours) anew on every call, about 0.4 s; the exporter's own
-    entry point takes a table, so one built per process serves every export. Where that entry
-    point is not there as expected (another torch), the public call does the same work."""
-    core = _exporter_core()
+    translations (torchlib's, then ours) anew on every call, 0.4-0.7 s; the exporter's own
+    entry point takes a table, so one built per process (:mod:`._registry`) serves every
+    export. Where that entry point is not there as expected (another torch), the public call
+    does the same work."""
+    core = exporter_core()
     if core is None:
         return torch.onnx.export(exported_program, (), dynamo=True, input_names=input_names, opset_version=opset,
                                  optimize=True, verbose=False, report=False,
                                  custom_translation_table=translation_table())
-    return core.export(exported_program, registry=_translation_registry(opset, translation_table),
+    return core.export(exported_program, registry=translation_registry(opset, translation_table),
                        input_names=input_names, opset_version=opset, optimize=True, verbose=False, report=False)
-
-
-@functools.cache
-def _exporter_core() -> Any:
-    """torch.onnx's exporter module whose ``export`` takes a ``registry``, or None."""
-    try:
-        from torch.onnx._internal.exporter import _core, _registration
-    except ImportError:
-        return None
-    wanted = {"registry", "input_names", "opset_version", "optimize", "verbose", "report"}
-    parameters = inspect.signature(_core.export).parameters
-    if not wanted <= set(parameters) or not hasattr(_registration.ONNXRegistry, "from_torchlib"):
-        return None
-    return _core
-
-
-@functools.lru_cache(maxsize=4)
-def _translation_registry(opset: int, table: Any) -> Any:
-    """torchlib's translations for ``opset`` with ours (``table()``) over them, as
-    torch.onnx.export assembles them; read-only once built."""
-    from torch.onnx._internal.exporter import _constants, _registration
-
-    registry = _registration.ONNXRegistry.from_torchlib(opset_version=max(opset, _constants.TORCHLIB_OPSET))
-    for aten_op, translation in table().items():
-        registry.register_op(aten_op, translation, is_complex=False)
-    return registry
 
 
 def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: list[torch.Tensor],
