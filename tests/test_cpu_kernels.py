@@ -263,7 +263,7 @@ def test_batch_norm_forward_of_an_empty_batch_has_no_statistics():
 def test_gelu_grad_matches_torch(shape, seed, spread):
     """Against torch's gelu backward and a float64 evaluation, over inputs out to where the
     density underflows (|x| > 13): the kernel evaluates the exponential and the CDF with its own
-    polynomials (absolute error of the CDF <= 1.1e-7)."""
+    polynomials (dX within 1.6e-7 of the float64 value at dY = 1)."""
     rng = np.random.default_rng(seed)
     x = torch.tensor(rng.standard_normal(shape) * spread, dtype=torch.float32, requires_grad=True)
     dy = torch.tensor(rng.standard_normal(shape), dtype=torch.float32)
@@ -279,17 +279,19 @@ def test_gelu_grad_matches_torch(shape, seed, spread):
 
 
 def test_gelu_grad_tails_and_knees():
-    """Every float of a dense grid through the CDF's two regions, their border |x| = sqrt(2),
-    zero, the tails and beyond where the density underflows, with and without a partial last
-    group of 8: within 2e-7 of the float64 value (dY = 1), and monotone where the exact is."""
+    """Every float of a dense grid, zero, |x| = sqrt(2) (where an earlier CDF changed
+    formulas), the tails and beyond where the density underflows, with and without a partial
+    last step of 32: within 1.6e-7 of the float64 value (dY = 1; torch's gelu backward is
+    2.2e-7 off on this grid), the same bits in the baseline and x86-64-v3 builds (no fused
+    multiply-adds)."""
     x = np.concatenate([np.linspace(-20, 20, 40001), [-np.sqrt(2), np.sqrt(2), 0.0, -1e-30, 1e-30]])
-    for count in (x.size, x.size - 3):
+    for count in (x.size, x.size - 3, x.size - 21):
         grid = x[:count].astype(np.float32)
         session = InferenceSession(_kernel_model("GeluGrad", {"dy": [count], "x": [count]}, ("dx",)), _options(), CPU)
         (dx,) = session.run(None, {"dy": np.ones(count, np.float32), "x": grid})
         x64 = grid.astype(np.float64)
         exact = 0.5 * np.vectorize(math.erfc)(-x64 / np.sqrt(2)) + x64 * np.exp(-x64 * x64 / 2) / np.sqrt(2 * np.pi)
-        assert np.abs(dx - exact).max() < 2e-7
+        assert np.abs(dx - exact).max() < 1.6e-7
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
