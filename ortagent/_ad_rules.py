@@ -76,7 +76,9 @@ too), a GELU's of the erf form (``GeluGrad``: :func:`prepare` collapses the five
 exporter writes into a private ``ErfGelu`` whose reverse it is, and :func:`finish` writes it as
 onnxruntime's ``com.microsoft:Gelu``), Relu's, HardSwish's and HardSigmoid's (``ReluGrad``, ``HardSwishGrad``,
 ``HardSigmoidGrad`` from the activation's input), and a Softmax's over the last axis
-(``SoftmaxGrad`` from its output). Other graphs are as without the kernels.
+(``SoftmaxGrad`` from its output). The kernels' one forward operator besides those,
+``MaskedSoftmax``, is written after differentiation by
+:func:`ortagent._graph_passes.masked_softmax_in_parts`. Other graphs are as without the kernels.
 
 ``HardSwish``'s derivative is replaced by torch's (see :func:`_hard_swish_derivative`).
 
@@ -135,7 +137,8 @@ CPU_KERNELS_DOMAIN = "ai.ortagent.cpu"
 # for each operator, the input each output is shaped like (for shape inference and declarations)
 CPU_KERNEL_OUTPUTS_LIKE = {"LayerNormalizationGrad": (1, 2, 2), "BatchNormTrainingGrad": (1, 2, 2),
                            "GeluGrad": (1,), "BatchNormTraining": (0, 1, 1), "ReluGrad": (1,),
-                           "HardSwishGrad": (1,), "HardSigmoidGrad": (1,), "SoftmaxGrad": (1,)}
+                           "HardSwishGrad": (1,), "HardSigmoidGrad": (1,), "SoftmaxGrad": (1,),
+                           "MaskedSoftmax": (0,)}
 # the activations whose gradient is one node of the CPU kernels: operator -> kernel
 _ACTIVATION_KERNELS = {"Relu": "ReluGrad", "HardSwish": "HardSwishGrad", "HardSigmoid": "HardSigmoidGrad"}
 CPU_KERNEL_OPS = frozenset(CPU_KERNEL_OUTPUTS_LIKE)

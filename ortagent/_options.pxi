@@ -460,8 +460,8 @@ cdef class SessionOptions(_LogSettings):
     def add_cpu_training_kernels(self):
         """Let sessions using these options run ortagent's CPU training operators (domain
         ``ai.ortagent.cpu``: the gradients of LayerNorm, BatchNorm, GELU, Softmax, Relu,
-        HardSwish and HardSigmoid, and BatchNorm's training-mode forward; see README, "CPU
-        training kernels"), which the training graphs of
+        HardSwish and HardSigmoid, BatchNorm's training-mode forward and a softmax of scores
+        masked with -inf; see README, "CPU training kernels"), which the training graphs of
         ``build_training_graph(..., cpu_kernels=True)`` use. Adding them twice does nothing."""
         if not self._cpu_training_kernels:
             check(ortagent_add_cpu_kernels(self.handle))

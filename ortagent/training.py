@@ -108,8 +108,9 @@ def build_training_graph(
     ``cpu_kernels`` writes float32 gradients (LayerNorm, BatchNorm and its training-mode forward,
     GELU of the erf form, Softmax over the last axis, Relu, HardSwish, HardSigmoid) as one node
     each of ortagent's CPU training kernels (domain ``ai.ortagent.cpu``, README "CPU training
-    kernels") instead of two to a dozen standard operators, and a GELU's forward as
-    ``com.microsoft:Gelu``: the graph then runs only on onnxruntime's CPU provider, in sessions
+    kernels") instead of two to a dozen standard operators, a GELU's forward as
+    ``com.microsoft:Gelu``, and (with ``optimize``) a float32 softmax over the last axis of
+    scores masked with -inf as ``MaskedSoftmax``: the graph then runs only on onnxruntime's CPU provider, in sessions
     whose options had ``SessionOptions.add_cpu_training_kernels()`` called.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
@@ -370,9 +371,11 @@ def build_training_graph(
         unknown = NameAllocator(all_value_names(adjoint.graph)).fresh("ortagent_unknown_shape")
         stand_in = [helper.make_node("Identity", [output if index in full_shape else unknown], [gradient])
                     for index, output, gradient in zip(seeded_indices, seeded, yield_outputs)]
-        stand_ins = {yield_node.name: stand_in, **seed_stand_ins, **_kernel_stand_ins(kernel_nodes)}
         kept = frozenset({YIELD_OP_TYPE, *_ad_rules.CPU_KERNEL_OPS})
-        masked_softmax_in_parts(adjoint)
+        if masked_softmax_in_parts(adjoint, kernel=cpu_kernels) and cpu_kernels:
+            kernel_nodes = [node for node in result_graph.node if _ad_rules.kernel_outputs_like(node) is not None]
+            _declare_kernel_outputs(result_graph, kernel_nodes, [*forward_value_info, *graph.input, *graph.output])
+        stand_ins = {yield_node.name: stand_in, **seed_stand_ins, **_kernel_stand_ins(kernel_nodes)}
         simplify_copies(adjoint, stand_ins, keep=kept, output_views=gradient_outputs if gradient_views else ())
         seed_axis_round_trips(adjoint, keep=kept)     # (the copies it rewrote are Identity nodes now)
         reductions_without_unit_tail(adjoint, stand_ins)

@@ -3,7 +3,7 @@
 Each operator is run alone in a session (SessionOptions.add_cpu_training_kernels) and compared
 with a float64 evaluation of its formula and with torch (the autograd of ``layer_norm``,
 training-mode ``batch_norm``, ``gelu``, ``softmax``, ``relu``, ``hardswish`` and ``hardsigmoid``;
-``batch_norm``'s forward), over shapes drawn by
+``batch_norm``'s forward, ``softmax`` of -inf-masked scores), over shapes drawn by
 hypothesis and the edge cases (one row, one column, empty batches, outputs left unnamed,
 several threads); bad input gives a typed ortagent error. Then
 the training graphs: ``build_training_graph(cpu_kernels=True)`` uses them only where it may, and
@@ -310,6 +310,63 @@ def test_softmax_grad_matches_torch(shape, seed):
     np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+def _masked_scores(shape, seed, masked_fraction):
+    """Scores with -inf at random positions (``masked_fraction`` of them), one row masked
+    entirely, one +inf, one NaN and one score far below its row's largest (where there are rows
+    enough for them)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    rows = x.reshape(-1, shape[-1])
+    rows[rng.random(rows.shape) < masked_fraction] = -np.inf
+    if rows.shape[0] >= 5:
+        rows[1] = -np.inf
+        rows[2, 0] = np.inf
+        rows[3, -1] = np.nan
+        rows[4, 0] = rows[4].max() - 100 if np.isfinite(rows[4]).any() else rows[4, 0]
+    return x
+
+
+def _softmax64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        x64 = x.astype(np.float64)
+        e = np.exp(x64 - x64.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 19), min_size=1, max_size=4), seed=st.integers(0, 2**16),
+       masked_fraction=st.sampled_from([0.0, 0.3, 0.9]))
+@example(shape=[16, 4, 32, 32], seed=0, masked_fraction=0.5)
+def test_masked_softmax_matches_torch(shape, seed, masked_fraction):
+    """The softmax over the last axis of scores with -inf in them (rows in groups of four with
+    a last group short of rows; rows not a multiple of 8 long): masked positions and positions
+    more than 87 below the row's largest exactly 0, NaN where torch has NaN (a row all -inf, a
+    row with +inf or NaN), the rest within float rounding of float64 and of torch."""
+    x = _masked_scores(shape, seed, masked_fraction)
+    session = InferenceSession(_kernel_model("MaskedSoftmax", {"x": shape}, ("y",)), _options(), CPU)
+    (y,) = session.run(None, {"x": x})
+    expected = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    assert (y[np.isneginf(x) & finite] == 0).all()
+    with np.errstate(invalid="ignore"):
+        far = finite & (x - np.nanmax(np.where(np.isnan(x), -np.inf, x), -1, keepdims=True) < -87)
+    assert (y[far] == 0).all()
+    np.testing.assert_allclose(y[finite], _softmax64(x)[finite], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(y[finite], expected[finite], rtol=1e-5, atol=1e-7)
+
+
+def test_masked_softmax_does_not_depend_on_the_thread_count():
+    """Rows split into blocks over the session's threads (here 4096 rows of 33): the same bits
+    with one thread and four, and those of the rows computed alone."""
+    x = _masked_scores([4096, 33], 5, 0.4)
+    model = _kernel_model("MaskedSoftmax", {"x": [4096, 33]}, ("y",))
+    one, four = (InferenceSession(model, _options(threads), CPU).run(None, {"x": x})[0] for threads in (1, 4))
+    np.testing.assert_array_equal(one, four)
+    few = InferenceSession(_kernel_model("MaskedSoftmax", {"x": [3, 33]}, ("y",)), _options(), CPU)
+    np.testing.assert_array_equal(few.run(None, {"x": x[1001:1004]})[0], one[1001:1004])
+
+
 def _activation_slopes(kind, x, alpha=1 / 6, beta=0.5):
     if kind == "ReluGrad":
         return (x > 0).astype(np.float64)
@@ -371,6 +428,15 @@ def test_inconsistent_inputs_are_refused(case, feeds, message):
     session = InferenceSession(_kernel_model(case, _unknown_shapes(case)), _options(), CPU)
     with pytest.raises(OrtInvalidArgument, match=message.replace("[", r"\[").replace("]", r"\]")):
         session.run(None, {name: np.ones(shape, np.float32) for name, shape in feeds.items()})
+
+
+@pytest.mark.parametrize("op_type, inputs", [("MaskedSoftmax", ("x",)), ("SoftmaxGrad", ("dy", "y"))])
+def test_a_softmax_of_a_scalar_is_refused(op_type, inputs):
+    session = InferenceSession(_kernel_model(op_type, {name: None for name in inputs}, ("out",)), _options(), CPU)
+    with pytest.raises(OrtInvalidArgument, match="must have an axis to normalise over"):
+        session.run(None, {name: np.ones((), np.float32) for name in inputs})
+    empty = session.run(None, {name: np.ones((3, 0), np.float32) for name in inputs})[0]
+    assert empty.shape == (3, 0)
 
 
 def test_an_axis_outside_the_input_is_refused():
@@ -556,6 +622,21 @@ class _Attention(torch.nn.Module):
         return self.out(torch.nn.functional.gelu(self.norm(mixed)))
 
 
+class _CausalAttention(torch.nn.Module):
+    """Causal self-attention: scores masked with -inf (``MaskedSoftmax`` in the forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(8, 24)
+        self.out = torch.nn.Linear(8, 8)
+        self.register_buffer("causal", torch.tril(torch.ones(5, 5, dtype=torch.bool)), persistent=False)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~self.causal, float("-inf"))
+        return self.out(torch.softmax(scores, -1) @ v)
+
+
 class _Norms(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -574,7 +655,8 @@ class _Norms(torch.nn.Module):
 @pytest.mark.parametrize("net, kernels", [
     (_Norms, {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad", "BatchNormTraining", "ReluGrad"}),
     (_Mobile, {"BatchNormTrainingGrad", "BatchNormTraining", "ReluGrad", "HardSwishGrad", "HardSigmoidGrad"}),
-    (_Attention, {"SoftmaxGrad", "LayerNormalizationGrad", "GeluGrad"})])
+    (_Attention, {"SoftmaxGrad", "LayerNormalizationGrad", "GeluGrad"}),
+    (_CausalAttention, {"MaskedSoftmax", "SoftmaxGrad"})])
 def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, kernels, monkeypatch):
     pytest.importorskip("onnxscript")
     from ortagent.torch import ORTModule, _bridge
@@ -591,7 +673,7 @@ def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, 
     eager = net().train()
     bridged = ORTModule(copy.deepcopy(eager), cpu_kernels=cpu_kernels)
     for step, batch in enumerate((4, 4, 6)):
-        shape = (batch, 5, 8) if net is _Attention else (batch, 3, 5, 5)
+        shape = (batch, 5, 8) if net in (_Attention, _CausalAttention) else (batch, 3, 5, 5)
         x = torch.randn(shape, generator=torch.Generator().manual_seed(step)) * 2 + 1
         inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
         for model, tensor in zip((eager, bridged), inputs):

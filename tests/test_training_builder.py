@@ -783,11 +783,13 @@ def _masked_softmax_model(opset, filled, axis, filler, dtype):
         opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
+@pytest.mark.parametrize("kernel", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("opset", [13, 18])
 @pytest.mark.parametrize("filled, axis", [(1, -1), (2, -1), (1, 2)])
-def test_masked_softmax_is_computed_without_the_masked_exponentials(filled, axis, opset, dtype):
-    """A Softmax of ``Where(mask, -inf, s)`` becomes its parts (no Softmax node left) with the
+def test_masked_softmax_is_computed_without_the_masked_exponentials(filled, axis, opset, dtype, kernel):
+    """A Softmax of ``Where(mask, -inf, s)`` becomes its parts (no Softmax node left), or with
+    the CPU kernels one ``MaskedSoftmax`` where it is float32 over the last axis, with the
     original node's values as onnxruntime computes them: the same zeros at masked positions, NaN
     in a row masked entirely, and -inf or +inf scores giving what they gave."""
     import ortagent
@@ -795,8 +797,12 @@ def test_masked_softmax_is_computed_without_the_masked_exponentials(filled, axis
 
     model = _masked_softmax_model(opset, filled, axis, -np.inf, dtype)
     before = model.SerializeToString()
-    assert masked_softmax_in_parts(model) == 1
+    assert masked_softmax_in_parts(model, kernel=kernel) == 1
     assert not any(node.op_type == "Softmax" for node in model.graph.node)
+    fused = kernel and dtype == np.float32 and axis == -1
+    assert [node.op_type for node in model.graph.node][-1] == ("MaskedSoftmax" if fused else "Div")
+    options = ortagent.SessionOptions()
+    options.add_cpu_training_kernels()
     rng = np.random.default_rng(opset + filled)
     for b, n in [(2, 5), (1, 1), (3, 8)]:
         s = (rng.standard_normal((b, 3, n, n)) * 4).astype(dtype)
@@ -807,7 +813,7 @@ def test_masked_softmax_is_computed_without_the_masked_exponentials(filled, axis
             masked_row = ~np.zeros(n, bool) if filled == 1 else np.zeros(n, bool)
             mask[1] = masked_row                     # a row masked entirely (axis -1)
         want = ortagent.InferenceSession(before).run(None, {"s": s, "mask": mask})[0]
-        got = ortagent.InferenceSession(model.SerializeToString()).run(None, {"s": s, "mask": mask})[0]
+        got = ortagent.InferenceSession(model.SerializeToString(), options).run(None, {"s": s, "mask": mask})[0]
         assert got.shape == want.shape
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(got == 0, want == 0)
