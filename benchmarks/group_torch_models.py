@@ -4,7 +4,7 @@ built from configs (random weights, nothing downloaded), interleaved in the same
 Per model: the training step (``zero_grad(set_to_none=True)``, forward, loss, ``backward()``; no
 optimizer), the forward alone (forward and loss; the graph is dropped unused), and the backward
 as their difference; the first call's time split into the export (discovery included; itself
-split into discovery, torch.export's trace, and torch.onnx's registry, decompositions, type
+split into discovery, torch.export's trace, the table of translations (once per process), and torch.onnx's decompositions, type
 promotion, translation and onnxscript optimizer), the training-graph build (autodiff, lowering, passes) and the session creation (the agent's two
 sessions), by thread CPU time. Torch runs with one thread, onnxruntime with 1 intra-op and 1
 inter-op thread (the session settings of every group), unless ``--torch-threads`` says otherwise.
@@ -219,17 +219,18 @@ class _FirstCall:
     def _export_parts():
         """The export's parts, timed inside it (their spans are part of "export"): ortagent's
         discovery run, torch.export's trace, and torch.onnx's steps on the traced program (its
-        decompositions, which trace the program once more; its type promotion; the torchlib
-        registry it builds on every export, onnxscript's import included on the first; the
-        translation; onnxscript's optimizer). Private torch.onnx names: a part that moved is
-        left out rather than failing the group."""
+        decompositions, which trace the program once more; its type promotion; the table of
+        translations, built once per process (ortagent.torch._registry: onnxscript's torchlib
+        imported, signatures left for first use); the translation; onnxscript's optimizer).
+        Private torch.onnx names: a part that moved is left out rather than failing the group."""
         import torch
         from ortagent.torch import _export
 
         parts = [(_export, "discover", "export: discovery"), (torch.export, "export", "export: torch.export"),
-                 (torch.export.ExportedProgram, "run_decompositions", "export: decompositions")]
+                 (torch.export.ExportedProgram, "run_decompositions", "export: decompositions"),
+                 (_export, "translation_registry", "export: table of translations")]
         try:
-            from torch.onnx._internal.exporter import _core, _fx_passes, _onnx_program, _registration
+            from torch.onnx._internal.exporter import _core, _fx_passes, _onnx_program
         except ImportError:
             return parts
         for owner, attr, key in ((_fx_passes, "insert_type_promotion_nodes", "export: type promotion"),
@@ -237,8 +238,6 @@ class _FirstCall:
                                  (_onnx_program.ONNXProgram, "optimize", "export: onnxscript optimizer")):
             if hasattr(owner, attr):
                 parts.append((owner, attr, key))
-        if isinstance(_registration.ONNXRegistry.__dict__.get("from_torchlib"), classmethod):
-            parts.append((_registration.ONNXRegistry, "from_torchlib", "export: torchlib registry"))
         return parts
 
     def _timed(self, original, key):
