@@ -5,7 +5,8 @@
  * Why: stock onnxruntime has no gradient operators (its training builds had them), so a
  * training graph writes the gradient of a normalisation as a dozen elementwise and reduction
  * nodes, each a pass over the activation and a few microseconds of dispatch. Each operator here
- * is one pass (two for the row statistics) that computes what torch's own backward computes:
+ * is one pass (two for the row statistics, three for MaskedSoftmax's rows) that computes what
+ * torch's own kernel computes:
  *
  *   LayerNormalizationGrad(dY, X, scale, mean, inv_std) -> (dX, dscale, dbias),  attribute axis
  *     X viewed as [rows, cols], cols the product of X's dimensions from `axis` on; mean and
