@@ -833,7 +833,7 @@ def masked_softmax_in_parts(model: ModelProto, kernel: bool = False) -> int:
     (``-inf - -inf``), as torch's is. A finite filler (``finfo.min``) is left alone: there a
     row masked entirely is uniform, not 0. With ``kernel`` (sessions with ortagent's CPU
     kernels), a float32 Softmax over the last axis becomes one ``ai.ortagent.cpu:MaskedSoftmax``
-    node of ``t`` instead (the same values in one pass over each row; half the time of the
+    node of ``t`` instead (the same values, row by row in one node; half the time of the
     parts)."""
     graph = model.graph
     opset = _default_opset(model)
@@ -843,12 +843,12 @@ def masked_softmax_in_parts(model: ModelProto, kernel: bool = False) -> int:
     constants = constant_values(graph)
     names = NameAllocator(all_value_names(graph))
     ranks = {value.name: len(value.type.tensor_type.shape.dim) for value in [*graph.input, *graph.value_info]
-             if value.type.tensor_type.HasField("shape")} if kernel else {}
+             if value.type.tensor_type.HasField("shape")} if kernel else None
     shared: dict[tuple, str] = {}       # one zero per element type, one axes operand per axis
     nodes: list = []
     count = 0
     for node in graph.node:
-        parts = _masked_softmax_parts(node, producers, constants, names, graph, shared, opset, ranks if kernel else None)
+        parts = _masked_softmax_parts(node, producers, constants, names, graph, shared, opset, ranks)
         if parts is None:
             nodes.append(node)
         else:

@@ -110,8 +110,9 @@ def build_training_graph(
     each of ortagent's CPU training kernels (domain ``ai.ortagent.cpu``, README "CPU training
     kernels") instead of two to a dozen standard operators, a GELU's forward as
     ``com.microsoft:Gelu``, and (with ``optimize``) a float32 softmax over the last axis of
-    scores masked with -inf as ``MaskedSoftmax``: the graph then runs only on onnxruntime's CPU provider, in sessions
-    whose options had ``SessionOptions.add_cpu_training_kernels()`` called.
+    scores masked with -inf as ``MaskedSoftmax``: the graph then runs only on onnxruntime's
+    CPU provider, in sessions whose options had ``SessionOptions.add_cpu_training_kernels()``
+    called.
 
     The forward model is not modified. Raises :class:`~ortagent.errors.OrtInvalidArgument` for
     inconsistent arguments and :class:`~ortagent.errors.OrtNotImplemented` when a differentiated
