@@ -110,6 +110,9 @@ def train(text: str, *, steps: int = 300, batch: int = 16, ctx: int = 32, d: int
     eager = CharGPT(len(chars), ctx=ctx, d=d, layers=layers)
     options = ortagent.SessionOptions()
     options.intra_op_num_threads = threads
+    # (onnxruntime's intra-op threads spin between runs by default, taking the CPUs torch's own
+    # threads need in the same step; ORTModule's default options let them sleep, as here)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     bridged = ORTModule(copy.deepcopy(eager), session_options=options)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in (bridged, eager)]
     batches = torch.Generator().manual_seed(seed + 1)
