@@ -21,10 +21,11 @@
   gradient as its product's ``[Cout, Cin*k*k]``); a ``Sum`` of zero-padded pieces that tile one
   axis (the gradient of ``unbind``) becomes the ``Concat`` of the pieces.
 
-* :func:`reductions_without_unit_tail` (after differentiation): a reduction whose input has only
+* :func:`fast_reductions` (after differentiation): a reduction whose input has only
   axes of size 1 after the reduced ones (onnx-ad's seed axis) reduces a view without them, the
   innermost axis then being a reduced one (onnxruntime's CPU reductions are many times slower
-  otherwise).
+  otherwise); with ortagent's CPU kernels, a float32 ``ReduceSum`` over leading axes (a bias's
+  gradient) is one ``SumLeadingAxes`` node.
 
 * :func:`masked_softmax_in_parts` (after differentiation, and on inference graphs): a ``Softmax``
   of ``Where(mask, -inf, scores)`` (torch's ``masked_fill(mask, -inf).softmax()``, causal
@@ -64,7 +65,7 @@ from ._ad_rules import CPU_KERNELS_DOMAIN as _KERNELS_DOMAIN
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, consumed_names
 
 __all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies", "padded_sums_as_concats",
-           "reductions_without_unit_tail", "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs",
+           "fast_reductions", "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs",
            "transposes_without_unit_axes",
            "masked_softmax_in_parts",
            "known_shapes",
@@ -95,6 +96,20 @@ def inferred_dims(model: ModelProto, stand_ins: dict | None = None, declared: Se
     size included (as None). ``declared``: value_info the inference starts from besides the
     model's own (where ONNX's inference knows a dimension only as a fresh unknown, a declared
     symbol stays)."""
+    return _dims_of(inferred_values(model, stand_ins, declared))
+
+
+def _dims_of(values: dict) -> dict[str, Dims]:
+    """The shapes of ``values`` (see :func:`inferred_values`), as :func:`inferred_dims` gives them."""
+    shapes = _declared_dims([value for value in values.values() if isinstance(value, onnx.ValueInfoProto)])
+    shapes.update((name, list(value.dims)) for name, value in values.items() if isinstance(value, onnx.TensorProto))
+    return shapes
+
+
+def inferred_values(model: ModelProto, stand_ins: dict | None = None, declared: Sequence = ()) -> dict:
+    """What ONNX shape inference knows of the values of ``model``'s main graph, by name: the
+    inputs', outputs' and inferred values' ValueInfoProto, the initializers' TensorProto; empty
+    where the inference fails. ``stand_ins`` and ``declared`` as in :func:`inferred_dims`."""
     probe = ModelProto()
     probe.CopyFrom(model)
     if declared:
@@ -111,10 +126,9 @@ def inferred_dims(model: ModelProto, stand_ins: dict | None = None, declared: Se
     except Exception:
         return {}
     graph = inferred.graph
-    shapes = _declared_dims([*graph.input, *graph.value_info, *graph.output])
-    for init in graph.initializer:
-        shapes[init.name] = list(init.dims)
-    return shapes
+    values: dict = {value.name: value for value in [*graph.input, *graph.value_info, *graph.output]}
+    values.update((init.name, init) for init in graph.initializer)
+    return values
 
 
 def _declared_dims(values: Sequence) -> dict[str, Dims]:
@@ -424,24 +438,43 @@ _REDUCTIONS = frozenset({"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "R
                          "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp"})
 
 
-def reductions_without_unit_tail(model: ModelProto, stand_ins: dict | None = None) -> int:
-    """Reductions of a tensor whose axes after the last reduced one are all of static size 1
+def fast_reductions(model: ModelProto, stand_ins: dict | None = None, kernel: bool = False) -> int:
+    """Rewrite reductions into the forms onnxruntime computes fast (in place, main graph);
+    returns how many were rewritten.
+
+    Reductions of a tensor whose axes after the last reduced one are all of static size 1
     (onnx-ad's seed axis: a LayerNorm's gradient sums ``[B, T, D, 1]`` over ``D``) reduce a view
     without those axes, which a view puts back: onnxruntime's CPU kernels take a strided path
     when the reduced axis is not the innermost one, 18x slower for ``[16, 32, 64, 1]`` over
     axis 2 (137 against 7.4 us) and 4x for ``[2, 16, 32, 32, 1]`` over ``[0, 2, 3]``. The
-    same reduction (onnxruntime's faster kernel may add in another order). Returns the number
-    of reductions rewritten."""
+    same reduction (onnxruntime's faster kernel may add in another order).
+
+    With ``kernel`` (sessions with ortagent's CPU kernels), a float32 ``ReduceSum`` over the
+    leading axes ``0 .. k - 1`` (a bias's gradient sums the rows it was broadcast over) becomes
+    one ``ai.ortagent.cpu:SumLeadingAxes`` node, unit tail or not: onnxruntime's ReduceSum splits
+    the rows between its threads, 5x its one-thread time on two threads (``[512, 192]`` over
+    axis 0: 72 against 14 us; the kernel 10-12 us on either). Its output keeps its name, and is
+    declared where ONNX inferred it (the kernel has no shape inference); the node (named like the
+    ReduceSum, or afresh) gets the ReduceSum as its stand-in in ``stand_ins``."""
     graph = model.graph
-    dims = inferred_dims(model, stand_ins)
+    values = inferred_values(model, stand_ins)
+    dims = _dims_of(values)
     constants = constant_values(graph)
     names = NameAllocator(all_value_names(graph))
+    node_names = NameAllocator({node.name for node in graph.node if node.name})
     nodes: list[onnx.NodeProto] = []
     count = 0
     for node in graph.node:
         made = None
         if node.domain in ("", "ai.onnx") and node.op_type in _REDUCTIONS:
-            made = _reduction_without_unit_tail(node, dims.get(node.input[0]), constants, names, graph)
+            if kernel:
+                made = _leading_sum_kernel(node, values, constants, graph)
+                if made is not None:
+                    made[0].name = node.name or node_names.fresh("ortagent_sum_leading_axes")
+                    if stand_ins is not None:
+                        stand_ins[made[0].name] = [node]    # (for the shape inference of later passes)
+            if made is None:
+                made = _reduction_without_unit_tail(node, dims.get(node.input[0]), constants, names, graph)
         if made:
             nodes.extend(made)
             count += 1
@@ -450,7 +483,35 @@ def reductions_without_unit_tail(model: ModelProto, stand_ins: dict | None = Non
     if count:
         del graph.node[:]
         graph.node.extend(nodes)
+        if any(node.domain == _KERNELS_DOMAIN for node in nodes) and \
+                not any(entry.domain == _KERNELS_DOMAIN for entry in model.opset_import):
+            model.opset_import.append(helper.make_opsetid(_KERNELS_DOMAIN, 1))
     return count
+
+
+def _leading_sum_kernel(node, values: dict, constants: dict, graph) -> list | None:
+    """``[SumLeadingAxes]`` for a float32 ``ReduceSum`` over axes ``0 .. k - 1`` of an input of
+    known rank, else None."""
+    source = values.get(node.input[0])
+    if node.op_type != "ReduceSum" or not isinstance(source, onnx.ValueInfoProto) \
+            or source.type.tensor_type.elem_type != onnx.TensorProto.FLOAT \
+            or not source.type.tensor_type.HasField("shape"):
+        return None
+    rank = len(source.type.tensor_type.shape.dim)
+    axes = _constant_axes(node, constants)
+    if axes is None or not rank or any(not -rank <= axis < rank for axis in axes):
+        return None
+    axes = sorted({axis % rank for axis in axes})
+    if axes != list(range(len(axes))):
+        return None
+    keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+    declared = {value.name for value in [*graph.value_info, *graph.output]}
+    output = values.get(node.output[0])
+    if node.output[0] not in declared and isinstance(output, onnx.ValueInfoProto) \
+            and output.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+        graph.value_info.append(output)
+    return [helper.make_node("SumLeadingAxes", [node.input[0]], list(node.output),
+                             domain=_KERNELS_DOMAIN, axes=len(axes), keepdims=int(bool(keepdims)))]
 
 
 def _constant_axes(node, constants: dict) -> list[int] | None:

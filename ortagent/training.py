@@ -35,7 +35,7 @@ from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, masked_softmax_in_parts,
-    padded_sums_as_concats, promote_mixed_arithmetic, reductions_without_unit_tail, seed_axis_round_trips,
+    padded_sums_as_concats, promote_mixed_arithmetic, fast_reductions, seed_axis_round_trips,
     simplify_copies, transposes_without_unit_axes,
 )
 from ._onnx_graph import (
@@ -379,7 +379,7 @@ def build_training_graph(
         stand_ins = {yield_node.name: stand_in, **seed_stand_ins, **_kernel_stand_ins(kernel_nodes)}
         simplify_copies(adjoint, stand_ins, keep=kept, output_views=gradient_outputs if gradient_views else ())
         seed_axis_round_trips(adjoint, keep=kept)     # (the copies it rewrote are Identity nodes now)
-        reductions_without_unit_tail(adjoint, stand_ins)
+        fast_reductions(adjoint, stand_ins, kernel=cpu_kernels)
         transposes_without_unit_axes(adjoint, stand_ins)
         if input_symbols_checked:
             share_shape_values(adjoint, stand_ins, keep=kept, declared=forward_value_info, cut=yield_node.name)

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from ortagent import OrtFail, OrtInvalidArgument, OrtInvalidGraph, SessionOptions
+from ortagent import OrtFail, OrtInvalidArgument, OrtInvalidGraph, OrtRuntimeException, SessionOptions
 from ortagent._core import CPU_TRAINING_KERNELS_DOMAIN, InferenceSession
 
 torch = pytest.importorskip("torch")
@@ -367,6 +367,62 @@ def test_masked_softmax_does_not_depend_on_the_thread_count():
     np.testing.assert_array_equal(few.run(None, {"x": x[1001:1004]})[0], one[1001:1004])
 
 
+def _leading_sum_bound(x: np.ndarray, axes: int) -> np.ndarray:
+    """The kernel's worst-case rounding per output element: runs of 64 rows added one after
+    another, each run's total added to its group's (groups of 4096 rows), the groups' totals
+    added in order -- at most that many additions, each off by half an ulp of float32, of
+    partial sums no larger than the sum of the magnitudes."""
+    rows = int(np.prod(x.shape[:axes]))
+    runs = min(-(-rows // 64), 64)
+    additions = min(rows, 64) + runs + -(-rows // 4096)
+    return additions * 2.0 ** -24 * np.abs(x.astype(np.float64)).sum(axis=tuple(range(axes)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=4), axes_seed=st.integers(0, 10),
+       keepdims=st.booleans(), seed=st.integers(0, 2**16))
+@example(shape=[9000, 77], axes_seed=0, keepdims=False, seed=0)     # three groups of rows; a partial block
+@example(shape=[16, 32, 256, 1], axes_seed=1, keepdims=True, seed=0)    # a bias's gradient with the seed axis
+def test_sum_leading_axes_matches_float64_and_torch(shape, axes_seed, keepdims, seed):
+    """ReduceSum over the first ``axes`` axes: torch's shape, and values within the kernel's
+    worst-case rounding of the float64 sum (and within twice that of torch's)."""
+    axes = 1 + axes_seed % len(shape)
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32) * 3 + 1
+    session = InferenceSession(_kernel_model("SumLeadingAxes", {"x": shape}, ("y",), axes=axes,
+                                             keepdims=int(keepdims)), _options(), CPU)
+    (y,) = session.run(None, {"x": x})
+    expected = torch.from_numpy(x).sum(dim=tuple(range(axes)), keepdim=keepdims).numpy()
+    assert y.shape == expected.shape
+    bound = _leading_sum_bound(x, axes).reshape(y.shape)
+    exact = x.astype(np.float64).sum(axis=tuple(range(axes))).reshape(y.shape)
+    assert (np.abs(y - exact) <= bound).all()
+    assert (np.abs(y - expected) <= 2 * bound + 1e-30).all()
+
+
+def test_sum_leading_axes_does_not_depend_on_the_thread_count():
+    """Work items are (group of 4096 rows, block of 64 columns), whatever the threads: the same
+    bits with one thread and four, for several groups and a partial block."""
+    x = np.random.default_rng(3).standard_normal((9000, 200)).astype(np.float32)
+    model = _kernel_model("SumLeadingAxes", {"x": [9000, 200]}, ("y",), axes=1, keepdims=0)
+    one, four = (InferenceSession(model, _options(threads), CPU).run(None, {"x": x})[0] for threads in (1, 4))
+    np.testing.assert_array_equal(one, four)
+
+
+def test_sum_leading_axes_of_empty_tensors_and_bad_axes():
+    """No rows: zeros; no columns: an empty result; more axes than X has, or no axes
+    attribute: a typed error."""
+    session = InferenceSession(_kernel_model("SumLeadingAxes", {"x": None}, ("y",), axes=2, keepdims=1),
+                               _options(), CPU)
+    np.testing.assert_array_equal(session.run(None, {"x": np.ones((0, 3, 4), np.float32)})[0], np.zeros((1, 1, 4)))
+    assert session.run(None, {"x": np.ones((2, 3, 0), np.float32)})[0].shape == (1, 1, 0)
+    with pytest.raises(OrtInvalidArgument, match="fewer dimensions than the axes to sum"):
+        session.run(None, {"x": np.ones(3, np.float32)})
+    with pytest.raises(OrtRuntimeException, match="the attribute axes .* is required"):
+        InferenceSession(_kernel_model("SumLeadingAxes", {"x": [2, 3]}, ("y",)), _options(), CPU)
+    kept = InferenceSession(_kernel_model("SumLeadingAxes", {"x": [2, 3]}, ("y",), axes=1), _options(), CPU)
+    assert kept.run(None, {"x": np.ones((2, 3), np.float32)})[0].shape == (1, 3)     # keepdims: 1 by default
+
+
 def _activation_slopes(kind, x, alpha=1 / 6, beta=0.5):
     if kind == "ReluGrad":
         return (x > 0).astype(np.float64)
@@ -514,8 +570,8 @@ def test_training_graph_uses_the_kernels_only_when_asked_and_agrees():
     plain = build_training_graph(model, trainable)
     fused = build_training_graph(model, trainable, cpu_kernels=True)
     assert not any(node.domain == DOMAIN for node in plain.graph.node)
-    assert sorted(node.op_type for node in fused.graph.node if node.domain == DOMAIN) == ["LayerNormalizationGrad",
-                                                                                          "ReluGrad"]
+    assert sorted(node.op_type for node in fused.graph.node if node.domain == DOMAIN) == [
+        "LayerNormalizationGrad", "ReluGrad", "SumLeadingAxes"]
     assert any(opset.domain == DOMAIN for opset in fused.opset_import)
     assert len(fused.graph.node) < len(plain.graph.node)
     rng = np.random.default_rng(1)
@@ -653,10 +709,11 @@ class _Norms(torch.nn.Module):
 
 @pytest.mark.parametrize("cpu_kernels", [None, True, False])
 @pytest.mark.parametrize("net, kernels", [
-    (_Norms, {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad", "BatchNormTraining", "ReluGrad"}),
+    (_Norms, {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad", "BatchNormTraining", "ReluGrad",
+              "SumLeadingAxes"}),
     (_Mobile, {"BatchNormTrainingGrad", "BatchNormTraining", "ReluGrad", "HardSwishGrad", "HardSigmoidGrad"}),
-    (_Attention, {"SoftmaxGrad", "LayerNormalizationGrad", "GeluGrad"}),
-    (_CausalAttention, {"MaskedSoftmax", "SoftmaxGrad"})])
+    (_Attention, {"SoftmaxGrad", "LayerNormalizationGrad", "GeluGrad", "SumLeadingAxes"}),
+    (_CausalAttention, {"MaskedSoftmax", "SoftmaxGrad", "SumLeadingAxes"})])
 def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, kernels, monkeypatch):
     pytest.importorskip("onnxscript")
     from ortagent.torch import ORTModule, _bridge

@@ -703,13 +703,13 @@ def test_symbols_above_one_must_be_names(symbols):
     ([1], 1, False),                                          # an axis of 5 after it: a strided reduction
     ([3], 1, False),                                          # the unit axis itself reduced
 ])
-def test_reductions_without_unit_tail(op, opset, axes, keepdims, rewritten):
+def test_fast_reductions(op, opset, axes, keepdims, rewritten):
     """A reduction whose input has only axes of size 1 after the reduced ones reduces a view
     without them (onnxruntime's CPU kernels are many times slower when the innermost axis is
     not reduced), with the same result, shape and values, as the original node, at any size of
     the symbolic axes."""
     import ortagent
-    from ortagent._graph_passes import reductions_without_unit_tail
+    from ortagent._graph_passes import fast_reductions
 
     d = np.float32
     as_input = opset >= 18 or op == "ReduceSum"
@@ -722,7 +722,7 @@ def test_reductions_without_unit_tail(op, opset, axes, keepdims, rewritten):
                           [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], initializers),
         opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
     before = model.SerializeToString()
-    assert reductions_without_unit_tail(model) == int(rewritten)
+    assert fast_reductions(model) == int(rewritten)
     reduction = next(node for node in model.graph.node if node.op_type == op)
     assert (reduction.input[0] != "x") == rewritten
     rng = np.random.default_rng(3)
@@ -732,6 +732,50 @@ def test_reductions_without_unit_tail(op, opset, axes, keepdims, rewritten):
         got = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize("dtype, axes, keepdims, kernel", [
+    (np.float32, [0], 1, True), (np.float32, [1, 0], 0, True), (np.float32, [-4, 1, 2], 1, True),
+    (np.float32, [0, 1, 2, 3], 0, True),                   # every axis: a scalar
+    (np.float32, [1], 1, False), (np.float32, [0, 2], 1, False),     # not the leading axes
+    (np.float64, [0, 1], 1, False),                          # the kernel is float32's
+])
+def test_fast_reductions_sum_leading_axes_with_the_kernels(opset, dtype, axes, keepdims, kernel):
+    """With the CPU kernels, a float32 ReduceSum over the leading axes (negative ones counted
+    from the end) is one SumLeadingAxes node writing the same output, declared as ONNX infers it,
+    with the ReduceSum as its stand-in for later shape inference, and computing ReduceSum's
+    values at any size of the symbolic axes; other reductions stay onnxruntime's."""
+    import ortagent
+    from ortagent._graph_passes import fast_reductions
+
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=keepdims, name="bias_sum"),
+             helper.make_node("Identity", ["y"], ["z"])]
+    element = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [tg.tensor("x", dtype, ["batch", 5, "width", 1])],
+                          [helper.make_tensor_value_info("z", element, None)],
+                          [numpy_helper.from_array(np.array(axes, np.int64), "axes")]),
+        opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    before = model.SerializeToString()
+    stand_ins: dict = {}
+    fast_reductions(model, stand_ins, kernel=True)
+    kernels = [node for node in model.graph.node if node.op_type == "SumLeadingAxes"]
+    assert len(kernels) == int(kernel)
+    if kernel:
+        assert kernels[0].output[0] == "y" and kernels[0].name == "bias_sum"
+        assert [node.op_type for node in stand_ins["bias_sum"]] == ["ReduceSum"]
+        assert "y" in {value.name for value in model.graph.value_info}
+        assert any(entry.domain == "ai.ortagent.cpu" for entry in model.opset_import)
+    options = ortagent.SessionOptions()
+    options.add_cpu_training_kernels()
+    rng = np.random.default_rng(4)
+    for shape in [(2, 5, 7, 1), (1, 5, 1, 1), (70, 5, 16, 1)]:
+        x = rng.standard_normal(shape).astype(dtype)
+        want = ortagent.InferenceSession(before).run(None, {"x": x})[0]
+        got = ortagent.InferenceSession(model.SerializeToString(), options).run(None, {"x": x})[0]
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 # -- gradients written in the layout their product computes (gradient_views) --------------------------
