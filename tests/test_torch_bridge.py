@@ -1134,3 +1134,41 @@ def test_default_sessions_do_not_spin_and_given_options_are_kept():
     kept(x).sum().backward()
     (entry,) = [entry for entries in kept._exports.values() for entry in entries]
     assert entry.runner.config.options() is given
+
+
+@pytest.mark.parametrize("before", ["collecting", "frozen by the caller", "collector disabled"])
+def test_exports_freeze_the_objects_alive_only_while_they_run(monkeypatch, before):
+    """An export moves the objects alive when it starts out of the collector's reach
+    (gc.freeze) while it runs, and back at its end; a process that froze objects of its own, or
+    disabled the collector, is left as it was (unfreezing would release the caller's)."""
+    import gc
+
+    torch = _torch()
+    from ortagent.torch import _export
+
+    during = []
+    original = torch.export.export
+    monkeypatch.setattr(torch.export, "export",
+                        lambda *a, **k: during.append(gc.get_freeze_count()) or original(*a, **k))
+    enabled = gc.isenabled()
+    if before == "frozen by the caller":
+        gc.freeze()
+    elif before == "collector disabled":
+        gc.disable()
+    try:
+        count = gc.get_freeze_count()
+        assert (count > 0) == (before == "frozen by the caller")
+        _export.export(_mlp(), _export._trees.flatten(((torch.randn(2, 20),), {}), "the arguments"))
+        after = gc.get_freeze_count()
+        # (a frozen object that dies leaves the count: the caller's may only shrink)
+        if before == "collecting":
+            assert during[0] > 0 and after == 0
+        elif before == "frozen by the caller":
+            assert during[0] <= count and 0 < after <= count
+        else:
+            assert during == [0] and after == 0
+        assert gc.isenabled() == (before != "collector disabled")
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
