@@ -190,16 +190,11 @@ def test_failing_runs(add, record_property):
     check_steady(step, record_property, iterations=ITERATIONS // 2)
 
 
-@pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer's quarantine keeps freed memory resident")
-def test_the_detector_flags_a_deliberate_leak(add, record_property):
-    """The detector against a leak put there on purpose: test_run's step keeping each call's
-    output array (a NumPy array over the memory onnxruntime allocated for the output, a few
-    hundred bytes a call) is flagged, with growth in every window; the same step without the
-    leak is not. A fifth of test_run's iterations, with the bound scaled to a fifth: the same
-    bound per iteration (LIMIT over ITERATIONS, under 11 bytes)."""
+def _deliberate_leak() -> dict:
+    """test_the_detector_flags_a_deliberate_leak's measurement (run in a fresh interpreter)."""
+    add = ortagent.InferenceSession(models.add(shape=(3,)))
     feed = {"a": np.arange(3, dtype=np.float32), "b": np.ones(3, np.float32)}
     iterations = ITERATIONS // 5
-    limit = LIMIT * iterations // ITERATIONS
     kept: list = []
 
     def clean():
@@ -213,8 +208,40 @@ def test_the_detector_flags_a_deliberate_leak(add, record_property):
     warm_up(clean, WARMUP)
     results = {}
     for name, step in (("clean", clean), ("leaking", keeps_the_output)):
-        results[name] = growth = measure(step, iterations)
+        growth = measure(step, iterations)
         kept.clear()
+        results[name] = {"levels": growth.levels, "samples": growth.samples, "iterations": growth.iterations}
+    return results
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer's quarantine keeps freed memory resident")
+def test_the_detector_flags_a_deliberate_leak(record_property):
+    """The detector against a leak put there on purpose: test_run's step keeping each call's
+    output array (a NumPy array over the memory onnxruntime allocated for the output, a few
+    hundred bytes a call) is flagged, with growth in every window; the same step without the
+    leak is not. A fifth of test_run's iterations, with the bound scaled to a fifth: the same
+    bound per iteration (LIMIT over ITERATIONS, under 11 bytes). Measured in a fresh
+    interpreter: in this one, after the torch bridge's tests, Python's allocator holds enough
+    free memory (pools that freed objects left partly empty) for the leak's ~2 MB to fill
+    unseen -- 143 KB of growth was measured, under the bound: the blind spot :func:`measure`
+    names, which a fresh heap does not have."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT, TESTS_DIR
+
+    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import test_leaks; "
+            "print(json.dumps(test_leaks._deliberate_leak()))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, TESTS_DIR,
+                                                                     os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code, TESTS_DIR, REPO_ROOT], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    limit = LIMIT * (ITERATIONS // 5) // ITERATIONS
+    results = {name: Growth(**found) for name, found in json.loads(done.stdout.splitlines()[-1]).items()}
+    for name, growth in results.items():
         record_property(f"{name}_bytes_per_window", growth.per_window)
         print(f"\n{name}: {growth}")
     assert not results["clean"].leaks(limit), results["clean"]
