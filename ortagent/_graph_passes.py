@@ -67,7 +67,7 @@ from ._onnx_graph import NameAllocator, all_value_names, constant_values, consum
 __all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies", "padded_sums_as_concats",
            "fast_reductions", "pools_at_onnxruntime_sizes", "ceil_mode_pool_outputs",
            "transposes_without_unit_axes",
-           "masked_softmax_in_parts",
+           "masked_softmax_in_parts", "import_kernels_domain",
            "known_shapes",
            "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses"]
 
@@ -142,6 +142,14 @@ def _declared_dims(values: Sequence) -> dict[str, Dims]:
 def _default_opset(model: ModelProto) -> int:
     """The version of the default ONNX domain ``model`` imports (1 where it imports none)."""
     return next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), 1)
+
+
+def import_kernels_domain(model: ModelProto) -> None:
+    """Import the CPU kernels' domain (version 1) into ``model`` where its main graph has a node
+    of it and the model does not import it yet."""
+    if any(node.domain == _KERNELS_DOMAIN for node in model.graph.node) and \
+            not any(entry.domain == _KERNELS_DOMAIN for entry in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(_KERNELS_DOMAIN, 1))
 
 
 def _constant(names: NameAllocator, stem: str, values: list[int]):
@@ -462,13 +470,14 @@ def fast_reductions(model: ModelProto, stand_ins: dict | None = None, kernel: bo
     constants = constant_values(graph)
     names = NameAllocator(all_value_names(graph))
     node_names = NameAllocator({node.name for node in graph.node if node.name})
+    declared = {value.name for value in [*graph.value_info, *graph.output]} if kernel else set()
     nodes: list[onnx.NodeProto] = []
     count = 0
     for node in graph.node:
         made = None
         if node.domain in ("", "ai.onnx") and node.op_type in _REDUCTIONS:
             if kernel:
-                made = _leading_sum_kernel(node, values, constants, graph)
+                made = _leading_sum_kernel(node, values, constants, graph, declared)
                 if made is not None:
                     made[0].name = node.name or node_names.fresh("ortagent_sum_leading_axes")
                     if stand_ins is not None:
@@ -483,15 +492,13 @@ def fast_reductions(model: ModelProto, stand_ins: dict | None = None, kernel: bo
     if count:
         del graph.node[:]
         graph.node.extend(nodes)
-        if any(node.domain == _KERNELS_DOMAIN for node in nodes) and \
-                not any(entry.domain == _KERNELS_DOMAIN for entry in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(_KERNELS_DOMAIN, 1))
+        import_kernels_domain(model)
     return count
 
 
-def _leading_sum_kernel(node, values: dict, constants: dict, graph) -> list | None:
+def _leading_sum_kernel(node, values: dict, constants: dict, graph, declared: set) -> list | None:
     """``[SumLeadingAxes]`` for a float32 ``ReduceSum`` over axes ``0 .. k - 1`` of an input of
-    known rank, else None."""
+    known rank, else None; its output is declared (and added to ``declared``) where it was not."""
     source = values.get(node.input[0])
     if node.op_type != "ReduceSum" or not isinstance(source, onnx.ValueInfoProto) \
             or source.type.tensor_type.elem_type != onnx.TensorProto.FLOAT \
@@ -505,11 +512,11 @@ def _leading_sum_kernel(node, values: dict, constants: dict, graph) -> list | No
     if axes != list(range(len(axes))):
         return None
     keepdims = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
-    declared = {value.name for value in [*graph.value_info, *graph.output]}
     output = values.get(node.output[0])
     if node.output[0] not in declared and isinstance(output, onnx.ValueInfoProto) \
             and output.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
         graph.value_info.append(output)
+        declared.add(node.output[0])
     return [helper.make_node("SumLeadingAxes", [node.input[0]], list(node.output),
                              domain=_KERNELS_DOMAIN, axes=len(axes), keepdims=int(bool(keepdims)))]
 
@@ -918,9 +925,7 @@ def masked_softmax_in_parts(model: ModelProto, kernel: bool = False) -> int:
     if count:
         del graph.node[:]
         graph.node.extend(nodes)
-        if any(node.domain == _KERNELS_DOMAIN for node in nodes) and \
-                not any(entry.domain == _KERNELS_DOMAIN for entry in model.opset_import):
-            model.opset_import.append(helper.make_opsetid(_KERNELS_DOMAIN, 1))
+        import_kernels_domain(model)
     return count
 
 

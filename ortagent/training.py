@@ -34,8 +34,8 @@ from . import _ad_rules
 from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
-    batch_unbatched_losses, explicit_gru_biases, flatten_batched_matmuls, known_shapes, masked_softmax_in_parts,
-    padded_sums_as_concats, promote_mixed_arithmetic, fast_reductions, seed_axis_round_trips,
+    batch_unbatched_losses, explicit_gru_biases, fast_reductions, flatten_batched_matmuls, import_kernels_domain,
+    known_shapes, masked_softmax_in_parts, padded_sums_as_concats, promote_mixed_arithmetic, seed_axis_round_trips,
     simplify_copies, transposes_without_unit_axes,
 )
 from ._onnx_graph import (
@@ -358,9 +358,7 @@ def build_training_graph(
         adjoint.opset_import.append(helper.make_opsetid(YIELD_OP_DOMAIN, 1))
     kernel_nodes = [node for node in result_graph.node if _ad_rules.kernel_outputs_like(node) is not None]
     if kernel_nodes:
-        if not any(opset_id.domain == _ad_rules.CPU_KERNELS_DOMAIN for opset_id in adjoint.opset_import) \
-                and any(node.domain == _ad_rules.CPU_KERNELS_DOMAIN for node in kernel_nodes):
-            adjoint.opset_import.append(helper.make_opsetid(_ad_rules.CPU_KERNELS_DOMAIN, 1))
+        import_kernels_domain(adjoint)
         _declare_kernel_outputs(result_graph, kernel_nodes, [*forward_value_info, *graph.input, *graph.output])
     adjoint.ir_version = model.ir_version
     if optimize:

@@ -182,6 +182,24 @@ static OrtStatus* ortagent_kernel_parallel(OrtKernelContext* context, ortagent_p
     return NULL;
 }
 
+/* A node's attribute `name`, or `fallback` where the node does not set it (the operators'
+ * defaults, as ONNX's own operators have them). */
+static int64_t ortagent_kernel_int_attribute(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+    int64_t value = fallback;
+    OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_int64)(info, name, &value);
+    if (status == NULL) return value;
+    ORTAGENT_CALL(ReleaseStatus)(status);
+    return fallback;
+}
+
+static float ortagent_kernel_float_attribute(const OrtKernelInfo* info, const char* name, float fallback) {
+    float value = fallback;
+    OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_float)(info, name, &value);
+    if (status == NULL) return value;
+    ORTAGENT_CALL(ReleaseStatus)(status);
+    return fallback;
+}
+
 /* ---- LayerNormalizationGrad ----------------------------------------------------------------- */
 
 typedef struct ortagent_layer_norm_grad_work {
@@ -828,10 +846,8 @@ static OrtStatus* ortagent_activation_grad_create(const OrtKernelInfo* info, int
     k->alpha = 0.2f;            /* HardSigmoid's defaults */
     k->beta = 0.5f;
     if (kind == ORTAGENT_HARD_SIGMOID) {
-        OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_float)(info, "alpha", &k->alpha);
-        if (status != NULL) ORTAGENT_CALL(ReleaseStatus)(status);
-        status = ORTAGENT_CALL(KernelInfoGetAttribute_float)(info, "beta", &k->beta);
-        if (status != NULL) ORTAGENT_CALL(ReleaseStatus)(status);
+        k->alpha = ortagent_kernel_float_attribute(info, "alpha", k->alpha);
+        k->beta = ortagent_kernel_float_attribute(info, "beta", k->beta);
     }
     *kernel = k;
     return NULL;
@@ -1019,11 +1035,7 @@ static OrtStatus* ortagent_layer_norm_grad_create(const ortagent_custom_op_v16* 
     (void)api;
     ortagent_layer_norm_grad_kernel* k = (ortagent_layer_norm_grad_kernel*)malloc(sizeof *k);
     if (k == NULL) return ORTAGENT_CALL(CreateStatus)(ORT_FAIL, "LayerNormalizationGrad: out of memory");
-    OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_int64)(info, "axis", &k->axis);
-    if (status != NULL) {
-        ORTAGENT_CALL(ReleaseStatus)(status);
-        k->axis = -1;           /* LayerNormalization's default */
-    }
+    k->axis = ortagent_kernel_int_attribute(info, "axis", -1);     /* LayerNormalization's default */
     *kernel = k;
     return NULL;
 }
@@ -1034,11 +1046,7 @@ static OrtStatus* ortagent_batch_norm_grad_create(const ortagent_custom_op_v16* 
     (void)api;
     ortagent_batch_norm_grad_kernel* k = (ortagent_batch_norm_grad_kernel*)malloc(sizeof *k);
     if (k == NULL) return ORTAGENT_CALL(CreateStatus)(ORT_FAIL, "BatchNormTrainingGrad: out of memory");
-    OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_float)(info, "epsilon", &k->epsilon);
-    if (status != NULL) {
-        ORTAGENT_CALL(ReleaseStatus)(status);
-        k->epsilon = 1e-5f;     /* BatchNormalization's default */
-    }
+    k->epsilon = ortagent_kernel_float_attribute(info, "epsilon", 1e-5f);   /* BatchNormalization's default */
     *kernel = k;
     return NULL;
 }
@@ -1049,12 +1057,8 @@ static OrtStatus* ortagent_leading_sum_create(const ortagent_custom_op_v16* op, 
     (void)api;
     ortagent_leading_sum_kernel* k = (ortagent_leading_sum_kernel*)malloc(sizeof *k);
     if (k == NULL) return ORTAGENT_CALL(CreateStatus)(ORT_FAIL, "SumLeadingAxes: out of memory");
-    OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_int64)(info, "keepdims", &k->keepdims);
-    if (status != NULL) {
-        ORTAGENT_CALL(ReleaseStatus)(status);
-        k->keepdims = 1;        /* ReduceSum's default */
-    }
-    status = ORTAGENT_CALL(KernelInfoGetAttribute_int64)(info, "axes", &k->axes);
+    k->keepdims = ortagent_kernel_int_attribute(info, "keepdims", 1);     /* ReduceSum's default */
+    OrtStatus* status = ORTAGENT_CALL(KernelInfoGetAttribute_int64)(info, "axes", &k->axes);
     if (status != NULL) {
         ORTAGENT_CALL(ReleaseStatus)(status);
         free(k);
