@@ -488,18 +488,30 @@ def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names
 
 
 def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> Any:
-    """torch.onnx's translation of ``exported_program``. torch.onnx.export builds its table of
-    translations (torchlib's, then ours) anew on every call, 0.4-0.7 s; the exporter's own
-    entry point takes a table, so one built per process (:mod:`._registry`) serves every
-    export. Where that entry point is not there as expected (another torch), the public call
-    does the same work."""
+    """torch.onnx's translation of ``exported_program``, then onnxscript's optimizer in one
+    round, then the graph inputs named ``input_names`` (after the optimizer, as torch.onnx
+    does: its pass that keeps a graph input from being a graph output renames the input).
+    torch.onnx.export builds its table of translations (torchlib's, then ours) anew on every
+    call, 0.4-0.7 s; the exporter's own entry point takes a table, so one built per process
+    (:mod:`._registry`) serves every export. Where that entry point is not there as expected
+    (another torch), the public call does the same work. torch.onnx would run the optimizer
+    for two rounds (fold constants, rewrite, drop unused nodes): the second changed no
+    operator of the benchmark models' training graphs but a few Identity nodes, which
+    onnxruntime removes, and cost 0.03-0.16 s of each first call."""
     core = exporter_core()
     if core is None:
-        return torch.onnx.export(exported_program, (), dynamo=True, input_names=input_names, opset_version=opset,
-                                 optimize=True, verbose=False, report=False,
-                                 custom_translation_table=translation_table())
-    return core.export(exported_program, registry=translation_registry(opset, translation_table),
-                       input_names=input_names, opset_version=opset, optimize=True, verbose=False, report=False)
+        program = torch.onnx.export(exported_program, (), dynamo=True, opset_version=opset, optimize=False,
+                                    verbose=False, report=False, custom_translation_table=translation_table())
+    else:
+        program = core.export(exported_program, registry=translation_registry(opset, translation_table),
+                              opset_version=opset, optimize=False, verbose=False, report=False)
+    if program is not None:
+        import onnxscript.optimizer
+
+        onnxscript.optimizer.optimize(program.model, num_iterations=1)
+        for value, name in zip(program.model.graph.inputs, input_names):
+            value.name = name
+    return program
 
 
 def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: list[torch.Tensor],

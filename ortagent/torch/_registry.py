@@ -26,7 +26,7 @@ def exporter_core() -> Any:
         from torch.onnx._internal.exporter import _core, _registration
     except ImportError:
         return None
-    wanted = {"registry", "input_names", "opset_version", "optimize", "verbose", "report"}
+    wanted = {"registry", "opset_version", "optimize", "verbose", "report"}
     parameters = inspect.signature(_core.export).parameters
     if not wanted <= set(parameters) or not hasattr(_registration.ONNXRegistry, "from_torchlib"):
         return None
