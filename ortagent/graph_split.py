@@ -38,12 +38,18 @@ Stash
     The values computed by forward nodes that the backward reads, each once, in the order the
     forward computes them. Never a graph input (the caller feeds those to the backward again),
     never an initializer or the output of a ``Constant`` node (those are copied into every model
-    that reads them), and never a tensor the backward only takes the shape or size of. A module output the backward reads is part of the stash too, so the
-    forward lists it twice; onnxruntime returns one value for both. Nothing else is stashed:
-    a value is stashed only if the backward reads it and only a forward node produces it.
+    that reads them), never a tensor the backward only takes the shape or size of, and never
+    a view (a ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` or ``Identity`` result) that
+    is not a module output: the backward computes the view again from what it views, which
+    crosses the cut instead (onnxruntime gives a view its input's buffer, but copies a view
+    that is a graph output: the forward's flattened MatMul inputs were copied that way). A
+    module output the backward reads is part of the stash too, so the forward lists it twice;
+    onnxruntime returns one value for both. Nothing else is stashed: a value is stashed only if
+    the backward reads it and only a forward node produces it.
 
 Backward model
-    Nodes: the other nodes the graph outputs need (nodes neither side needs are dropped).
+    Nodes: the other nodes the graph outputs need (nodes neither side needs are dropped), and
+    the views of forward values it reads (computed on both sides).
     Inputs: every YieldOp output, in order (also those the backward does not read, so the
     gradients can always be fed positionally), then the stash, then the training graph inputs
     the backward reads, in training-graph order
@@ -110,6 +116,10 @@ _CONSTANT_DOMAINS = ("", "ai.onnx")
 # Operators whose output only describes their input's shape: computed in the forward when their
 # input is a forward value, so the stash holds a few integers instead of the whole tensor.
 _SHAPE_OPS = ("Shape", "Size")
+# Operators whose output is their input viewed in another shape: the backward computes such a
+# forward value again from the stashed input (onnxruntime gives the view the input's buffer),
+# where a stashed view would be a forward graph output, which onnxruntime copies.
+_VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
 @dataclass(frozen=True)
@@ -692,10 +702,13 @@ def _backward_closure(
     """The backward's closure, the shape nodes it moves into the forward, and the stash (unordered).
 
     Walking back from the graph outputs, a value a forward node computes ends the walk and is
-    stashed; a ``Shape``/``Size`` of a forward value (or of a value such a moved node computes)
-    moves into the forward, and its small result is stashed instead."""
+    stashed, unless it is a view that is not a module output (the view joins the backward and
+    the walk goes on to what it views); a ``Shape``/``Size`` of a forward value (or of a value
+    such a moved node computes) moves into the forward, and its small result is stashed
+    instead."""
     moved: set[int] = set()
     stash: set[str] = set()
+    module_outputs = frozenset(yield_info.module_outputs)
 
     def in_forward(position: int) -> bool:
         return (position in forward_nodes or position in moved) and not _is_constant_node(index.nodes[position])
@@ -703,6 +716,9 @@ def _backward_closure(
     def descend(position: int, name: str) -> bool:
         node = index.nodes[position]
         if in_forward(position):
+            if node.op_type in _VIEW_OPS and node.domain in _CONSTANT_DOMAINS \
+                    and name not in module_outputs:
+                return True             # viewed again in the backward, from its stashed input
             stash.add(name)             # computed by the forward: crosses the cut
             return False
         if node.op_type in _SHAPE_OPS and node.domain in _CONSTANT_DOMAINS and node.input:

@@ -181,6 +181,43 @@ def test_backward_reads_only_shape_of_forward_value():
     np.testing.assert_array_equal(w_grad, g * feeds["x"])
 
 
+def test_backward_views_what_the_forward_viewed():
+    """A view the backward reads (a flattened MatMul input) is computed again in the backward
+    from what it views, which is stashed instead: the forward's outputs hold no view, which
+    onnxruntime would copy. A view that is a module output is stashed as the output itself."""
+    d = np.float64
+    nodes = [
+        helper.make_node("Tanh", ["x"], ["h"]),                                   # [2, 3, 4]
+        helper.make_node("Reshape", ["h", "flat"], ["h2"]),                       # [6, 4]
+        helper.make_node("Unsqueeze", ["h2", "axis0"], ["h3"]),                   # [1, 6, 4]
+        helper.make_node("MatMul", ["h3", "w"], ["m"]),                           # [1, 6, 5]
+        helper.make_node("Squeeze", ["m", "axis0"], ["y"]),                       # [6, 5], a module output
+        tg.yield_node(["y"], ["y_grad"], [0]),
+        helper.make_node("Unsqueeze", ["y_grad", "axis0"], ["g3"]),
+        helper.make_node("Transpose", ["h3"], ["h3t"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["h3t", "g3"], ["w_grad3"]),
+        helper.make_node("Squeeze", ["w_grad3", "axis0"], ["w_grad"]),
+        helper.make_node("Mul", ["y", "y"], ["y_sq"]),                              # reads the module output
+        helper.make_node("ReduceSum", ["y_sq"], ["s"], keepdims=0),
+    ]
+    model = tg.make_model(nodes, [tg.tensor("x", d, [2, 3, 4]), tg.tensor("w", d, [4, 5])],
+                          [tg.tensor("w_grad", d, [4, 5]), tg.tensor("s", d, [])],
+                          [tg.const("flat", [6, 4], np.int64), tg.const("axis0", [0], np.int64)])
+    split = split_training_graph(model)
+    assert split.stash_names == ("h", "y")
+    backward_ops = [node.op_type for node in split.backward_model.graph.node]
+    assert "Reshape" in backward_ops and backward_ops.count("Unsqueeze") == 2
+    assert "Reshape" in [node.op_type for node in split.forward_model.graph.node]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 4)), "w": rng.standard_normal((4, 5))}
+    g = rng.standard_normal((6, 5))
+    (y,), (w_grad, s) = tg.SplitRunner(split).run(feeds, [g])
+    flat = np.tanh(feeds["x"]).reshape(6, 4)
+    np.testing.assert_allclose(y, flat @ feeds["w"], rtol=1e-12)
+    np.testing.assert_allclose(w_grad, flat.T @ g, rtol=1e-12)
+    np.testing.assert_allclose(s, np.sum(y * y), rtol=1e-12)
+
+
 def test_graph_output_that_is_an_initializer_and_a_graph_input():
     d = np.float64
     nodes = [helper.make_node("Neg", ["x"], ["y"]), tg.yield_node(["y"], ["y_grad"], [0]),
