@@ -1136,11 +1136,30 @@ def test_default_sessions_do_not_spin_and_given_options_are_kept():
     assert entry.runner.config.options() is given
 
 
+def test_a_failed_export_gives_the_collector_back():
+    """An export that fails (the forward raises while traced) leaves the collector on and
+    nothing frozen."""
+    import gc
+
+    torch = _torch()
+    from ortagent.torch import _export
+
+    class Refuses(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("no")
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with pytest.raises(_export.TraceFailure, match="ValueError: no"):
+        _export.export(Refuses(), _export._trees.flatten(((torch.randn(2, 3),), {}), "the arguments"))
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("before", ["collecting", "frozen by the caller", "collector disabled"])
-def test_exports_freeze_the_objects_alive_only_while_they_run(monkeypatch, before):
+def test_exports_pause_the_collector_only_while_they_run(monkeypatch, before):
     """An export moves the objects alive when it starts out of the collector's reach
-    (gc.freeze) while it runs, and back at its end; a process that froze objects of its own, or
-    disabled the collector, is left as it was (unfreezing would release the caller's)."""
+    (gc.freeze) and turns automatic collections off while it runs, and puts both back at its
+    end; a process that froze objects of its own, or disabled the collector, is left as it was
+    (unfreezing would release the caller's)."""
     import gc
 
     torch = _torch()
@@ -1149,7 +1168,7 @@ def test_exports_freeze_the_objects_alive_only_while_they_run(monkeypatch, befor
     during = []
     original = torch.export.export
     monkeypatch.setattr(torch.export, "export",
-                        lambda *a, **k: during.append(gc.get_freeze_count()) or original(*a, **k))
+                        lambda *a, **k: during.append((gc.get_freeze_count(), gc.isenabled())) or original(*a, **k))
     enabled = gc.isenabled()
     if before == "frozen by the caller":
         gc.freeze()
@@ -1162,11 +1181,11 @@ def test_exports_freeze_the_objects_alive_only_while_they_run(monkeypatch, befor
         after = gc.get_freeze_count()
         # (a frozen object that dies leaves the count: the caller's may only shrink)
         if before == "collecting":
-            assert during[0] > 0 and after == 0
+            assert during[0][0] > 0 and not during[0][1] and after == 0
         elif before == "frozen by the caller":
-            assert during[0] <= count and 0 < after <= count
+            assert during[0][0] <= count and during[0][1] and 0 < after <= count
         else:
-            assert during == [0] and after == 0
+            assert during == [(0, False)] and after == 0
         assert gc.isenabled() == (before != "collector disabled")
     finally:
         gc.unfreeze()

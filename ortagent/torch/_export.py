@@ -251,22 +251,31 @@ class TraceFailure(OrtNotImplemented):
 
 
 @contextlib.contextmanager
-def objects_alive_frozen() -> Any:
-    """Move the objects alive now out of the garbage collector's reach until the block ends
-    (``gc.freeze``, then ``gc.unfreeze``). An export allocates enough long-lived objects (the
-    FX graphs, the ONNX IR) to set off Python's full collections, and each of those walked
-    every object of the process -- torch's, transformers', the model's, ~450k of them -- to
-    find the few hundred the export left as garbage: two such collections took 0.38-0.47 s of
-    ResNet-18's first call on this project's test machine, 0.05-0.07 s with the objects
-    frozen. Where the collector is disabled or the process froze objects of its own (a server
-    about to fork), nothing is touched: unfreezing would release theirs."""
+def collector_paused() -> Any:
+    """Keep Python's garbage collector out of the block: the objects alive when it starts are
+    frozen (``gc.freeze``, ``gc.unfreeze`` at the end) and automatic collections are off
+    (``gc.disable``, ``gc.enable`` at the end). An export allocates enough objects (FX graphs,
+    fake tensors, the ONNX IR) to set off hundreds of collections. Two of them were full ones
+    that walked every object of the process -- torch's, transformers', the model's, ~450k of
+    them -- to find the few hundred the export left as garbage (0.38-0.47 s of ResNet-18's
+    first call on this project's test machine, 0.05-0.07 s with the objects frozen). And the
+    export's temporaries that were alive at a middle-generation collection moved to the oldest
+    generation and counted towards the next full collection, which then came in the middle of
+    training: ~280 steps into ``make demo-torch``, 140-180 ms in one step, 5-7% of the bridge's
+    300 steps; with the collector paused it does not come in 1200. The garbage the export
+    leaves is collected by the first collection after it. Where the collector is disabled or
+    the process froze objects of its own (a server about to fork), nothing is touched:
+    unfreezing would release theirs. The switch is the process's, as the collector is: another
+    thread's allocations meet no collection while an export runs either."""
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
     gc.freeze()
+    gc.disable()
     try:
         yield
     finally:
+        gc.enable()
         gc.unfreeze()
 
 
@@ -323,12 +332,12 @@ def export(module: nn.Module, inputs: _trees.Flat, *, dynamic: bool = True, all_
            opset: int = OPSET, ir_version: int = IR_VERSION) -> tuple[ExportedGraph, Discovery]:
     """Export ``module(*args, **kwargs)`` (``inputs`` flattened) in its current training mode,
     with symbolic dimensions (``dynamic``) and tracing every input as requiring grad
-    (``all_graded``; see :func:`_graded`). The objects alive when it starts are out of the
-    garbage collector's reach while it runs (:func:`objects_alive_frozen`)."""
+    (``all_graded``; see :func:`_graded`). Python's garbage collector is kept out of it
+    (:func:`collector_paused`)."""
     if importlib.util.find_spec("onnxscript") is None:
         raise OrtNotImplemented("ORTModule exports with torch.onnx.export(dynamo=True), which needs the "
                                 "onnxscript package: pip install onnxscript (or ortagent[torch])")
-    with objects_alive_frozen():
+    with collector_paused():
         return _export(module, inputs, dynamic, all_graded, opset, ir_version)
 
 
