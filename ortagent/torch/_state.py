@@ -173,17 +173,17 @@ def walk_module(root: nn.Module) -> ModuleTree:
     overriding ``named_modules`` or ``named_parameters``) is walked by those methods."""
     modules: list[nn.Module] = []
     seen: set[int] = set()
-
-    def visit(module: nn.Module) -> bool:
+    standard = True
+    pending = [root]            # (a stack, not a recursive closure: a closure that calls
+    while pending:              # itself is a reference cycle, garbage for the collector each call)
+        module = pending.pop()
+        if id(module) in seen:
+            continue
         seen.add(id(module))
         modules.append(module)
-        standard = _standard_walk(type(module))
-        for child in module._modules.values():
-            if child is not None and id(child) not in seen:
-                standard = visit(child) and standard
-        return standard
-
-    if not visit(root):
+        standard = _standard_walk(type(module)) and standard
+        pending.extend(child for child in reversed(module._modules.values()) if child is not None)
+    if not standard:
         return ModuleTree(tuple(root.modules()), [value for _, value in root.named_parameters()]
                           + [value for _, value in root.named_buffers()])
     state: list[torch.Tensor] = []
