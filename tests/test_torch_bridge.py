@@ -1154,6 +1154,26 @@ def test_a_failed_export_gives_the_collector_back():
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_graph_builds_pause_the_collector(monkeypatch):
+    """The training graph's build and the sessions' creation run with the collector paused, as
+    exports do, and leave it on."""
+    import gc
+
+    import ortagent.training
+
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    seen = []
+    original = ortagent.training.build_training_graph
+    monkeypatch.setattr(ortagent.training, "build_training_graph",
+                        lambda *a, **k: seen.append((gc.isenabled(), gc.get_freeze_count() > 0)) or original(*a, **k))
+    model = ORTModule(_mlp())
+    model(torch.randn(2, 20)).sum().backward()
+    assert seen == [(False, True)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
 @pytest.mark.parametrize("before", ["collecting", "frozen by the caller", "collector disabled"])
 def test_exports_pause_the_collector_only_while_they_run(monkeypatch, before):
     """An export moves the objects alive when it starts out of the collector's reach

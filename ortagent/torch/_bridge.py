@@ -265,6 +265,13 @@ class GraphRunner:
 
     def _build(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
                shapes: tuple[tuple[int, ...], ...] | None) -> AgentPlan:
+        from ._export import collector_paused
+
+        with collector_paused():       # (as an export: see there)
+            return self._build_paused(trainable, input_gradients, shapes)
+
+    def _build_paused(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
+                      shapes: tuple[tuple[int, ...], ...] | None) -> AgentPlan:
         from ortagent.agent import TrainingAgent
 
         graph = None
