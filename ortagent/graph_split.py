@@ -39,13 +39,15 @@ Stash
     forward computes them. Never a graph input (the caller feeds those to the backward again),
     never an initializer or the output of a ``Constant`` node (those are copied into every model
     that reads them), never a tensor the backward only takes the shape or size of, and never
-    a view (a ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` or ``Identity`` result) that
-    is not a module output: the backward computes the view again from what it views, which
-    crosses the cut instead (onnxruntime gives a view its input's buffer, but copies a view
-    that is a graph output: the forward's flattened MatMul inputs were copied that way). A
-    module output the backward reads is part of the stash too, so the forward lists it twice;
-    onnxruntime returns one value for both. Nothing else is stashed: a value is stashed only if
-    the backward reads it and only a forward node produces it.
+    a view (a ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` or ``Identity`` result whose
+    shape or axes operand is constant) that is not a module output: the backward computes the
+    view again from what it views, which crosses the cut instead (onnxruntime gives a view its
+    input's buffer, but copies a view that is a graph output: the forward's flattened MatMul
+    inputs were copied that way; a view whose shape the forward computes stays stashed, so
+    that no shape crosses the cut for it). A module output the backward reads is part of the
+    stash too, so the forward lists it twice; onnxruntime returns one value for both. Nothing
+    else is stashed: a value is stashed only if the backward reads it and only a forward node
+    produces it.
 
 Backward model
     Nodes: the other nodes the graph outputs need (nodes neither side needs are dropped), and
@@ -702,8 +704,8 @@ def _backward_closure(
     """The backward's closure, the shape nodes it moves into the forward, and the stash (unordered).
 
     Walking back from the graph outputs, a value a forward node computes ends the walk and is
-    stashed, unless it is a view that is not a module output (the view joins the backward and
-    the walk goes on to what it views); a ``Shape``/``Size`` of a forward value (or of a value
+    stashed, unless it is a view of constant shape that is not a module output (the view joins
+    the backward and the walk goes on to what it views); a ``Shape``/``Size`` of a forward value (or of a value
     such a moved node computes) moves into the forward, and its small result is stashed
     instead."""
     moved: set[int] = set()
@@ -713,11 +715,17 @@ def _backward_closure(
     def in_forward(position: int) -> bool:
         return (position in forward_nodes or position in moved) and not _is_constant_node(index.nodes[position])
 
+    def constant(name: str) -> bool:
+        """An operand both halves have without a stash: empty, an initializer, a Constant node's."""
+        producer = index.producer.get(name)
+        return not name or name in index.constants or (producer is not None
+                                                       and _is_constant_node(index.nodes[producer]))
+
     def descend(position: int, name: str) -> bool:
         node = index.nodes[position]
         if in_forward(position):
             if node.op_type in _VIEW_OPS and node.domain in _CONSTANT_DOMAINS \
-                    and name not in module_outputs:
+                    and name not in module_outputs and all(map(constant, node.input[1:])):
                 return True             # viewed again in the backward, from its stashed input
             stash.add(name)             # computed by the forward: crosses the cut
             return False
