@@ -705,9 +705,9 @@ def _backward_closure(
 
     Walking back from the graph outputs, a value a forward node computes ends the walk and is
     stashed, unless it is a view of constant shape that is not a module output (the view joins
-    the backward and the walk goes on to what it views); a ``Shape``/``Size`` of a forward value (or of a value
-    such a moved node computes) moves into the forward, and its small result is stashed
-    instead."""
+    the backward and the walk goes on to what it views); a ``Shape``/``Size`` of a forward
+    value (or of a value such a moved node computes) moves into the forward, and its small
+    result is stashed instead."""
     moved: set[int] = set()
     stash: set[str] = set()
     module_outputs = frozenset(yield_info.module_outputs)

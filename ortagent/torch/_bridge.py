@@ -28,7 +28,7 @@ from torch.utils.dlpack import to_dlpack as _torch_to_dlpack
 from ortagent._core import from_dlpack
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented, RunStateError
 
-from ._export import IR_VERSION, ExportedGraph, inference_model
+from ._export import IR_VERSION, ExportedGraph, collector_paused, inference_model
 
 __all__ = ["GraphRunner", "AgentPlan", "ORTFunction", "SessionConfig", "to_ort", "to_torch"]
 
@@ -263,15 +263,9 @@ class GraphRunner:
                  if index not in non_differentiable]
         plan.agent.run_backward([self.to_ort(grad) for grad in zeros], [], state)
 
+    @collector_paused()                 # (as an export's: see there)
     def _build(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
                shapes: tuple[tuple[int, ...], ...] | None) -> AgentPlan:
-        from ._export import collector_paused
-
-        with collector_paused():       # (as an export: see there)
-            return self._build_paused(trainable, input_gradients, shapes)
-
-    def _build_paused(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
-                      shapes: tuple[tuple[int, ...], ...] | None) -> AgentPlan:
         from ortagent.agent import TrainingAgent
 
         graph = None
