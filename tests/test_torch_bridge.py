@@ -159,7 +159,7 @@ def test_tensors_cross_without_copies(monkeypatch):
     from ortagent.torch import _bridge
 
     fed, produced = [], []
-    to_ort, to_torch = _bridge.to_ort, _bridge.to_torch
+    to_ort, to_torch = _bridge.to_ort, _bridge.to_torch     # (a CPU runner's outputs: host_to_torch)
 
     def spy_in(tensor, *args):
         value = to_ort(tensor, *args)
@@ -174,6 +174,7 @@ def test_tensors_cross_without_copies(monkeypatch):
 
     monkeypatch.setattr(_bridge, "to_ort", spy_in)
     monkeypatch.setattr(_bridge, "to_torch", spy_out)
+    monkeypatch.setattr(_bridge, "host_to_torch", spy_out)
     model = bridge.ORTModule(torch.nn.Linear(4, 3))
     x = torch.randn(2, 4)
     out = model(x)
@@ -188,6 +189,75 @@ def test_tensors_cross_without_copies(monkeypatch):
     before = grad.data_ptr()
     model(torch.randn(2, 4)).sum().backward()
     assert model.module.weight.grad.data_ptr() == before        # accumulated in place
+
+
+def test_parameters_are_exported_once_and_every_change_of_them_is_seen(monkeypatch):
+    """A parameter's OrtValue is kept from call to call (GraphRunner.feed_values): a call
+    exports only its user tensors through DLPack. Whatever replaces a parameter's memory, shape
+    or dtype, or the parameter itself, is seen by the next call: outputs and gradients equal
+    eager's after an optimizer step, ``p.data = ...``, ``copy_``, ``set_`` of another storage,
+    a new Parameter object and a double-precision module."""
+    torch = _torch()
+    from ortagent.torch import ORTModule, _bridge
+
+    exported = []
+    to_ort = _bridge.to_ort
+
+    def spy(tensor, *args):
+        exported.append(tensor)
+        return to_ort(tensor, *args)
+
+    monkeypatch.setattr(_bridge, "to_ort", spy)
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    bridged = ORTModule(copy.deepcopy(eager))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, bridged)]
+
+    def step(check_exports=False):
+        x = torch.randn(5, 4)
+        exported.clear()
+        outs = []
+        for model, optimizer in zip((eager, bridged), optimizers):
+            optimizer.zero_grad()
+            out = model(x)
+            out.square().sum().backward()
+            optimizer.step()
+            outs.append(out)
+        _close(outs[1], outs[0], "output")
+        for pe, pb in zip(eager.parameters(), bridged.module.parameters()):
+            _close(pb.grad, pe.grad, "gradient")
+            _close(pb, pe, "parameter after the step")
+        if check_exports:           # the input and the output's gradient, no parameter
+            assert not any(t is p for t in exported for p in bridged.module.parameters())
+
+    step()
+    step(check_exports=True)
+    step(check_exports=True)
+    first_e, first_b = eager[0], bridged.module[0]
+    with torch.no_grad():
+        new_weight = torch.randn(8, 4)
+        first_e.weight.data = new_weight.clone()        # other memory, same shape
+        first_b.weight.data = new_weight.clone()
+    step()
+    with torch.no_grad():
+        first_e.bias.copy_(torch.full((8,), 0.5))       # in place
+        first_b.bias.copy_(torch.full((8,), 0.5))
+        storage = torch.randn(8)
+        first_e.bias.set_(storage.clone())              # another storage through set_
+        first_b.bias.set_(storage.clone())
+    step()
+    last_e, last_b = eager[2], bridged.module[2]
+    weight = torch.randn(3, 8)
+    last_e.weight = torch.nn.Parameter(weight.clone())  # a new Parameter object
+    last_b.weight = torch.nn.Parameter(weight.clone())
+    optimizers[:] = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, bridged)]
+    step()
+    step(check_exports=True)
+    eager.double()
+    bridged.module.double()
+    optimizers[:] = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, bridged)]
+    x = torch.randn(5, 4, dtype=torch.float64)
+    _close(bridged(x), eager(x), "float64 output")
 
 
 def test_cnn_batchnorm_train_and_eval():

@@ -310,6 +310,33 @@ def test_one_walk_lists_modules_parameters_and_buffers_as_torch_does():
         assert all(a is b for a, b in zip(walked.state, expected))
 
 
+def test_a_call_of_tensors_flattens_as_torchs_pytree_does():
+    """ortagent.torch._trees.flatten_call keeps the structure of calls passing only tensors:
+    what it gives equals torch's pytree flattening of (args, kwargs) for every such call,
+    keyword order included, and calls with other leaves take torch's pytree."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import _trees
+
+    a, b, c = torch.randn(2), torch.nn.Parameter(torch.randn(3)), torch.randn(1)
+    calls = [((a,), {}), ((a, b), {}), ((), {"x": a, "y": b}), ((), {"y": b, "x": a}), ((a,), {"mask": c}),
+             ((a, None), {}), ((a,), {"n": 3}), (([a, b],), {}), ((a,), {"x": {"y": c}})]
+    for _ in range(2):                  # (the second time from the kept structures)
+        for args, kwargs in calls:
+            fast = _trees.flatten_call(args, kwargs)
+            slow = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
+            assert fast.spec == slow.spec
+            assert fast.constants == slow.constants and fast.tensor_positions == slow.tensor_positions
+            assert len(fast.tensors) == len(slow.tensors)
+            assert all(x is y for x, y in zip(fast.tensors, slow.tensors))
+            rebuilt_args, rebuilt_kwargs = fast.rebuild(fast.tensors)
+            assert len(rebuilt_args) == len(args) and list(rebuilt_kwargs) == list(kwargs)
+            assert all(x is y for x, y in zip(rebuilt_args, args) if isinstance(y, torch.Tensor))
+    with pytest.raises(OrtNotImplemented, match="layout"):
+        _trees.flatten_call((a.to_sparse(),), {})
+
+
 def test_a_parameter_registered_after_an_export_exports_again():
     """The number of parameters and buffers is part of an export's key: one registered later
     (here a buffer the forward reads) gives a new export, never inputs fed one place off."""

@@ -452,7 +452,7 @@ class ORTModule(nn.Module):
     # -- the call ---------------------------------------------------------------------------------
 
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
-        flat = _trees.flatten((tuple(args), dict(kwargs)), "the arguments")
+        flat = _trees.flatten_call(args, kwargs)
         self._check_autocast(flat)
         tree = walk_module(self._original_module)
         if any(isinstance(sub, nn.modules.lazy.LazyModuleMixin) for sub in tree.modules):

@@ -121,10 +121,11 @@ class Flat:
     constants: tuple[tuple[int, Any], ...]
     tensor_positions: tuple[int, ...]
     detached: tuple[int, ...] = ()
+    caches: bool = False            # whether cache objects were flattened (rebuilt as such)
 
     def rebuild(self, tensors: Any) -> Any:
         """The structure with ``tensors`` in the places of the flattened ones."""
-        return rebuild(self.spec, self.constants, self.tensor_positions, tensors)
+        return rebuild(self.spec, self.constants, self.tensor_positions, tensors, self.caches)
 
 
 def flatten(value: Any, what: str, caches: bool = False) -> Flat:
@@ -132,11 +133,13 @@ def flatten(value: Any, what: str, caches: bool = False) -> Flat:
     ``caches``: a result, whose cache objects are flattened too and whose complex tensors cross
     as real views."""
     detached_leaves: set[int] = set()
+    found_caches = False
     if caches:
         value = pytree.tree_map(_as_cache, value)
         position = 0
         for node in pytree.tree_leaves(value, is_leaf=lambda x: isinstance(x, _Cache)):
             if isinstance(node, _Cache):
+                found_caches = True
                 detached_leaves.update(range(position, position + len(node.tensors)))
                 position += len(node.tensors)
             else:
@@ -158,7 +161,40 @@ def flatten(value: Any, what: str, caches: bool = False) -> Flat:
                 "neither a tensor, a plain constant nor a container torch's pytree knows "
                 "(register it with torch.utils._pytree.register_pytree_node)")
     detached = tuple(index for index, position in enumerate(positions) if position in detached_leaves)
-    return Flat(tuple(tensors), spec, tuple(constants), tuple(positions), detached)
+    return Flat(tuple(tensors), spec, tuple(constants), tuple(positions), detached, found_caches)
+
+
+#: torch's own tensor types: a call's arguments of these take the short way (a subclass may
+#: flatten itself), and their DLPack export is torch's C function (a subclass may define
+#: ``__dlpack__`` or ``__torch_function__`` of its own: it goes through ``Tensor.__dlpack__``)
+_PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
+#: the structures of calls whose arguments are all tensors, by (positional count, keyword names)
+_TENSOR_CALL_SPECS: dict[tuple, tuple[pytree.TreeSpec, tuple[int, ...]]] = {}
+
+
+def flatten_call(args: tuple, kwargs: dict) -> Flat:
+    """``flatten((args, kwargs))`` of a call's arguments. Most calls pass tensors and nothing
+    else (``model(x)``, ``model(input_ids=ids, labels=ids)``): their structure is the same
+    for every call with the same number of positional arguments and the same keywords, so it
+    is made once and kept, and the tensors are the leaves in order (torch's pytree lists a
+    dict's values in its order), each checked as :func:`flatten` checks it."""
+    for value in args:
+        if type(value) not in _PLAIN_TENSOR_TYPES:
+            return flatten((tuple(args), dict(kwargs)), "the arguments")
+    for value in kwargs.values():
+        if type(value) not in _PLAIN_TENSOR_TYPES:
+            return flatten((tuple(args), dict(kwargs)), "the arguments")
+    shape = (len(args), tuple(kwargs))
+    known = _TENSOR_CALL_SPECS.get(shape)
+    tensors = (*args, *kwargs.values())
+    if known is None:
+        flat = flatten((tuple(args), dict(kwargs)), "the arguments")
+        if len(flat.tensors) == len(tensors) and all(a is b for a, b in zip(flat.tensors, tensors)):
+            _TENSOR_CALL_SPECS[shape] = (flat.spec, flat.tensor_positions)
+        return flat
+    for tensor in tensors:
+        _check_tensor(tensor, "the arguments")
+    return Flat(tensors, known[0], (), known[1])
 
 
 def _check_tensor(tensor: torch.Tensor, what: str, result: bool = False) -> None:
@@ -213,13 +249,19 @@ def complex_results(traced: tuple[torch.Tensor, ...], produced: list[torch.Tenso
 
 
 def rebuild(spec: pytree.TreeSpec, constants: tuple[tuple[int, Any], ...], tensor_positions: tuple[int, ...],
-            tensors: Any) -> Any:
+            tensors: Any, caches: bool = True) -> Any:
+    """The structure ``spec`` with its constants and ``tensors`` as leaves; ``caches``: whether
+    it holds cache nodes, made into the caches they stand for."""
+    if spec.is_leaf() and tensor_positions:
+        return next(iter(tensors))              # (a forward that returns one tensor)
     leaves: list[Any] = [None] * spec.num_leaves
     for position, value in constants:
         leaves[position] = value
     for position, tensor in zip(tensor_positions, tensors):
         leaves[position] = tensor
     result = pytree.tree_unflatten(leaves, spec)
+    if not caches:
+        return result
     return pytree.tree_map(_from_cache, result, is_leaf=lambda node: isinstance(node, _Cache))
 
 
