@@ -59,13 +59,20 @@ def load_model(model: ModelProto | bytes | bytearray | str | os.PathLike) -> Mod
     )
 
 
-def node_subgraphs(node: NodeProto) -> Iterator[GraphProto]:
-    """The subgraphs held by a node's attributes (the branches of If, the body of Loop/Scan)."""
-    for attr in node.attribute:
+def node_subgraphs(node: NodeProto) -> tuple[GraphProto, ...]:
+    """The subgraphs held by a node's attributes (the branches of If, the body of Loop/Scan).
+    (The graph passes ask this of every node, several times: a node without attributes, most
+    of them, answers without a generator.)"""
+    attributes = node.attribute
+    if not attributes:
+        return ()
+    subgraphs: list[GraphProto] = []
+    for attr in attributes:
         if attr.type == AttributeProto.GRAPH:
-            yield attr.g
+            subgraphs.append(attr.g)
         elif attr.type == AttributeProto.GRAPHS:
-            yield from attr.graphs
+            subgraphs.extend(attr.graphs)
+    return tuple(subgraphs)
 
 
 def walk_graphs(graph: GraphProto) -> Iterator[GraphProto]:
@@ -116,10 +123,8 @@ def consumed_names(node: NodeProto) -> list[str]:
 
     Empty input names (omitted optional inputs) are skipped; each name appears once.
     """
-    seen: dict[str, None] = {}
-    for name in node.input:
-        if name:
-            seen.setdefault(name, None)
+    seen: dict[str, None] = dict.fromkeys(node.input)
+    seen.pop("", None)
     for sub in node_subgraphs(node):
         for name in sorted(outer_scope_names(sub)):
             seen.setdefault(name, None)
@@ -235,6 +240,9 @@ class NameAllocator:
 
     def __init__(self, taken: Iterable[str] = ()) -> None:
         self._taken = set(taken)
+        # per stem, the suffix its search starts from: every suffix below it is taken (names
+        # are never given back), so a stem asked for thousands of times is not searched from 1
+        self._next_suffix: dict[str, int] = {}
 
     def __contains__(self, name: str) -> bool:
         return name in self._taken
@@ -250,11 +258,12 @@ class NameAllocator:
         if stem not in self._taken:
             self._taken.add(stem)
             return stem
-        counter = 1
+        counter = self._next_suffix.get(stem, 1)
         while f"{stem}_{counter}" in self._taken:
             counter += 1
         name = f"{stem}_{counter}"
         self._taken.add(name)
+        self._next_suffix[stem] = counter + 1
         return name
 
 

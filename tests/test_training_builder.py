@@ -1230,3 +1230,32 @@ def test_seed_axis_round_trips_are_removed(opset):
     y, z = ortagent.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     np.testing.assert_array_equal(y, np.maximum(x, 0))
     np.testing.assert_array_equal(z, x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["fresh", "reserve"]), st.sampled_from(["a", "b", "a_1", "a_3", "b_2"])),
+                max_size=40))
+def test_name_allocator_gives_the_first_free_suffix(steps):
+    """NameAllocator.fresh keeps a search start per stem (the graph passes ask one stem
+    thousands of times); whatever was taken before or reserved since, each name it gives is
+    new and is the stem itself or the stem with its first free suffix, as a search from 1 gives."""
+    from ortagent._onnx_graph import NameAllocator
+
+    names = NameAllocator(["b_1"])
+    taken = {"b_1"}
+    for action, name in steps:
+        if action == "reserve":
+            if name in taken:
+                with pytest.raises(ValueError):
+                    names.reserve(name)
+            else:
+                names.reserve(name)
+                taken.add(name)
+            continue
+        expected = name
+        counter = 1
+        while expected in taken:
+            expected = f"{name}_{counter}"
+            counter += 1
+        assert names.fresh(name) == expected
+        taken.add(expected)
