@@ -290,8 +290,16 @@ def _trees_to_walk():
         def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
             return reversed(list(super().named_parameters(prefix, recurse, remove_duplicate)))
 
+    class OwnModules(nn.Module):         # (lists its submodules last to first)
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+
+        def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+            return reversed(list(super().named_modules(memo, prefix, remove_duplicate)))
+
     trees = [nn.Sequential(shared, nn.ReLU(), shared, nn.Sequential(shared, holes)), tied, parametrized,
-             nn.Sequential(nn.Linear(2, 2), OwnWalk())]
+             nn.Sequential(nn.Linear(2, 2), OwnWalk()), nn.Sequential(nn.Linear(2, 2), OwnModules())]
     torchvision = pytest.importorskip("torchvision")
     trees.append(torchvision.models.mobilenet_v3_small(num_classes=5))
     return trees

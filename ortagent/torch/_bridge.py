@@ -179,7 +179,7 @@ class GraphRunner:
         if device.type == "cuda" and config.providers is None:
             self.stream = torch.cuda.current_stream(device).cuda_stream
         # the graph inputs that are the module's parameters and buffers: the same tensors
-        # call after call, whose OrtValues are kept (see state_values)
+        # call after call, whose OrtValues are kept (see feed_values)
         n_user, n_state = exported.n_user, len(exported.state_names)
         positions = [index for index, used in enumerate(exported.used) if used]
         self._state_inputs = frozenset(index for index, position in enumerate(positions)

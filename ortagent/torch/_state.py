@@ -189,7 +189,7 @@ def walk_module(root: nn.Module) -> ModuleTree:
         if children:
             pending.extend([child for child in reversed(children.values()) if child is not None])
     if not standard:
-        return ModuleTree(tuple(modules), [value for _, value in root.named_parameters()]
+        return ModuleTree(tuple(root.modules()), [value for _, value in root.named_parameters()]
                           + [value for _, value in root.named_buffers()])
     parameters = [value for module in modules for value in module._parameters.values() if value is not None]
     buffers = [value for module in modules for value in module._buffers.values() if value is not None]
