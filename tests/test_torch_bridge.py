@@ -159,7 +159,8 @@ def test_tensors_cross_without_copies(monkeypatch):
     from ortagent.torch import _bridge
 
     fed, produced = [], []
-    to_ort, to_torch = _bridge.to_ort, _bridge.to_torch     # (a CPU runner's outputs: host_to_torch)
+    # (every host output becomes a tensor through host_to_torch, to_torch's CPU branch too)
+    to_ort, host_to_torch = _bridge.to_ort, _bridge.host_to_torch
 
     def spy_in(tensor, *args):
         value = to_ort(tensor, *args)
@@ -168,12 +169,11 @@ def test_tensors_cross_without_copies(monkeypatch):
         return value
 
     def spy_out(value):
-        tensor = to_torch(value)
+        tensor = host_to_torch(value)
         produced.append((value.data_ptr(), tensor.data_ptr()))
         return tensor
 
     monkeypatch.setattr(_bridge, "to_ort", spy_in)
-    monkeypatch.setattr(_bridge, "to_torch", spy_out)
     monkeypatch.setattr(_bridge, "host_to_torch", spy_out)
     model = bridge.ORTModule(torch.nn.Linear(4, 3))
     x = torch.randn(2, 4)

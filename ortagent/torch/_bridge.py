@@ -41,6 +41,12 @@ _DLPACK_CPU = 1                 # DLPack's device type of host memory
 _DLPACK_VERSION = (1, 0)
 
 
+def _plain_cpu(tensor: torch.Tensor) -> bool:
+    """Whether :func:`to_ort` exports ``tensor`` with ``to_dlpack`` directly (see there)."""
+    return type(tensor) in _PLAIN_TENSOR_TYPES and tensor.is_cpu and tensor.layout is torch.strided \
+        and not tensor.is_conj()
+
+
 def to_ort(tensor: torch.Tensor, stream: int | None = None) -> Any:
     """An OrtValue over the tensor's memory. For a CUDA tensor, ``stream`` is the stream
     onnxruntime computes on: torch makes its pending work on the tensor visible to it.
@@ -49,8 +55,7 @@ def to_ort(tensor: torch.Tensor, stream: int | None = None) -> Any:
     ``torch.utils.dlpack.to_dlpack`` directly: ``Tensor.__dlpack__``'s checks in Python cost
     about 2 µs a tensor, and none of them applies to it (its gradient flag does not cross, it
     has no conjugate bit and no stream)."""
-    if type(tensor) in _PLAIN_TENSOR_TYPES and tensor.is_cpu and tensor.layout is torch.strided \
-            and not tensor.is_conj():
+    if _plain_cpu(tensor):
         if not tensor.is_contiguous():
             tensor = tensor.contiguous()
         return from_dlpack(_torch_to_dlpack(tensor))
@@ -71,7 +76,7 @@ def to_torch(value: Any) -> torch.Tensor:
     """A tensor over the OrtValue's memory (on a CUDA device, ordered after onnxruntime's
     work by the stream torch names in the DLPack exchange)."""
     if value.__dlpack_device__()[0] == _DLPACK_CPU:
-        return _tensor_of_capsule(value.__dlpack__(max_version=_DLPACK_VERSION))
+        return host_to_torch(value)
     return _torch_from_dlpack(value)
 
 
@@ -181,8 +186,7 @@ class GraphRunner:
         # the graph inputs that are the module's parameters and buffers: the same tensors
         # call after call, whose OrtValues are kept (see feed_values)
         n_user, n_state = exported.n_user, len(exported.state_names)
-        positions = [index for index, used in enumerate(exported.used) if used]
-        self._state_inputs = frozenset(index for index, position in enumerate(positions)
+        self._state_inputs = frozenset(index for index, position in enumerate(exported.input_positions)
                                        if n_user <= position < n_user + n_state)
         self._kept_values: dict[int, tuple] = {}
         # (a CPU session's outputs are in host memory: no device to ask each of them about)
@@ -224,8 +228,7 @@ class GraphRunner:
                 values.append(entry[4])
                 continue
             value = to_ort(tensor, self.stream)
-            if type(tensor) in _PLAIN_TENSOR_TYPES and tensor.is_cpu and tensor.layout is torch.strided \
-                    and tensor.is_contiguous() and not tensor.is_conj():
+            if _plain_cpu(tensor) and tensor.is_contiguous():
                 kept[index] = (tensor, tensor.data_ptr(), tensor.shape, tensor.dtype, value)
             else:
                 kept.pop(index, None)

@@ -156,6 +156,11 @@ class ExportedGraph:
     detached_outputs: tuple[int, ...] = ()
 
     @property
+    def input_positions(self) -> tuple[int, ...]:
+        """Where each graph input sits among the call's tensors (user tensors, state, draws)."""
+        return tuple(index for index, used in enumerate(self.used) if used)
+
+    @property
     def non_differentiable_outputs(self) -> list[int]:
         """Indices of the outputs that carry no gradient: cache tensors (``detached_outputs``),
         statistics and updated inputs."""

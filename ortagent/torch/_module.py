@@ -91,7 +91,7 @@ class _FeedLayout:
         state = {name: n_user + index for index, name in enumerate(exported.state_names)}
         n_user_fed = sum(exported.used[:n_user])
         return _FeedLayout(
-            positions=tuple(index for index, used in enumerate(exported.used) if used),
+            positions=exported.input_positions,
             parameters=tuple(name in exported.param_names for name in exported.input_names),
             user_inputs=tuple(index < n_user_fed for index in range(len(exported.input_names))),
             counters=tuple(state[name] for name in exported.counters),

@@ -154,15 +154,13 @@ class ModuleTree(NamedTuple):
 
 #: nn.Module's methods that decide the order of its modules, parameters and buffers
 _WALK_METHODS = ("named_modules", "modules", "_named_members", "named_parameters", "named_buffers")
-_STANDARD_WALKS: set[type] = set()     # the classes found to walk as nn.Module does
-_OWN_WALKS: set[type] = set()          # and those that do not
+_walks_as_nn_module: dict[type, bool] = {}
 
 
 def _standard_walk(cls: type) -> bool:
-    if cls in _OWN_WALKS:
-        return False
+    """Whether ``cls`` lists its modules, parameters and buffers as nn.Module does (kept)."""
     standard = all(getattr(cls, name, None) is getattr(nn.Module, name) for name in _WALK_METHODS)
-    (_STANDARD_WALKS if standard else _OWN_WALKS).add(cls)
+    _walks_as_nn_module[cls] = standard
     return standard
 
 
@@ -183,8 +181,10 @@ def walk_module(root: nn.Module) -> ModuleTree:
             continue
         seen.add(id(module))
         modules.append(module)
-        if type(module) not in _STANDARD_WALKS:
-            standard = _standard_walk(type(module)) and standard
+        walks = _walks_as_nn_module.get(type(module))     # (read inline: a call per module costs)
+        if walks is None:
+            walks = _standard_walk(type(module))
+        standard = walks and standard
         children = module._modules
         if children:
             pending.extend([child for child in reversed(children.values()) if child is not None])

@@ -178,15 +178,11 @@ def flatten_call(args: tuple, kwargs: dict) -> Flat:
     for every call with the same number of positional arguments and the same keywords, so it
     is made once and kept, and the tensors are the leaves in order (torch's pytree lists a
     dict's values in its order), each checked as :func:`flatten` checks it."""
-    for value in args:
-        if type(value) not in _PLAIN_TENSOR_TYPES:
-            return flatten((tuple(args), dict(kwargs)), "the arguments")
-    for value in kwargs.values():
-        if type(value) not in _PLAIN_TENSOR_TYPES:
-            return flatten((tuple(args), dict(kwargs)), "the arguments")
+    tensors = (*args, *kwargs.values())
+    if any(type(value) not in _PLAIN_TENSOR_TYPES for value in tensors):
+        return flatten((tuple(args), dict(kwargs)), "the arguments")
     shape = (len(args), tuple(kwargs))
     known = _TENSOR_CALL_SPECS.get(shape)
-    tensors = (*args, *kwargs.values())
     if known is None:
         flat = flatten((tuple(args), dict(kwargs)), "the arguments")
         if len(flat.tensors) == len(tensors) and all(a is b for a, b in zip(flat.tensors, tensors)):
