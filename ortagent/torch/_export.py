@@ -34,7 +34,7 @@ from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 from ortagent._graph_passes import ceil_mode_pool_outputs, pools_at_onnxruntime_sizes
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
-from . import _trees
+from . import _training_ir, _trees
 from ._complex import decompose_complex
 from ._registry import exporter_core, translation_registry
 from .translations import translation_table
@@ -517,8 +517,14 @@ def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> 
         program = torch.onnx.export(exported_program, (), dynamo=True, opset_version=opset, optimize=False,
                                     verbose=False, report=False, custom_translation_table=translation_table())
     else:
-        program = core.export(exported_program, registry=translation_registry(opset, translation_table),
-                              opset_version=opset, optimize=False, verbose=False, report=False)
+        registry = translation_registry(opset, translation_table)
+        try:
+            program = _training_ir.translate(exported_program, registry, opset)
+        except Exception:       # (the program, rewritten or not, is still torch.onnx's to prepare)
+            program = None
+        if program is None:
+            program = core.export(exported_program, registry=registry, opset_version=opset, optimize=False,
+                                  verbose=False, report=False)
     if program is not None:
         import onnxscript.optimizer
 
