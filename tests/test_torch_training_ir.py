@@ -2,8 +2,9 @@
 the program allows it (ortagent/torch/_training_ir.py): in-place updates of private
 intermediates, conversions and a few composite operators rewritten in the graph. Each case runs
 through ORTModule and matches torch eager on its outputs and every gradient, and takes the path
-it should: the rewrite where it is sound, torch.onnx's retrace (``run_decompositions``) where
-an update is seen through a view, changes the element type, or sits in a region. And the
+it should: the rewrite where it is sound (a ``no_grad`` region inlined), torch.onnx's retrace
+(``run_decompositions``) where an update is seen through a view, changes the element type, or
+updates a region's input. And the
 rewritten programs of torchvision's ResNet-18 and MobileNetV3 give the same ONNX graph as the
 retrace."""
 
@@ -60,6 +61,16 @@ def _conversions_and_composites(a, b):
     return wide, same + torch_min(a, b), both, adaptive_avg_pool2d(a.reshape(1, 1, *a.shape), 1)
 
 
+def _no_grad_region(x):
+    import torch
+
+    y = x * 2
+    with torch.no_grad():
+        scale = y.abs().amax().to(torch.float64)
+        scale.add_(1)                   # an update inside the region, of the region's own result
+    return y / scale.float()            # no gradient through the scale
+
+
 def _masked_and_scalar_updates(x):
     y = x.clone()
     y.masked_fill_(x > 0.5, 0.0)
@@ -102,7 +113,7 @@ def adaptive_avg_pool2d(x, size):
 
 
 @pytest.mark.parametrize("case", ["chain", "read_before_viewed_after", "conversions_and_composites",
-                                  "masked_and_scalar_updates", "sequential_relu_inplace"])
+                                  "masked_and_scalar_updates", "sequential_relu_inplace", "no_grad_region"])
 def test_rewritten_programs_match_eager_without_the_retrace(case, retraces):
     import torch
 
@@ -112,6 +123,7 @@ def test_rewritten_programs_match_eager_without_the_retrace(case, retraces):
         "read_before_viewed_after": (_read_before_and_viewed_after, (torch.randn(3, 5),)),
         "conversions_and_composites": (_conversions_and_composites, (torch.randn(4, 6), torch.randn(4, 6))),
         "masked_and_scalar_updates": (_masked_and_scalar_updates, (torch.rand(5, 3),)),
+        "no_grad_region": (_no_grad_region, (torch.randn(4, 6),)),
         "sequential_relu_inplace": (lambda x, block=_block(): _sequential_relu_inplace(x, block),
                                     (torch.randn(2, 3, 6, 6),)),
     }[case]
@@ -141,10 +153,10 @@ def _update_of_a_narrower_type(x):
 def _update_in_a_no_grad_region(x):
     import torch
 
-    y = x * 2
+    weights = (x > 0).float() + 1
     with torch.no_grad():
-        scale = y.abs().amax()
-    return y / scale
+        weights.mul_(0.5)               # the region's input: the retrace makes it functional
+    return weights * x
 
 
 def _uneven_adaptive_pool(x):

@@ -48,6 +48,11 @@ _SAME_ARGUMENTS = {
 
 _CONVERSIONS = frozenset({"aten::to.dtype", "aten::to.dtype_layout", "aten::to.device", "aten::to.other"})
 
+#: the region whose operators the retrace inlines as they are (``torch.no_grad()`` blocks and
+#: the like: the gradients they cut are cut by the trace's own markers; autocast regions,
+#: whose operators the retrace recasts, are not among them)
+_GRAD_MODE_REGION = getattr(getattr(torch.ops, "higher_order", None), "wrap_with_set_grad_enabled", None)
+
 
 def translate(program: Any, registry: Any, opset: int) -> Any:
     """torch.onnx's translation of ``program`` (a training IR from ``torch.export.export``,
@@ -98,7 +103,12 @@ def _plan(graph: torch.fx.Graph, registry: Any) -> dict[torch.fx.Node, Any] | No
             return None
         target = node.target
         if isinstance(target, torch._ops.HigherOrderOperator):
-            return None
+            body = _region_body(node) if target is _GRAD_MODE_REGION else None
+            body_plan = _plan(body.graph, registry) if body is not None else None
+            if body_plan is None:
+                return None
+            plan[node] = body_plan
+            continue
         if not isinstance(target, torch._ops.OpOverload):
             continue                                    # getitem, arithmetic of symbolic sizes
         if target in _ASSERTIONS:
@@ -131,6 +141,20 @@ def _plan(graph: torch.fx.Graph, registry: Any) -> dict[torch.fx.Node, Any] | No
         if not all(_private(tensor, tensor_updates, position, plan) for tensor, tensor_updates in updates.items()):
             return None
     return plan
+
+
+def _region_body(node: torch.fx.Node) -> Any:
+    """The graph module a grad-mode region runs, where the region is one to inline: its body
+    read from the program's own attributes, its results read one by one (``getitem``)."""
+    if len(node.args) < 2 or node.kwargs or not isinstance(node.args[1], torch.fx.Node) or node.args[1].op != "get_attr":
+        return None
+    owner = node.graph.owning_module
+    body = getattr(owner, node.args[1].target, None) if owner is not None else None
+    if not isinstance(body, torch.fx.GraphModule):
+        return None
+    if not all(user.target is operator.getitem and isinstance(user.args[1], int) for user in node.users):
+        return None
+    return body
 
 
 def _overload(qualified: str) -> Any:
@@ -283,8 +307,12 @@ def _value(node: Any) -> Any:
 def _apply(graph: torch.fx.Graph, plan: dict[torch.fx.Node, Any]) -> dict[str, str]:
     """Rewrite the nodes of ``plan``; the names of the nodes replaced, to those of their
     replacements (the program's signature names its outputs)."""
-    position = {node: index for index, node in enumerate(graph.nodes)}
     renamed: dict[str, str] = {}
+    for node, replacement in list(plan.items()):
+        if isinstance(replacement, dict):
+            del plan[node]
+            renamed.update(_inline(graph, node, replacement))
+    position = {node: index for index, node in enumerate(graph.nodes)}
     for node, replacement in plan.items():
         source = node.args[0]
         if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
@@ -317,4 +345,27 @@ def _apply(graph: torch.fx.Graph, plan: dict[torch.fx.Node, Any]) -> dict[str, s
         while new in renamed:
             new = renamed[new]
         renamed[old] = new
+    return renamed
+
+
+def _inline(graph: torch.fx.Graph, region: torch.fx.Node, body_plan: dict[torch.fx.Node, Any]) -> dict[str, str]:
+    """Put the operators of the grad-mode ``region`` (its body rewritten by ``body_plan``) in its
+    place; the names of the reads of its results, to those of the values they read."""
+    body = _region_body(region)
+    _apply(body.graph, body_plan)
+    placeholders = [node for node in body.graph.nodes if node.op == "placeholder"]
+    with graph.inserting_before(region):
+        results = graph.graph_copy(body.graph, dict(zip(placeholders, region.args[2:])))
+    if not isinstance(results, (list, tuple)):
+        results = (results,)
+    renamed = {}
+    for read in list(region.users):
+        value = results[read.args[1]]
+        read.replace_all_uses_with(value)
+        renamed[read.name] = value.name
+        graph.erase_node(read)
+    attribute = region.args[1]
+    graph.erase_node(region)
+    if not attribute.users:
+        graph.erase_node(attribute)
     return renamed
