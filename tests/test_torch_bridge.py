@@ -1283,3 +1283,41 @@ def test_exports_pause_the_collector_only_while_they_run(monkeypatch, before):
         gc.unfreeze()
         if enabled:
             gc.enable()
+
+
+def _update_under_no_grad(kind):
+    def function(x):
+        torch = _torch()
+        y = x * 2
+        if kind == "detach_ with grad":
+            y.detach_()
+            return y * x
+        with torch.no_grad():
+            if kind == "mul_":
+                y.mul_(0.5)
+            elif kind == "imul":
+                y *= 0.5
+            elif kind == "setitem":
+                y[0] = 1.0
+            elif kind == "clamp_":
+                y.clamp_(-0.5, 0.5)
+            elif kind == "view":
+                y[:, :2].add_(3.0)
+            elif kind == "detach_":
+                y.detach_()
+        return y * x
+    return function
+
+
+@pytest.mark.parametrize("kind", ["mul_", "imul", "setitem", "clamp_", "view", "detach_", "detach_ with grad"])
+def test_in_place_updates_under_no_grad_keep_torch_s_gradient(kind):
+    """torch changes the values an in-place update makes under no_grad and records nothing: the
+    gradient reaches the tensor as though the update were not there (y * x with y = 2x halved
+    under no_grad: 3x, where differentiating through the update gives 2x). A detach_, under
+    no_grad or not, cuts it (the bridge differentiated through both before: 4x for torch's 2x)."""
+    torch = _torch()
+    pytest.importorskip("onnxscript", reason="torch.onnx's dynamo exporter needs onnxscript (make test TORCH=1)")
+    from test_torch_translations import _assert_same
+
+    torch.manual_seed(0)
+    _assert_same(_update_under_no_grad(kind), torch.randn(4, 6))
