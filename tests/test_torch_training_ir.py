@@ -2,9 +2,10 @@
 the program allows it (ortagent/torch/_training_ir.py): in-place updates of private
 intermediates, conversions and a few composite operators rewritten in the graph. Each case runs
 through ORTModule and matches torch eager on its outputs and every gradient, and takes the path
-it should: the rewrite where it is sound (a ``no_grad`` region inlined), torch.onnx's retrace
-(``run_decompositions``) where an update is seen through a view, changes the element type, or
-updates a region's input. And the
+it should: the rewrite where it is sound (writes through a slice or an element of a new tensor
+scattered back, a ``no_grad`` region inlined), torch.onnx's retrace (``run_decompositions``)
+where an update is seen through another view, changes the element type, or updates a region's
+input. And the
 rewritten programs of torchvision's ResNet-18 and MobileNetV3 give the same ONNX graph as the
 retrace."""
 
@@ -71,6 +72,15 @@ def _no_grad_region(x):
     return y / scale.float()            # no gradient through the scale
 
 
+def _writes_through_views(x):
+    shifted = x.new_zeros(x.shape)      # transformers' shift of decoder inputs, on floats
+    shifted[:, 1:] = x[:, :-1].clone()
+    shifted[:, 0] = 0.5
+    shifted[:, 2:4].mul_(3)
+    shifted.masked_fill_(shifted > 1.0, 1.0)
+    return shifted * x
+
+
 def _masked_and_scalar_updates(x):
     y = x.clone()
     y.masked_fill_(x > 0.5, 0.0)
@@ -113,7 +123,8 @@ def adaptive_avg_pool2d(x, size):
 
 
 @pytest.mark.parametrize("case", ["chain", "read_before_viewed_after", "conversions_and_composites",
-                                  "masked_and_scalar_updates", "sequential_relu_inplace", "no_grad_region"])
+                                  "masked_and_scalar_updates", "sequential_relu_inplace", "no_grad_region",
+                                  "writes_through_views"])
 def test_rewritten_programs_match_eager_without_the_retrace(case, retraces):
     import torch
 
@@ -124,6 +135,7 @@ def test_rewritten_programs_match_eager_without_the_retrace(case, retraces):
         "conversions_and_composites": (_conversions_and_composites, (torch.randn(4, 6), torch.randn(4, 6))),
         "masked_and_scalar_updates": (_masked_and_scalar_updates, (torch.rand(5, 3),)),
         "no_grad_region": (_no_grad_region, (torch.randn(4, 6),)),
+        "writes_through_views": (_writes_through_views, (torch.randn(4, 6),)),
         "sequential_relu_inplace": (lambda x, block=_block(): _sequential_relu_inplace(x, block),
                                     (torch.randn(2, 3, 6, 6),)),
     }[case]
@@ -131,9 +143,16 @@ def test_rewritten_programs_match_eager_without_the_retrace(case, retraces):
     assert retraces["retrace"] == 0
 
 
-def _update_through_a_view(x):
+def _update_through_a_view_read_again(x):
     y = x * 1
-    y[:, :1].mul_(3)
+    column = y[:, :1]
+    column.mul_(3)
+    return y + column.sum()             # the view read after its update
+
+
+def _write_through_a_view_of_a_view(x):
+    y = x * 1
+    y[1:, 2:4].mul_(3)
     return y
 
 
@@ -163,7 +182,8 @@ def _uneven_adaptive_pool(x):
     return adaptive_avg_pool2d(x, (2, 3))
 
 
-@pytest.mark.parametrize("function", [_update_through_a_view, _view_taken_before_the_update,
+@pytest.mark.parametrize("function", [_update_through_a_view_read_again, _write_through_a_view_of_a_view,
+                                      _view_taken_before_the_update,
                                       _update_of_a_narrower_type, _update_in_a_no_grad_region,
                                       _uneven_adaptive_pool])
 def test_programs_the_rewrite_cannot_take_go_through_the_retrace(function, retraces):

@@ -48,6 +48,12 @@ _SAME_ARGUMENTS = {
 
 _CONVERSIONS = frozenset({"aten::to.dtype", "aten::to.dtype_layout", "aten::to.device", "aten::to.other"})
 
+#: the views an in-place update may write through, and the operators that write them back
+_SCATTERS = {view: scatter for view, scatter in (
+    (getattr(getattr(_aten, "slice", None), "Tensor", None), getattr(getattr(_aten, "slice_scatter", None), "default", None)),
+    (getattr(getattr(_aten, "select", None), "int", None), getattr(getattr(_aten, "select_scatter", None), "default", None)))
+    if view is not None and scatter is not None}
+
 #: the region whose operators the retrace inlines as they are (``torch.no_grad()`` blocks and
 #: the like: the gradients they cut are cut by the trace's own markers; autocast regions,
 #: whose operators the retrace recasts, are not among them)
@@ -118,6 +124,11 @@ def _plan(graph: torch.fx.Graph, registry: Any) -> dict[torch.fx.Node, Any] | No
             replacement = _out_of_place(target)
             if replacement is None or not _same_types(node) or not registry.is_registered(replacement):
                 return None
+            scatter = _scatter(node)
+            if scatter is not None:
+                if not registry.is_registered(scatter):
+                    return None
+                replacement = (replacement, scatter)
             plan[node] = replacement
             updates.setdefault(_updated(node), []).append(node)
         elif name in _CONVERSIONS:
@@ -224,10 +235,24 @@ def _aliases(target: Any) -> bool:
     return any(value.alias_info is not None for value in target._schema.returns)
 
 
+def _scatter(node: torch.fx.Node) -> Any:
+    """For an in-place ``node`` that writes into a slice or an element of a tensor, through a
+    view read by nothing else (``x[:, 1:] = y``, ``x[..., 0] = v``): the operator that writes
+    the view's new values into a copy of the tensor (``slice_scatter``, ``select_scatter``), as
+    the retrace's functionalization does; else None."""
+    view = node.args[0]
+    if not isinstance(view, torch.fx.Node) or node.users or view.op != "call_function" or len(view.users) != 1:
+        return None
+    return _SCATTERS.get(view.target)
+
+
 def _updated(node: torch.fx.Node) -> Any:
-    """The tensor the in-place ``node`` updates: its first argument, or the tensor that an
-    update returning its first argument updated."""
+    """The tensor the in-place ``node`` updates: its first argument (or the tensor that argument
+    views, for a write through a view, see :func:`_scatter`), or the tensor that an update
+    returning its first argument updated."""
     tensor = node.args[0]
+    if _scatter(node) is not None:
+        tensor = tensor.args[0]
     while isinstance(tensor, torch.fx.Node) and tensor.op == "call_function" and \
             isinstance(tensor.target, torch._ops.OpOverload) and tensor.target._schema.is_mutable:
         tensor = tensor.args[0]
@@ -243,9 +268,11 @@ def _private(tensor: Any, tensor_updates: list[torch.fx.Node], position: dict[to
     if not isinstance(tensor, torch.fx.Node) or not _new_tensor(tensor, plan):
         return False
     last = max(position[update] for update in tensor_updates)
+    written_views = {update.args[0] for update in tensor_updates if _scatter(update) is not None}
     for value in (tensor, *tensor_updates):
         for user in value.users:
-            if user in tensor_updates or user.op == "output" or user.target is operator.getitem:
+            if user in tensor_updates or user in written_views or user.op == "output" or \
+                    user.target is operator.getitem:
                 continue
             if user.op != "call_function" or not isinstance(user.target, torch._ops.OpOverload):
                 return False
@@ -315,14 +342,22 @@ def _apply(graph: torch.fx.Graph, plan: dict[torch.fx.Node, Any]) -> dict[str, s
     position = {node: index for index, node in enumerate(graph.nodes)}
     for node, replacement in plan.items():
         source = node.args[0]
-        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+        if isinstance(replacement, tuple):
+            # a write through a view: the view's new values, written into a copy of the tensor
+            replacement, scatter = replacement
+            view, source = source, source.args[0]
+            with graph.inserting_before(node):
+                written = graph.call_function(replacement, node.args, node.kwargs)
+                result = graph.call_function(scatter, (source, written, *view.args[1:]), dict(view.kwargs))
+            written.meta = dict(node.meta)
+            result.meta = dict(source.meta)
+            _read_after(source, result, node, position)
+        elif isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
             # the update's result, read by the uses of the tensor that follow the update
             with graph.inserting_before(node):
                 result = graph.call_function(replacement, node.args, node.kwargs)
             result.meta = dict(node.meta)
-            for user in [user for user in source.users
-                         if user is not node and user is not result and position[user] > position[node]]:
-                user.replace_input_with(source, result)
+            _read_after(source, result, node, position)
         elif replacement is None:
             result = source
         elif replacement is _aten._to_copy.default:
@@ -346,6 +381,14 @@ def _apply(graph: torch.fx.Graph, plan: dict[torch.fx.Node, Any]) -> dict[str, s
             new = renamed[new]
         renamed[old] = new
     return renamed
+
+
+def _read_after(tensor: torch.fx.Node, updated: torch.fx.Node, update: torch.fx.Node,
+                position: dict[torch.fx.Node, int]) -> None:
+    """The uses of ``tensor`` that follow ``update`` read ``updated`` instead (nodes made by the
+    rewrite, without a position, come before it)."""
+    for user in [user for user in tensor.users if position.get(user, -1) > position[update]]:
+        user.replace_input_with(tensor, updated)
 
 
 def _inline(graph: torch.fx.Graph, region: torch.fx.Node, body_plan: dict[torch.fx.Node, Any]) -> dict[str, str]:
