@@ -8,16 +8,20 @@ retrace does three things: it decomposes the operators without a translation, it
 in-place updates (functionalization), and it inlines the higher-order operators of regions
 (``torch.no_grad()``, autocast). Most training IRs ORTModule exports need little of it: every
 operator but a few has a translation, the in-place updates are of intermediate results nothing
-else sees (``relu_``, a residual's ``+=``), and there are no regions.
+else sees (``relu_``, a residual's ``+=``, ``x[:, 1:] = y`` into a new tensor), and the regions
+are ``no_grad`` blocks.
 
 :func:`translate` rewrites those few things in the FX graph itself and hands the program to the
 translation. It changes the graph only after checking all of it, and only for what it knows to
-be the retrace's own result: an in-place update of an intermediate that no view aliases becomes
-its out-of-place form, read by the uses that follow it; a conversion (``Tensor.to``) that
-changes nothing is its input and one that does is ``_to_copy``; a few composite operators become
-the operators their composite implementation calls. A program with anything else (an update of
-an input, a buffer or a view, a region, an operator with neither a translation nor a rewrite
-here) is left as it was, and goes through torch.onnx's whole preparation.
+be the retrace's own result: an in-place update of an intermediate that no view sees before the
+last update becomes its out-of-place form, read by the uses that follow it; a write through a
+slice or an element of such an intermediate, a view nothing else reads, becomes the view's new
+values scattered into a copy; a conversion (``Tensor.to``) that changes nothing is its input
+and one that does is ``_to_copy``; a few composite operators become the operators their
+composite implementation calls; a ``torch.no_grad()`` region's operators take its place. A
+program with anything else (an update of an input, a buffer, a view read again or a view of a
+view, an autocast region, an operator with neither a translation nor a rewrite here) is left as
+it was, and goes through torch.onnx's whole preparation.
 """
 
 from __future__ import annotations
@@ -98,8 +102,10 @@ def translate(program: Any, registry: Any, opset: int) -> Any:
 # -- the check ----------------------------------------------------------------------------------------
 
 def _plan(graph: torch.fx.Graph, registry: Any) -> dict[torch.fx.Node, Any] | None:
-    """The rewrite of each node that needs one (its replacement operator, or None: the node is
-    its input), or None when the program needs the retrace."""
+    """The rewrite of each node that needs one, or None when the program needs the retrace: the
+    node's replacement operator; None (the node is its input); for a write through a view, the
+    pair (the update's out-of-place operator, the scatter that writes the view back); for a
+    grad-mode region, its body's own plan (a dict)."""
     plan: dict[torch.fx.Node, Any] = {}
     updates: dict[torch.fx.Node, list[torch.fx.Node]] = {}     # an updated tensor: its updates, in order
     for node in graph.nodes:
