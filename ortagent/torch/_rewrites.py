@@ -733,16 +733,18 @@ _METADATA_UPDATES = frozenset({torch.Tensor.detach_, torch.Tensor.requires_grad_
 def _update_without_gradient(func: Any, args: tuple, kwargs: dict) -> Any:
     """An in-place update, under no_grad, of a tensor that requires grad: torch changes the
     values and records nothing, so the gradient reaches the tensor's earlier value as though
-    the update were not there. The tensor is updated by the difference the update makes,
-    through stop_gradient, which the graph differentiates as the identity (written as the
-    update itself, the graph differentiated through it: a gradient 2x where torch's was 3x).
-    An update that changes the shape or type is made as it is."""
+    the update were not there. The update is made on a copy, and the tensor takes the copy's
+    values through stop_gradient plus ``old - stop_gradient(old)``, a zero (exactly, where the
+    old value is finite; 0 where it is not) whose derivative is 1 (written as the update itself,
+    the graph differentiated through it: a gradient 2x where torch's was 3x). An update that
+    changes the shape or type is made as it is."""
     target = args[0]
     updated = target.detach().clone()
     result = func(updated, *args[1:], **kwargs)          # (self, or None for __setitem__)
     if updated.shape != target.shape or updated.dtype != target.dtype:
         return func(*args, **kwargs)
-    target.add_(stop_gradient(updated - target))
+    passthrough = torch.where(torch.isfinite(target), target - stop_gradient(target), torch.zeros_like(target))
+    target.copy_(stop_gradient(updated) + passthrough)
     return target if result is updated else result
 
 
