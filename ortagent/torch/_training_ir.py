@@ -136,7 +136,7 @@ def _plan(graph: torch.fx.Graph, registry: Any) -> dict[torch.fx.Node, Any] | No
                     return None
                 replacement = (replacement, scatter)
             plan[node] = replacement
-            updates.setdefault(_updated(node), []).append(node)
+            updates.setdefault(_updated(node, through_view=scatter is not None), []).append(node)
         elif name in _CONVERSIONS:
             replacement = _conversion(node)
             if replacement is False or (replacement is not None and not registry.is_registered(replacement)):
@@ -252,12 +252,12 @@ def _scatter(node: torch.fx.Node) -> Any:
     return _SCATTERS.get(view.target)
 
 
-def _updated(node: torch.fx.Node) -> Any:
+def _updated(node: torch.fx.Node, through_view: bool) -> Any:
     """The tensor the in-place ``node`` updates: its first argument (or the tensor that argument
-    views, for a write through a view, see :func:`_scatter`), or the tensor that an update
+    views, for a write ``through_view``, see :func:`_scatter`), or the tensor that an update
     returning its first argument updated."""
     tensor = node.args[0]
-    if _scatter(node) is not None:
+    if through_view:
         tensor = tensor.args[0]
     while isinstance(tensor, torch.fx.Node) and tensor.op == "call_function" and \
             isinstance(tensor.target, torch._ops.OpOverload) and tensor.target._schema.is_mutable:
@@ -274,7 +274,7 @@ def _private(tensor: Any, tensor_updates: list[torch.fx.Node], position: dict[to
     if not isinstance(tensor, torch.fx.Node) or not _new_tensor(tensor, plan):
         return False
     last = max(position[update] for update in tensor_updates)
-    written_views = {update.args[0] for update in tensor_updates if _scatter(update) is not None}
+    written_views = {update.args[0] for update in tensor_updates if isinstance(plan[update], tuple)}
     for value in (tensor, *tensor_updates):
         for user in value.users:
             if user in tensor_updates or user in written_views or user.op == "output" or \
@@ -352,32 +352,22 @@ def _apply(graph: torch.fx.Graph, plan: dict[torch.fx.Node, Any]) -> dict[str, s
             # a write through a view: the view's new values, written into a copy of the tensor
             replacement, scatter = replacement
             view, source = source, source.args[0]
-            with graph.inserting_before(node):
-                written = graph.call_function(replacement, node.args, node.kwargs)
-                result = graph.call_function(scatter, (source, written, *view.args[1:]), dict(view.kwargs))
-            written.meta = dict(node.meta)
-            result.meta = dict(source.meta)
-            _read_after(source, result, node, position)
-        elif isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
-            # the update's result, read by the uses of the tensor that follow the update
-            with graph.inserting_before(node):
-                result = graph.call_function(replacement, node.args, node.kwargs)
-            result.meta = dict(node.meta)
+            written = _insert_before(node, replacement, node.args, node.kwargs, node.meta)
+            result = _insert_before(node, scatter, (source, written, *view.args[1:]), view.kwargs, source.meta)
             _read_after(source, result, node, position)
         elif replacement is None:
             result = source
-        elif replacement is _aten._to_copy.default:
-            with graph.inserting_before(node):
-                result = graph.call_function(replacement, (source,), {"dtype": _value(node).dtype})
-            result.meta = dict(node.meta)
-        elif replacement is _aten.mean.dim:
-            with graph.inserting_before(node):
-                result = graph.call_function(replacement, (source, [-1, -2], True))
-            result.meta = dict(node.meta)
         else:
-            with graph.inserting_before(node):
-                result = graph.call_function(replacement, node.args, node.kwargs)
-            result.meta = dict(node.meta)
+            if replacement is _aten._to_copy.default:
+                args, kwargs = (source,), {"dtype": _value(node).dtype}
+            elif replacement is _aten.mean.dim:
+                args, kwargs = (source, [-1, -2], True), {}
+            else:
+                args, kwargs = node.args, node.kwargs
+            result = _insert_before(node, replacement, args, kwargs, node.meta)
+            if node.target._schema.is_mutable:
+                # the update's result, read by the uses of the tensor that follow the update
+                _read_after(source, result, node, position)
         position.setdefault(result, position[node])
         node.replace_all_uses_with(result)
         renamed[node.name] = result.name
@@ -387,6 +377,15 @@ def _apply(graph: torch.fx.Graph, plan: dict[torch.fx.Node, Any]) -> dict[str, s
             new = renamed[new]
         renamed[old] = new
     return renamed
+
+
+def _insert_before(node: torch.fx.Node, target: Any, args: tuple, kwargs: dict, meta: dict) -> torch.fx.Node:
+    """A call of ``target`` put before ``node``, with a copy of ``meta`` (its value's fake tensor
+    and the rest, which type promotion and the translation read)."""
+    with node.graph.inserting_before(node):
+        made = node.graph.call_function(target, tuple(args), dict(kwargs))
+    made.meta = dict(meta)
+    return made
 
 
 def _read_after(tensor: torch.fx.Node, updated: torch.fx.Node, update: torch.fx.Node,
