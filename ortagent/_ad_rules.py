@@ -59,6 +59,15 @@ amax), which onnx-ad refuses as not linear, gets the gradients torch gives (see
 specification's function body, in which it cannot place its seed axis): see
 :func:`_nll_loss_reverse`.
 
+``GatherND`` whose indices have a length known only at run time (torch's ``x[mask]`` and
+``masked_select``: NonZero's positions, transposed), which onnx-ad refuses without a static
+indices shape, is differentiated as onnx-ad does (ScatterND adding the gradient at the
+positions) from the index depth alone (see :func:`_gather_nd_reverse_or_counted`). And where a
+broadcast operand's dimensions are known only at run time, the gradient summed back to it is
+reshaped to its shape and the one seed axis written as 1, where onnx-ad writes -1, which a
+Reshape cannot resolve once a dimension is 0 (a mask selecting nothing; see
+:func:`_unbroadcast_at_run_time`).
+
 ``LayerNormalization`` over float32 (opset 17 and up) reports its ``Mean`` and ``InvStdDev``:
 :func:`prepare` names those outputs where the node leaves them out, and the reverse rule
 standardizes the input with them (``(x - mean) * inv_std``, two passes) where onnx-ad's
@@ -1223,6 +1232,7 @@ def _register() -> None:
         rules.REVERSE["Det"] = _det_reverse                     # replaces onnx-ad's zero gradient
         rules.REVERSE.setdefault(INVERSE, _inverse_reverse)     # com.microsoft:Inverse (torch.linalg.inv)
         rules.REVERSE["Clip"] = _clip_reverse_or_strict(rules.REVERSE["Clip"])
+        rules.REVERSE["GatherND"] = _gather_nd_reverse_or_counted(rules.REVERSE["GatherND"])
         rules.DERIVATIVE["HardSwish"] = _hard_swish_derivative    # replaces onnx-ad's (torch's ties)
         for activation in _ACTIVATION_KERNELS:
             rules.REVERSE[activation] = _activation_reverse_or_fused(rules.REVERSE[activation])
@@ -1303,10 +1313,12 @@ def _unbroadcast_with_known_symbols(original):
         dims = getattr(_reverse_state, "dims", None)
         named = dims.get(target) if dims is not None else None
         declared = ctx.shapes.shape(target)
-        if (named is None or declared is None or len(declared) != len(named) or source_rank < len(named)
-                or ctx.shapes.static(target) is not None      # onnx-ad's own static path
-                or not all(isinstance(d, int) or d in _reverse_state.above_one for d in named)):
+        if ctx.shapes.static(target) is not None:           # onnx-ad's own static path
             return original(ctx, value, source_rank, target)
+        if (named is None or declared is None or len(declared) != len(named) or source_rank < len(named)
+                or not all(isinstance(d, int) or d in _reverse_state.above_one for d in named)):
+            return _unbroadcast_at_run_time(ctx, value, source_rank, target) if _active() \
+                else original(ctx, value, source_rank, target)
         lead = source_rank - len(named)
         axes = list(range(lead)) + [lead + i for i, d in enumerate(named) if d == 1]
         if not axes:
@@ -1314,6 +1326,24 @@ def _unbroadcast_with_known_symbols(original):
         reduced = ctx.reduce_sum(value, axes, keepdims=1)
         return reduced if lead == 0 else ctx.squeeze(reduced, list(range(lead)))
     return unbroadcast
+
+
+def _unbroadcast_at_run_time(ctx, value, source_rank, target):
+    """onnx-ad's unbroadcast where the target's dimensions are known only at run time: summed
+    over the axes where the target's size is 1 (found at run time), then given the target's
+    shape and the one seed axis. onnx-ad writes that last axis as -1, which no Reshape can
+    resolve once a dimension is 0 (``x[mask]`` selecting nothing)."""
+    from onnx_ad._build import UnsupportedOperator
+
+    lead = source_rank - ctx.rank(target)
+    if lead < 0:
+        raise UnsupportedOperator(f"{target!r} has rank {ctx.rank(target)}, more than the rank {source_rank} "
+                                  "of the value it feeds")
+    shape = ctx.shape_of(target)
+    padded = shape if lead == 0 else ctx.b.op("Concat", [ctx.b.ints([1] * lead), shape], axis=0, stem="padded")
+    axes = ctx.squeeze(ctx.b.op("NonZero", [ctx.b.op("Equal", [padded, ctx.b.ints([1])])]), [0])
+    reduced = ctx.reduce_sum(value, axes, keepdims=1)
+    return ctx.b.op("Reshape", [reduced, ctx.b.op("Concat", [shape, ctx.b.ints([1])], axis=0, stem="restore")])
 
 
 def uses_private_ops(model: ModelProto) -> bool:
@@ -1496,6 +1526,33 @@ def _clip_reverse_or_strict(rule):
         zero = ctx.constant(0.0, ctx.dtype(node.output[0], x))
         kept = ctx.b.op("Where", [_mask(ctx, outside), zero, grads[0]], stem="clip_strict")
         return [kept] + [None] * (len(node.input) - 1)
+
+    reverse.__wrapped__ = rule
+    return reverse
+
+
+def _gather_nd_reverse_or_counted(rule):
+    """GatherND with indices of a length known only at run time (torch's boolean-mask
+    indexing, ``x[mask]``: NonZero's positions, transposed), which onnx-ad refuses for want of
+    a static indices shape: its adjoint needs only the index depth, the last dimension, which
+    shape inference knows (the mask's rank). The gradient is onnx-ad's, ScatterND-adding the
+    output gradient into zeros at the gathered positions (made non-negative)."""
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import UnsupportedOperator, attribute
+
+        data, indices = node.input[0], node.input[1]
+        declared = ctx.shapes.shape(indices)
+        if ctx.shapes.static(indices) is not None or declared is None or not declared \
+                or declared[-1] is None or attribute(node, "batch_dims", 0) or ctx.opset < 16:
+            return rule(ctx, node, grads)
+        depth = int(declared[-1])
+        if depth > ctx.rank(data):
+            raise UnsupportedOperator(f"GatherND with an index depth of {depth} into data of rank {ctx.rank(data)}")
+        extents = ctx.b.op("Slice", [ctx.shape_of(data), ctx.b.ints([0]), ctx.b.ints([depth])], stem="extents")
+        positive = ctx.b.op("Where", [ctx.b.op("Less", [indices, ctx.b.ints([0])]),
+                                      ctx.b.op("Add", [indices, extents]), indices], stem="positive_indices")
+        return [ctx.b.op("ScatterND", [ctx.zeros(data), positive, ctx.full(grads[0], node.output[0])],
+                         reduction="add", stem="a_gathernd"), None]
 
     reverse.__wrapped__ = rule
     return reverse

@@ -533,3 +533,89 @@ def test_cross_entropy_over_only_ignored_targets_has_torch_gradient(smoothing, w
     assert torch.isnan(expected) and torch.isnan(got)
     torch.testing.assert_close(bridged.grad, plain.grad)
     assert not bridged.grad.any()
+
+
+# -- boolean-mask selection: GatherND at NonZero's positions ------------------------------------------
+
+def _rows_where(x, mask):
+    return x[mask] * 3                              # mask over the leading axes: whole rows
+
+
+def _elements_where(x, mask):
+    return (x[mask > 0] ** 2).sum()                 # a mask computed in the graph
+
+
+def _write_where(x, mask):
+    y = x * 1
+    y[mask] = x[mask] * 3                           # written through the mask (an index_put)
+    return y * x
+
+
+def _masked_select(x, mask):
+    return torch_masked_select(x, mask) * 2
+
+
+def _masked_select_broadcast(x, mask):
+    return torch_masked_select(x, mask[0]).cumsum(0)    # the mask broadcast over x's rows
+
+
+def torch_masked_select(x, mask):
+    import torch
+
+    return torch.masked_select(x, mask)
+
+
+@pytest.mark.parametrize("function, mask_of", [
+    (_rows_where, lambda x: x[..., 0] > 0),
+    (_elements_where, lambda x: x - 0.3),
+    (_write_where, lambda x: x > 0.2),
+    (_masked_select, lambda x: x.abs() < 0.8),
+    (_masked_select_broadcast, lambda x: x.abs() < 0.8),
+    (_masked_select, lambda x: x > 100),            # nothing selected
+])
+def test_boolean_mask_selection(function, mask_of):
+    """``x[mask]`` and ``masked_select`` select a number of elements known only at run time
+    (GatherND at NonZero's transposed positions), which onnx-ad's GatherND rule refuses for
+    want of a static indices shape; ortagent's rule needs only the index depth and scatters
+    the gradient back to the selected positions."""
+    import torch
+
+    x = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(5))
+    _check(function, x, mask_of(x), grad_inputs={0})
+
+
+def test_boolean_mask_selection_of_another_count_reuses_the_export():
+    """The selected count is a run-time length of one export: masks selecting different numbers
+    of rows give torch's outputs and gradients without exporting again."""
+    import torch
+
+    from ortagent.torch import ORTModule, _module
+
+    class Selected(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(6, 3)
+
+        def forward(self, x, mask):
+            chosen = self.linear(x)[mask]                   # [count, 3]
+            return (chosen * chosen).sum()
+
+    torch.manual_seed(0)
+    eager = Selected()
+    bridged = ORTModule(Selected())
+    bridged.module.load_state_dict(eager.state_dict())
+    counts = []
+    generator = torch.Generator().manual_seed(2)
+    for threshold in (0.2, 0.5, 0.8):
+        x = torch.randn(3, 7, 6, generator=generator)
+        mask = torch.rand(3, 7, generator=generator) > threshold
+        counts.append(int(mask.sum()))
+        expected, got = eager(x, mask), bridged(x, mask)
+        expected.backward()
+        got.backward()
+        torch.testing.assert_close(got.detach(), expected.detach(), rtol=RTOL, atol=1e-5)
+        for mine, theirs in zip(bridged.module.parameters(), eager.parameters()):
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=1e-5)
+            mine.grad = theirs.grad = None
+    assert len(set(counts)) == 3
+    assert sum(len(entries) for entries in bridged._exports.values()) == 1

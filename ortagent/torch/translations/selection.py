@@ -7,6 +7,9 @@ position. The whole-tensor ``median`` and ``nanmedian`` share their gradient eve
 elements equal to the result, as torch does; along a dimension the gradient goes to the one
 position the returned index names, as torch's does. ``nanmedian`` sorts NaN last (as +inf) and
 takes the lower median of the others: a slice of NaN only is NaN.
+
+``masked_select`` (the elements a boolean mask picks, a length known only at run time) is
+GatherND at NonZero's positions.
 """
 
 from __future__ import annotations
@@ -137,6 +140,18 @@ def mode(x: Any, dim: int = -1, keepdim: bool = False) -> tuple[Any, Any]:
     return values, op.Cast(index, to=INT64)
 
 
+def masked_select(x: Any, mask: Any) -> Any:
+    """The elements of ``x`` where ``mask`` holds (both broadcast to one shape), in row-major
+    order, as one flat tensor of a length known at run time: GatherND at NonZero's positions,
+    whose gradient scatters back to them (:mod:`ortagent._ad_rules`)."""
+    x_full = op.Expand(x, op.Shape(mask))
+    mask_full = op.Expand(mask, op.Shape(x_full))
+    if max(rank(x), rank(mask)) == 0:
+        x_full, mask_full = op.Reshape(x_full, ints([1])), op.Reshape(mask_full, ints([1]))
+    positions = op.Transpose(op.NonZero(mask_full), perm=[1, 0])
+    return op.GatherND(x_full, positions)
+
+
 def translations() -> dict:
     import torch
 
@@ -148,4 +163,5 @@ def translations() -> dict:
         aten.median.dim: _along(False),
         aten.nanmedian.dim: _along(True),
         aten.mode.default: mode,
+        aten.masked_select.default: masked_select,
     }
