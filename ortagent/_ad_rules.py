@@ -1364,13 +1364,7 @@ def prepare(model: ModelProto, cpu_kernels: bool = False) -> None:
             if node.domain == DOMAIN and node.op_type not in _PRIVATE:
                 raise OrtNotImplemented(
                     f"node '{node.name}' uses {DOMAIN}:{node.op_type}, which ortagent does not define")
-    convolutions = []
-    if _default_opset(model) >= _CONV_GRAD_OPSET:
-        for node in model.graph.node:
-            if node.domain in ("", "ai.onnx") and node.op_type == "Conv":
-                convolutions.append((node, CONVOLUTION))
-            elif node.domain in ("", "ai.onnx") and node.op_type == "ConvTranspose" and _explicit(node):
-                convolutions.append((node, CONVOLUTION_TRANSPOSE))
+    convolutions = _convolutions(model)
     _register()         # (also Slice's symbolic rule, needed inside onnx-ad's function expansions)
     _declare_inverses(model)
     normalizing = any(node.op_type == "LayerNormalization" for node in model.graph.node)
@@ -1382,6 +1376,9 @@ def prepare(model: ModelProto, cpu_kernels: bool = False) -> None:
         _collapse_gelus(model, known)
     if normalizing:
         _report_layer_norm_statistics(model, known)
+    # (looked up again: the GELUs' collapse writes the node list anew, and a node found before
+    # it would be renamed in a copy the graph no longer holds)
+    convolutions = _convolutions(model)
     if not convolutions and not uses_private_ops(model):
         return
     for node, private in convolutions:
@@ -1403,6 +1400,20 @@ def prepare(model: ModelProto, cpu_kernels: bool = False) -> None:
                 added |= _declare(model, node.output[0], known.get(node.input[0]))
         if not added:
             return
+
+
+def _convolutions(model: ModelProto) -> list[tuple[onnx.NodeProto, str]]:
+    """The main graph's Conv nodes, and ConvTranspose nodes of explicit pads, each with the
+    private operator ortagent differentiates it as (none below opset 16: no ConvGrad there)."""
+    if _default_opset(model) < _CONV_GRAD_OPSET:
+        return []
+    found = []
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type == "Conv":
+            found.append((node, CONVOLUTION))
+        elif node.domain in ("", "ai.onnx") and node.op_type == "ConvTranspose" and _explicit(node):
+            found.append((node, CONVOLUTION_TRANSPOSE))
+    return found
 
 
 def _explicit(node) -> bool:

@@ -626,6 +626,30 @@ def test_gelus_become_one_gradient_node_only_with_the_kernels():
                                _gradients(plain, feeds, dy, SessionOptions())[0], rtol=1e-5, atol=1e-5)
 
 
+def test_convolutions_are_ortagent_s_also_where_gelus_collapse():
+    """The GELUs' collapse (with the kernels) writes the node list anew; the Conv nodes of the
+    same graph still become ortagent's Convolution (ConvGrad, grouped weights, symbolic
+    shapes), found after the collapse, not renamed in copies the graph no longer holds."""
+    from ortagent import _ad_rules
+
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w")]
+    inits += [onnx.numpy_helper.from_array(np.array(value, np.float32), name)
+              for name, value in (("sqrt2", math.sqrt(2.0)), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1]),      # then torch's erf GELU
+             helper.make_node("Div", ["h", "sqrt2"], ["t"]), helper.make_node("Erf", ["t"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["half", "a"], ["cdf"]),
+             helper.make_node("Mul", ["h", "cdf"], ["y"])]
+    graph = helper.make_graph(nodes, "conv_gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 4, 6, 6])], inits)
+    for cpu_kernels in (False, True):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+        _ad_rules.prepare(model, cpu_kernels=cpu_kernels)
+        kinds = [(node.domain, node.op_type) for node in model.graph.node]
+        assert (_ad_rules.DOMAIN, _ad_rules.CONVOLUTION) in kinds and ("", "Conv") not in kinds, (cpu_kernels, kinds)
+        assert ((_ad_rules.DOMAIN, _ad_rules.GELU) in kinds) == cpu_kernels
+
+
 @pytest.mark.parametrize("element_type, extra_reader", [(TensorProto.DOUBLE, False), (TensorProto.FLOAT, True)])
 def test_gelus_the_kernel_cannot_take_stay_apart(element_type, extra_reader):
     """A double GELU, or one whose erf another node reads, keeps the standard gradient."""
@@ -707,13 +731,34 @@ class _Norms(torch.nn.Module):
         return self.out(torch.nn.functional.gelu(self.layer_norm(self.linear(h))))
 
 
+class _ConvNeXt(torch.nn.Module):
+    """A ConvNeXt block: depthwise 7x7 convolution, LayerNorm over channels last, GELU
+    feed-forward, layer scale, residual (a grouped Conv in a graph whose GELUs the kernels
+    collapse: the collapse wrote the node list anew, and the Conv, renamed in a copy, went to
+    onnx-ad's rule, which refuses a grouped Conv's weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.depthwise = torch.nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.norm = torch.nn.LayerNorm(8)
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+        self.scale = torch.nn.Parameter(torch.full((8, 1, 1), 0.5))
+
+    def forward(self, x):
+        h = self.depthwise(x).permute(0, 2, 3, 1)
+        h = self.down(torch.nn.functional.gelu(self.up(self.norm(h)))).permute(0, 3, 1, 2)
+        return x + self.scale * h
+
+
 @pytest.mark.parametrize("cpu_kernels", [None, True, False])
 @pytest.mark.parametrize("net, kernels", [
     (_Norms, {"LayerNormalizationGrad", "BatchNormTrainingGrad", "GeluGrad", "BatchNormTraining", "ReluGrad",
               "SumLeadingAxes"}),
     (_Mobile, {"BatchNormTrainingGrad", "BatchNormTraining", "ReluGrad", "HardSwishGrad", "HardSigmoidGrad"}),
     (_Attention, {"SoftmaxGrad", "LayerNormalizationGrad", "GeluGrad", "SumLeadingAxes"}),
-    (_CausalAttention, {"MaskedSoftmax", "SoftmaxGrad", "SumLeadingAxes"})])
+    (_CausalAttention, {"MaskedSoftmax", "SoftmaxGrad", "SumLeadingAxes"}),
+    (_ConvNeXt, {"LayerNormalizationGrad", "GeluGrad", "SumLeadingAxes"})])
 def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, kernels, monkeypatch):
     pytest.importorskip("onnxscript")
     from ortagent.torch import ORTModule, _bridge
@@ -730,7 +775,8 @@ def test_ortmodule_matches_eager_with_and_without_the_kernels(cpu_kernels, net, 
     eager = net().train()
     bridged = ORTModule(copy.deepcopy(eager), cpu_kernels=cpu_kernels)
     for step, batch in enumerate((4, 4, 6)):
-        shape = (batch, 5, 8) if net in (_Attention, _CausalAttention) else (batch, 3, 5, 5)
+        shape = (batch, 5, 8) if net in (_Attention, _CausalAttention) else \
+            (batch, 8, 6, 6) if net is _ConvNeXt else (batch, 3, 5, 5)
         x = torch.randn(shape, generator=torch.Generator().manual_seed(step)) * 2 + 1
         inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
         for model, tensor in zip((eager, bridged), inputs):
