@@ -318,6 +318,63 @@ def test_functional_dropout_and_attention_weights():
     _compare(Attention, lambda step: (x,), lambda out: (out[0] ** 2).mean() + out[1].square().sum(), steps=2)
 
 
+class _LayerDrop:
+    """A stack of layers, each skipped when a draw falls below ``layerdrop`` (transformers' BART,
+    OPT, Whisper, Wav2Vec2 ...), with dropout after each layer; ``compare`` picks the form of the
+    test."""
+
+    @staticmethod
+    def make(layerdrop, compare="<"):
+        torch = _torch()
+
+        class Stack(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(3))
+
+            def forward(self, x):
+                for layer in self.layers:
+                    if self.training:
+                        if compare == "<":
+                            skip = torch.rand([]) < layerdrop
+                        elif compare == ">=":                       # kept when the draw reaches it
+                            skip = not torch.rand([]) >= layerdrop
+                        else:                                       # a uniform_ draw, as a function
+                            skip = torch.lt(torch.empty(()).uniform_(0.0, 1.0), layerdrop)
+                        if skip:
+                            continue
+                    x = torch.nn.functional.dropout(torch.tanh(layer(x)), 0.2, self.training)
+                return x
+
+        return Stack()
+
+
+@pytest.mark.parametrize("compare", ["<", ">=", "lt"])
+def test_layer_drop_of_zero_traces_and_keeps_eager_s_draws(compare):
+    """A branch on ``torch.rand([]) < 0.0`` (transformers' layerdrop at 0, the default of BART,
+    OPT, Whisper) is the same for every draw: the trace takes it as a constant, and the draw is
+    still made, so the dropout masks after it are eager's (over several steps)."""
+    torch = _torch()
+    x = torch.randn(4, 8)
+    eager, bridged, errors = _compare(lambda: _LayerDrop.make(0.0, compare), lambda step: (x,),
+                                      lambda out: (out ** 2).mean(), steps=3)
+    assert errors["loss"] < 1e-5
+
+
+def test_layer_drop_inside_the_draw_s_range_is_refused_with_its_reason():
+    """At a layerdrop between 0 and 1 the layers a step runs are chosen at random, which one
+    graph cannot hold: refused, saying what to set."""
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    bridged = ORTModule(_LayerDrop.make(0.3))
+    with pytest.raises(OrtNotImplemented, match="layerdrop"):
+        bridged(torch.randn(4, 8))
+    bridged.eval()                                  # (no draw in eval mode: nothing random)
+    assert bridged(torch.randn(4, 8)).shape == (4, 8)
+
+
 def test_gpt_block_tied_head():
     torch = _torch()
     char_gpt = _char_gpt_demo().CharGPT

@@ -123,6 +123,10 @@ class Trace:
     statistic_values: list[torch.Tensor] = field(default_factory=list)
     counters: list[str] = field(default_factory=list)
     next_supplied: int = 0
+    # uniform draws of the forward (id -> (the tensor, its version then, low, high)) and the
+    # comparisons of one with a number inside its range (id -> the result): see _decide
+    uniform: dict[int, tuple[Any, int, float, float]] = field(default_factory=dict)
+    random_choices: dict[int, Any] = field(default_factory=dict)
 
     def site(self, site: Site) -> list[torch.Tensor] | None:
         """Record ``site`` (discovery: None, the caller computes a stand-in), or return the
@@ -556,6 +560,11 @@ _INTERNAL_NORMS = {torch.native_batch_norm, torch.ops.aten._native_batch_norm_le
                    torch.ops.aten._batch_norm_with_update, torch.ops.aten._batch_norm_with_update.default}
 _LINEAR_CROSS_ENTROPY = getattr(F, "linear_cross_entropy", None)     # (torch 2.14 and later)
 _DATA_DESCRIPTOR = torch.Tensor.data
+# comparisons, each with the one that holds with its operands swapped
+_COMPARISONS = {torch.Tensor.__lt__: "<", torch.Tensor.lt: "<", torch.lt: "<", torch.less: "<",
+                torch.Tensor.__le__: "<=", torch.Tensor.le: "<=", torch.le: "<=", torch.less_equal: "<=",
+                torch.Tensor.__gt__: ">", torch.Tensor.gt: ">", torch.gt: ">", torch.greater: ">",
+                torch.Tensor.__ge__: ">=", torch.Tensor.ge: ">=", torch.ge: ">=", torch.greater_equal: ">="}
 _COUNTER_READS = {torch.Tensor.__float__, torch.Tensor.item}
 
 
@@ -593,7 +602,19 @@ class _TraceMode(TorchFunctionMode):
             tensor = args[0]
             return stop_gradient(tensor) if tensor.requires_grad and tensor.is_floating_point() else func(*args)
         if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
-            return self._draw(func, args, kwargs)
+            drawn = self._draw(func, args, kwargs)
+            self._note_uniform(func, args, kwargs, drawn)
+            return drawn
+        if func in _COMPARISONS and len(args) == 2 and not kwargs:
+            return self._decide(func, args)
+        if func is torch.Tensor.__bool__ and id(args[0]) in self.trace.random_choices \
+                and self.trace.random_choices[id(args[0])] is args[0]:
+            raise OrtNotImplemented(
+                "ORTModule: the forward takes a Python branch on a random draw compared with a number inside "
+                "its range (transformers' layerdrop: `torch.rand([]) < layerdrop`, skipping a layer at random); "
+                "one graph cannot choose its layers at random. Set that probability to 0 (e.g. "
+                "config.encoder_layerdrop = config.decoder_layerdrop = 0.0, config.layerdrop = 0.0) to train "
+                "through ORTModule")
         if func is F.embedding:
             return _embedding(*args, **kwargs)
         if func in _FRACTIONAL_POOLS and len(args) <= 5 and kwargs.get("_random_samples") is None:
@@ -687,6 +708,47 @@ class _TraceMode(TorchFunctionMode):
         if drawn is None:           # a discovery: any samples do
             return torch.full(shape, 0.5, dtype=input.dtype, device=input.device)
         return drawn[0]
+
+    def _note_uniform(self, func: Any, args: tuple, kwargs: dict, drawn: Any) -> None:
+        """Record a draw uniform over a known range (``torch.rand``, ``rand_like``,
+        ``uniform_``) for :meth:`_decide`."""
+        if func is torch.rand or func is torch.rand_like:
+            low, high = 0.0, 1.0
+        elif func is torch.Tensor.uniform_:
+            low = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
+            high = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
+        else:
+            return
+        if isinstance(drawn, torch.Tensor) and drawn.is_floating_point() \
+                and all(isinstance(b, int | float) and not isinstance(b, bool) for b in (low, high)):
+            self.trace.uniform[id(drawn)] = (drawn, drawn._version, float(low), float(high))
+
+    def _decide(self, func: Any, args: tuple) -> Any:
+        """A comparison of a uniform draw with a number: where the number lies outside the
+        draw's range the answer is the same for every draw (``torch.rand([]) < 0.0``, which
+        transformers' layerdrop makes at layerdrop 0) and is that constant, so a Python branch
+        on it traces; the draw itself is still made, as eager makes it. Inside the range the
+        answer is random; a branch on it is refused (see ``__torch_function__``)."""
+        drawn, bound, op = args[0], args[1], _COMPARISONS[func]
+        if not isinstance(drawn, torch.Tensor) and isinstance(args[1], torch.Tensor):
+            drawn, bound = args[1], args[0]             # torch.lt(0.5, u): u > 0.5
+            op = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[op]
+        entry = self.trace.uniform.get(id(drawn)) if isinstance(drawn, torch.Tensor) else None
+        if entry is None or entry[0] is not drawn or entry[1] != drawn._version \
+                or isinstance(bound, bool) or not isinstance(bound, int | float):
+            return func(*args)
+        _, _, low, high = entry          # (high included: a low-precision draw may round up to it)
+        outcome = {"<": False if bound <= low else True if bound > high else None,
+                   "<=": False if bound < low else True if bound >= high else None,
+                   ">": True if bound < low else False if bound >= high else None,
+                   ">=": True if bound <= low else False if bound > high else None}[op]
+        if outcome is None:
+            result = func(*args)
+            self.trace.random_choices[id(result)] = result
+            return result
+        if drawn.dim() == 0:
+            return torch.tensor(outcome)    # (a constant torch.export can branch on)
+        return torch.full_like(drawn, outcome, dtype=torch.bool)
 
     def _draw(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """A primitive random draw: a site whose values the bridge makes before the run."""
