@@ -186,6 +186,42 @@ def test_gpt2_lm_loss_with_its_default_cache():
     assert not out.past_key_values.layers[0].keys.requires_grad           # the cache comes back detached
 
 
+def test_mistral_returns_its_sliding_window_cache():
+    """Mistral's default cache holds sliding-window layers (the last ``window - 1`` keys and
+    values, and the count of tokens seen): trained beside eager over sequences shorter and
+    longer than the window, it comes back as eager's cache, layer kinds, tensors and counts."""
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+    window = 8
+
+    def make():
+        config = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=96,
+                                            max_position_embeddings=64, sliding_window=window)
+        return transformers.MistralForCausalLM(config)
+
+    shapes = [(2, 6), (2, 12), (3, 10)]
+
+    def batch(step):
+        ids, _ = _tokens(step, *shapes[step], 96)
+        return {"input_ids": ids, "labels": ids}
+
+    model = _train(make, batch, lambda out: out.loss, len(shapes))
+    eager = copy.deepcopy(model.module)
+    for batch_size, length in ((2, 5), (3, 13)):
+        ids, _ = _tokens(7, batch_size, length, 96)
+        got, expected = model(input_ids=ids).past_key_values, eager(input_ids=ids).past_key_values
+        assert [type(layer).__name__ for layer in got.layers] == \
+            [type(layer).__name__ for layer in expected.layers] == ["DynamicSlidingWindowLayer"] * 2
+        assert got.get_seq_length() == expected.get_seq_length() == length
+        for mine, theirs in zip(got.layers, expected.layers):
+            assert mine.sliding_window == theirs.sliding_window == window
+            assert mine.cumulative_length == theirs.cumulative_length
+            assert mine.keys.shape[-2] == min(length, window - 1)
+            _compare_tensor("keys", mine.keys, theirs.keys)
+            _compare_tensor("values", mine.values, theirs.values)
+
+
 def test_bert_with_a_padded_attention_mask():
     torch = _torch()
     transformers = pytest.importorskip("transformers")

@@ -10,7 +10,8 @@ Results may also hold key/value caches that torch's pytree does not know: transf
 ``DynamicCache`` and ``EncoderDecoderCache`` (what its models return with ``use_cache=True``,
 their default) come back as caches of the same type over the graph's key and value tensors,
 detached: the bridge gives them no gradient (a training loop does not backpropagate through a
-cache it was returned).
+cache it was returned). A sliding-window layer (Mistral's default cache) also returns, from
+the graph, the count of tokens it has seen, which its windowed keys no longer tell.
 
 A complex tensor (complex64, complex128) in a result crosses as its real view: torch.onnx's
 exporter writes a complex value as a real one with a trailing axis of 2 (real, imaginary), so the
@@ -53,37 +54,66 @@ pytree.register_pytree_node(
 
 
 def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
+    """A DynamicCache's tensors, layer by layer, and a context naming each layer's kind:
+    ``None`` for a full layer (keys, values), the window for a sliding-window layer (keys,
+    values, and the count of tokens it has seen, an int64 scalar computed in the graph: its
+    keys keep only the last ``window - 1`` of them)."""
     layers = getattr(cache, "layers", None)
     if layers is None:                          # transformers 4.x: key_cache / value_cache lists
         pairs = list(zip(cache.key_cache, cache.value_cache))
-    else:
-        pairs = []
-        for layer in layers:
-            if type(layer).__name__ != "DynamicLayer":
-                raise OrtNotImplemented(f"ORTModule: a DynamicCache with {type(layer).__name__} layers is not "
-                                        "returned by the bridge (plain DynamicLayer caches are)")
-            pairs.append((layer.keys, layer.values))
-    return [tensor for pair in pairs for tensor in pair], len(pairs)
+        return [tensor for pair in pairs for tensor in pair], (None,) * len(pairs)
+    tensors: list[torch.Tensor] = []
+    kinds: list[int | None] = []
+    for layer in layers:
+        kind = type(layer).__name__
+        if kind == "DynamicSlidingWindowLayer" and not getattr(layer, "record_past", False):
+            seen = layer.cumulative_length
+            tensors += [layer.keys, layer.values,
+                        torch.full((), seen, dtype=torch.int64, device=layer.keys.device)]
+            kinds.append(int(layer.sliding_window))
+        elif kind == "DynamicLayer":
+            tensors += [layer.keys, layer.values]
+            kinds.append(None)
+        else:
+            raise OrtNotImplemented(f"ORTModule: a DynamicCache with {kind} layers is not returned by the bridge "
+                                    "(DynamicLayer and DynamicSlidingWindowLayer caches are)")
+    return tensors, tuple(kinds)
 
 
-def _dynamic_cache(tensors: list[torch.Tensor], context: Any) -> Any:
+def _cache_tensor_count(kinds: tuple) -> int:
+    return sum(2 if window is None else 3 for window in kinds)
+
+
+def _dynamic_cache(tensors: list[torch.Tensor], kinds: tuple) -> Any:
     from transformers.cache_utils import DynamicCache
 
-    pairs = [(tensors[i], tensors[i + 1]) for i in range(0, len(tensors), 2)]
-    return DynamicCache(pairs) if pairs else DynamicCache()
+    entries, seen, position = [], [], 0
+    for window in kinds:
+        if window is None:
+            entries.append((tensors[position], tensors[position + 1]))
+            position += 2
+        else:
+            entries.append((tensors[position], tensors[position + 1], torch.tensor(window)))
+            seen.append((len(entries) - 1, int(tensors[position + 2])))
+            position += 3
+    cache = DynamicCache(entries) if entries else DynamicCache()
+    for index, count in seen:           # (the window holds the last tokens; the count is of all of them)
+        cache.layers[index].cumulative_length = count
+    return cache
 
 
 def _encoder_decoder_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
-    own, own_layers = _dynamic_cache_tensors(cache.self_attention_cache)
-    cross, cross_layers = _dynamic_cache_tensors(cache.cross_attention_cache)
-    return own + cross, (own_layers, cross_layers)
+    own, own_kinds = _dynamic_cache_tensors(cache.self_attention_cache)
+    cross, cross_kinds = _dynamic_cache_tensors(cache.cross_attention_cache)
+    return own + cross, (own_kinds, cross_kinds)
 
 
 def _encoder_decoder_cache(tensors: list[torch.Tensor], context: Any) -> Any:
     from transformers.cache_utils import EncoderDecoderCache
 
-    split = 2 * context[0]
-    return EncoderDecoderCache(_dynamic_cache(tensors[:split], None), _dynamic_cache(tensors[split:], None))
+    own_kinds, cross_kinds = context
+    split = _cache_tensor_count(own_kinds)
+    return EncoderDecoderCache(_dynamic_cache(tensors[:split], own_kinds), _dynamic_cache(tensors[split:], cross_kinds))
 
 
 # cache types by qualified name: (flatten to tensors and a context, rebuild)
