@@ -375,6 +375,96 @@ def test_layer_drop_inside_the_draw_s_range_is_refused_with_its_reason():
     assert bridged(torch.randn(4, 8)).shape == (4, 8)
 
 
+class _Scaled:
+    """Custom autograd.Functions whose backward is not their forward's derivative."""
+
+    @staticmethod
+    def functions():
+        torch = _torch()
+
+        class HalvedGradient(torch.autograd.Function):      # the forward doubles, the backward halves
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, grad):
+                return grad * 0.5
+
+        class GradientReversal(torch.autograd.Function):    # domain-adversarial training's layer
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, grad):
+                return -grad
+
+        return HalvedGradient, GradientReversal
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["halved_gradient", "gradient_reversal"])
+def test_custom_autograd_functions_are_refused_rather_than_differentiated_wrongly(which):
+    """The exported graph holds a custom Function's forward operations, never its backward: its
+    gradient would be the forward's derivative (before: 4x for the halved gradient, +1 for the
+    reversal, silently; BLOOM's GeLUFunction gave its MLP zero gradients). Refused, naming the
+    Function; a Function applied to tensors that need no gradient runs as it is."""
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    function = _Scaled.functions()[which]
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x, mask):
+            weights = function.apply(mask.float())          # nothing here needs a gradient
+            return function.apply(self.linear(x)) * weights
+
+    x, mask = torch.randn(3, 4), torch.rand(3, 4) > 0.5
+    with pytest.raises(OrtNotImplemented, match=function.__qualname__):
+        ORTModule(Model())(x, mask)
+
+    class NoGradient(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x, mask):
+            return self.linear(x) * function.apply(mask.float())
+
+    _compare(NoGradient, lambda step: (x, mask), lambda out: (out ** 2).mean())
+
+
+def test_reentrant_checkpoint_is_refused_and_the_other_matches_eager():
+    """torch.utils.checkpoint with use_reentrant=True is a custom Function (refused, saying to
+    use the other); with use_reentrant=False it is plain operations, differentiated as torch."""
+    torch = _torch()
+    from torch.utils.checkpoint import checkpoint
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    def make(reentrant):
+        class Checkpointed(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6))
+
+            def forward(self, x):
+                return checkpoint(self.inner, x, use_reentrant=reentrant) * x
+
+        return Checkpointed()
+
+    x = torch.randn(3, 6)
+    with pytest.raises(OrtNotImplemented, match="use_reentrant=False"):
+        ORTModule(make(True))(x.requires_grad_())
+    _compare(lambda: make(False), lambda step: (x.detach(),), lambda out: (out ** 2).mean())
+
+
 def test_gpt_block_tied_head():
     torch = _torch()
     char_gpt = _char_gpt_demo().CharGPT

@@ -675,6 +675,15 @@ class _TraceMode(TorchFunctionMode):
         if not torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].requires_grad \
                 and args[0].is_floating_point() and _updates_in_place(func) and func not in _METADATA_UPDATES:
             return _update_without_gradient(func, args, kwargs)
+        if not torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
+            function = _custom_function_running()
+            if function is not None:
+                raise OrtNotImplemented(
+                    f"ORTModule: the forward applies the custom autograd.Function "
+                    f"{function.__module__}.{function.__qualname__}; the exported graph would hold the operations "
+                    "of its forward and not its backward, whose gradient can differ (a straight-through estimator, "
+                    "a gradient reversal). Write it with torch operations (ORTModule differentiates those as torch "
+                    "does) or apply it outside the ORTModule; torch.utils.checkpoint works with use_reentrant=False")
         result = func(*args, **kwargs)
         return self._cut(args, kwargs, result)
 
@@ -866,6 +875,42 @@ def _called_from(code: Any) -> bool:
 
 
 _DETECT_CAUSAL = torch.nn.modules.transformer._detect_is_causal_mask.__code__
+
+
+def _custom_function_running() -> type | None:
+    """The custom ``torch.autograd.Function`` whose forward the caller runs inside (torch runs a
+    Function's forward with gradients off, from its C++ ``apply``: a frame of that Function's
+    ``forward``), or None. The Functions torch makes for custom operators (``torch._library``:
+    the operator is one node of the export, its backward registered with it) are not counted."""
+    frame = sys._getframe(2)
+    for _ in range(64):
+        if frame is None:
+            return None
+        code = frame.f_code
+        if code.co_name == "forward":
+            function = _function_of(code)
+            if function is not None and not function.__module__.startswith("torch._library"):
+                return function
+        frame = frame.f_back
+    return None
+
+
+_FORWARD_CODES: dict[Any, type | None] = {}
+
+
+def _function_of(code: Any) -> type | None:
+    """The ``torch.autograd.Function`` subclass whose ``forward`` has ``code``, or None."""
+    if code not in _FORWARD_CODES:
+        found = None
+        pending = list(torch.autograd.Function.__subclasses__())
+        while pending and found is None:
+            cls = pending.pop()
+            pending.extend(cls.__subclasses__())
+            if getattr(cls.__dict__.get("forward"), "__code__", None) is code or \
+                    getattr(getattr(cls.__dict__.get("forward"), "__func__", None), "__code__", None) is code:
+                found = cls
+        _FORWARD_CODES[code] = found
+    return _FORWARD_CODES[code]
 
 
 @contextmanager
