@@ -1,7 +1,9 @@
 """Real model families through ``ortagent.torch.ORTModule``, built from configs with random
 weights (nothing downloaded): transformers' GPT-2 (its LM loss), BERT (a padded attention
-mask), Llama (grouped-query attention) and T5; torchvision's ResNet-18 (BatchNorm in training)
-and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's ViT (stochastic depth).
+mask), Llama (grouped-query attention), T5, Mistral (its sliding-window cache), BART and OPT
+(their layerdrop draws), BLOOM (refused: a custom autograd.Function); torchvision's ResNet-18
+(BatchNorm in training) and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's
+ViT (stochastic depth).
 
 Each trains a few optimizer steps beside the same model in eager torch. Every step starts both
 from the same state (the eager copy takes the bridged model's parameters and buffers), so a
@@ -220,6 +222,51 @@ def test_mistral_returns_its_sliding_window_cache():
             assert mine.keys.shape[-2] == min(length, window - 1)
             _compare_tensor("keys", mine.keys, theirs.keys)
             _compare_tensor("values", mine.values, theirs.values)
+
+
+@pytest.mark.parametrize("family", ["bart", "opt"])
+def test_transformers_models_that_draw_for_layerdrop_train_beside_eager(family):
+    """BART and OPT draw ``torch.rand([])`` per layer in training to skip it below their
+    layerdrop (0 by default): the branch is the same for every draw and traces as such, the draw
+    still made, so the dropout after it keeps eager's masks (before: a TraceFailure, 'Tensor.item()
+    cannot be called on meta tensors')."""
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        if family == "bart":
+            config = transformers.BartConfig(vocab_size=96, d_model=32, encoder_layers=1, decoder_layers=1,
+                                             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                             decoder_ffn_dim=64, max_position_embeddings=64)
+            return transformers.BartForConditionalGeneration(config)
+        config = transformers.OPTConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                        ffn_dim=64, word_embed_proj_dim=32, max_position_embeddings=64)
+        return transformers.OPTForCausalLM(config)
+
+    shapes = [(2, 10), (3, 8)]
+
+    def batch(step):
+        ids, generator = _tokens(step, *shapes[step], 96)
+        if family == "bart":
+            return {"input_ids": ids, "labels": torch.randint(3, 96, (shapes[step][0], 5), generator=generator)}
+        return {"input_ids": ids, "labels": ids}
+
+    _train(make, batch, lambda out: out.loss, len(shapes))
+
+
+def test_bloom_is_refused_for_its_custom_gelu_function():
+    """BLOOM's MLP applies a custom autograd.Function (GeLUFunction) whose backward the exported
+    graph cannot hold: refused, naming it (before, its weights got zero gradients silently)."""
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    config = transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=2)
+    model = ORTModule(transformers.BloomForCausalLM(config).train())
+    ids, _ = _tokens(0, 2, 8, 96)
+    with pytest.raises(OrtNotImplemented, match="GeLUFunction"):
+        model(input_ids=ids, labels=ids)
 
 
 def test_bert_with_a_padded_attention_mask():
