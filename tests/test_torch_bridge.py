@@ -439,6 +439,51 @@ def test_custom_autograd_functions_are_refused_rather_than_differentiated_wrongl
     _compare(NoGradient, lambda step: (x, mask), lambda out: (out ** 2).mean())
 
 
+def test_gradient_hooks_inside_the_wrapped_module_are_refused_and_hooks_outside_run():
+    """onnxruntime computes the backward, so a hook the forward registers on a tensor, or a
+    backward hook on a submodule, would never run (before: ignored, the gradient silently not the
+    hook's). Both are refused; a backward hook on the ORTModule itself, and hooks on the
+    parameters, run as in eager."""
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Hooked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.linear(x)
+            h.register_hook(lambda grad: grad * 0.5)
+            return h * x
+
+    x = torch.randn(3, 4)
+    with pytest.raises(OrtNotImplemented, match="register_hook"):
+        ORTModule(Hooked())(x)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    inner[0].register_full_backward_hook(lambda module, grad_in, grad_out: (grad_in[0] * 0.5,))
+    with pytest.raises(OrtNotImplemented, match="'0' has a backward hook"):
+        ORTModule(inner)(x)
+
+    def outside():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+        model[0].weight.register_hook(lambda grad: grad * 3)
+        return model
+
+    torch.manual_seed(0)
+    eager = outside()
+    bridged = ORTModule(copy.deepcopy(eager))
+    bridged.module[0].weight.register_hook(lambda grad: grad * 3)   # (deepcopy keeps no tensor hook)
+    for model in (eager, bridged):
+        model.register_full_backward_hook(lambda module, grad_in, grad_out: (grad_in[0] * 0.5,))
+    inputs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    for model, value in zip((eager, bridged), inputs):
+        model(value).square().sum().backward()
+    torch.testing.assert_close(inputs[1].grad, inputs[0].grad)
+    torch.testing.assert_close(bridged.module[0].weight.grad, eager[0].weight.grad)
+
+
 def test_reentrant_checkpoint_is_refused_and_the_other_matches_eager():
     """torch.utils.checkpoint with use_reentrant=True is a custom Function (refused, saying to
     use the other); with use_reentrant=False it is plain operations, differentiated as torch."""

@@ -308,6 +308,7 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
     """Run the forward once, outside any export, to learn its draws and output structure and to
     meet a refusal early. Tries meta tensors first (nothing computed, nothing touched), then
     copies of the real tensors (in-place updates in the forward touch nothing of the caller's)."""
+    _refuse_backward_hooks(module)
     flat = [*inputs.tensors, *state.values()]
     graded = _graded(inputs, state, {name for name, _ in module.named_parameters()}, all_graded)
     generator = default_generator(device)
@@ -329,6 +330,23 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
         trace = functional.trace
         return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters))
     raise AssertionError("unreachable")
+
+
+def _refuse_backward_hooks(module: nn.Module) -> None:
+    """Backward hooks of the wrapped module's submodules (or global ones) would never run:
+    onnxruntime computes the backward. Refused, naming the first."""
+    from torch.nn.modules import module as module_base
+
+    if getattr(module_base, "_global_backward_hooks", None) or getattr(module_base, "_global_backward_pre_hooks", None):
+        raise OrtNotImplemented("ORTModule: a global module backward hook is registered "
+                                "(register_module_full_backward_hook); onnxruntime's backward would not call it")
+    for name, submodule in module.named_modules():
+        if getattr(submodule, "_backward_hooks", None) or getattr(submodule, "_backward_pre_hooks", None):
+            raise OrtNotImplemented(
+                f"ORTModule: the submodule {name or type(module).__name__!r} has a backward hook "
+                "(register_full_backward_hook or register_full_backward_pre_hook); onnxruntime's backward would not "
+                "call it, so the gradient would not be the hook's. Remove it from the wrapped module, or hook the "
+                "ORTModule itself")
 
 
 # -- the export ----------------------------------------------------------------------------------------

@@ -607,6 +607,12 @@ class _TraceMode(TorchFunctionMode):
             return drawn
         if func in _COMPARISONS and len(args) == 2 and not kwargs:
             return self._decide(func, args)
+        if func is torch.Tensor.register_hook:
+            raise OrtNotImplemented(
+                "ORTModule: the forward registers a gradient hook on a tensor (Tensor.register_hook); onnxruntime's "
+                "backward would not call it, so the gradient would not be the hook's. Register hooks on the "
+                "parameters outside the forward (those run, on the gradients ORTModule hands back), or apply the "
+                "hook's change as torch operations")
         if func is torch.Tensor.__bool__ and id(args[0]) in self.trace.random_choices \
                 and self.trace.random_choices[id(args[0])] is args[0]:
             raise OrtNotImplemented(
@@ -677,6 +683,11 @@ class _TraceMode(TorchFunctionMode):
             return _update_without_gradient(func, args, kwargs)
         if not torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
             function = _custom_function_running()
+            if function is _BACKWARD_HOOK_FUNCTION:
+                raise OrtNotImplemented(
+                    "ORTModule: a submodule has a backward hook (register_full_backward_hook or "
+                    "register_full_backward_pre_hook); onnxruntime's backward would not call it, so the gradient "
+                    "would not be the hook's. Remove it from the wrapped module, or hook the ORTModule itself")
             if function is not None:
                 raise OrtNotImplemented(
                     f"ORTModule: the forward applies the custom autograd.Function "
@@ -896,6 +907,7 @@ def _custom_function_running() -> type | None:
 
 
 _FORWARD_CODES: dict[Any, type | None] = {}
+_BACKWARD_HOOK_FUNCTION = getattr(getattr(torch.nn.modules, "_functions", None), "BackwardHookFunction", None)
 
 
 def _function_of(code: Any) -> type | None:
