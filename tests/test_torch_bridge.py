@@ -1517,3 +1517,40 @@ def test_in_place_updates_under_no_grad_keep_torch_s_gradient(kind):
     # 2e8 + (0.5 - 2e8) to 0 in float32)
     scale = 1e8 if kind == "clamp_ of large values" else 1.0
     _assert_same(_update_under_no_grad(kind), torch.randn(4, 6) * scale)
+
+
+def test_updates_through_data_reach_the_tensor():
+    """``t.data.op_(...)`` changes ``t`` in eager. The trace's ``.data`` was a new value, so the
+    update changed nothing the graph read (a weight clipped through ``.data`` in the forward:
+    outputs and gradients of the unclipped weight, silently, and the parameter left as it was).
+    A buffer's update now reaches the buffer (copied back after the run, as eager's); a
+    parameter's is refused, as any in-place update of a parameter in the forward."""
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Counted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.register_buffer("count", torch.zeros(4))
+
+        def forward(self, x):
+            self.count.data.add_(1.0)
+            return self.linear(x) * self.count
+
+    x = torch.randn(3, 4)
+    eager, bridged, errors = _compare(Counted, lambda step: (x,), lambda out: (out ** 2).mean(), steps=2)
+    assert torch.equal(bridged.module.count, torch.full((4,), 2.0)) and torch.equal(eager.count, bridged.module.count)
+
+    class Clipped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.linear.weight.data.clamp_(-0.1, 0.1)
+            return self.linear(x)
+
+    with pytest.raises(OrtNotImplemented, match="updates 'linear.weight' in place"):
+        ORTModule(Clipped())(x)

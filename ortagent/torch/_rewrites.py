@@ -126,6 +126,8 @@ class Trace:
     # uniform draws of the forward (id -> (the tensor, its version then, low, high)) and the
     # comparisons of one with a number inside its range (id -> the result): see _decide
     uniform: dict[int, tuple[Any, int, float, float]] = field(default_factory=dict)
+    # the trace's ``t.data`` values (id -> (the value, t)): an update of one updates t
+    data_aliases: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     random_choices: dict[int, Any] = field(default_factory=dict)
 
     def site(self, site: Site) -> list[torch.Tensor] | None:
@@ -600,7 +602,14 @@ class _TraceMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if _is_data_getter(func):
             tensor = args[0]
-            return stop_gradient(tensor) if tensor.requires_grad and tensor.is_floating_point() else func(*args)
+            if not (tensor.requires_grad and tensor.is_floating_point()):
+                return tensor           # (the same values, no gradient either way: updates reach it)
+            alias = stop_gradient(tensor)
+            self.trace.data_aliases[id(alias)] = (alias, tensor)
+            return alias
+        if args and isinstance(args[0], torch.Tensor) and _updates_in_place(func) \
+                and self.trace.data_aliases.get(id(args[0]), (None,))[0] is args[0] and func not in _METADATA_UPDATES:
+            return self._update_through_data(func, args, kwargs)
         if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
             drawn = self._draw(func, args, kwargs)
             self._note_uniform(func, args, kwargs, drawn)
@@ -728,6 +737,18 @@ class _TraceMode(TorchFunctionMode):
         if drawn is None:           # a discovery: any samples do
             return torch.full(shape, 0.5, dtype=input.dtype, device=input.device)
         return drawn[0]
+
+    def _update_through_data(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An in-place update of ``t.data`` (``w.data.clamp_(...)``): in eager it changes ``t``
+        itself, recording no gradient. The trace's ``.data`` is ``t`` through stop_gradient, a
+        new value: the update is made to ``t`` as an update under no_grad (a parameter's is then
+        refused by the export, a buffer's or an input's copied back), and the alias takes the
+        new values."""
+        alias, original = self.trace.data_aliases[id(args[0])]
+        with torch.no_grad():
+            result = _update_without_gradient(func, (original, *args[1:]), kwargs)
+            alias.copy_(original)
+        return alias if result is original else result
 
     def _note_uniform(self, func: Any, args: tuple, kwargs: dict, drawn: Any) -> None:
         """Record a draw uniform over a known range (``torch.rand``, ``rand_like``,
