@@ -1554,3 +1554,25 @@ def test_updates_through_data_reach_the_tensor():
 
     with pytest.raises(OrtNotImplemented, match="updates 'linear.weight' in place"):
         ORTModule(Clipped())(x)
+
+
+def test_a_gradient_inside_the_forward_is_refused_with_its_reason():
+    """A gradient penalty (torch.autograd.grad with create_graph inside the forward) cannot be
+    one exported forward: refused, naming the call (before: torch.export's 'fake tensor in the
+    exported program constant's list')."""
+    torch = _torch()
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Penalized(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            score = self.linear(torch.tanh(x)).sum()
+            (slope,) = torch.autograd.grad(score, x, create_graph=True)
+            return score + slope.square().sum()
+
+    with pytest.raises(OrtNotImplemented, match="torch.autograd.grad"):
+        ORTModule(Penalized())(torch.randn(3, 4, requires_grad=True))

@@ -568,6 +568,8 @@ _COMPARISONS = {torch.Tensor.__lt__: "<", torch.Tensor.lt: "<", torch.lt: "<", t
                 torch.Tensor.__gt__: ">", torch.Tensor.gt: ">", torch.gt: ">", torch.greater: ">",
                 torch.Tensor.__ge__: ">=", torch.Tensor.ge: ">=", torch.ge: ">=", torch.greater_equal: ">="}
 _COUNTER_READS = {torch.Tensor.__float__, torch.Tensor.item}
+_AUTOGRAD_CALLS = {torch.autograd.grad: "torch.autograd.grad", torch.autograd.backward: "torch.autograd.backward",
+                   torch.Tensor.backward: "Tensor.backward"}
 
 
 def _is_data_getter(func: Any) -> bool:
@@ -616,6 +618,11 @@ class _TraceMode(TorchFunctionMode):
             return drawn
         if func in _COMPARISONS and len(args) == 2 and not kwargs:
             return self._decide(func, args)
+        if func in _AUTOGRAD_CALLS:
+            raise OrtNotImplemented(
+                f"ORTModule: the forward calls {_AUTOGRAD_CALLS[func]} (a gradient inside the forward: a gradient "
+                "penalty, an input-gradient regularizer); the exported graph holds one forward and differentiates "
+                "it once. Compute that term outside the ORTModule, or on the module unwrapped")
         if func is torch.Tensor.register_hook:
             raise OrtNotImplemented(
                 "ORTModule: the forward registers a gradient hook on a tensor (Tensor.register_hook); onnxruntime's "
