@@ -40,6 +40,12 @@
   integer one cast to the floating type, as torch promotes it.
 * :func:`batch_unbatched_losses` (forward, before differentiation, always): cross-entropy and
   NLL losses of one unbatched score vector get a batch of one (ONNX defines them batched).
+* :func:`vector_products_on_transposes` (every model ortagent hands onnxruntime for training or
+  ORTModule's inference, always): a correctness workaround, not a speed-up. onnxruntime 1.31's
+  MatMul/Transpose fusion (optimisation level extended and above) computes
+  ``MatMul(Transpose(A), v)`` with a vector ``v`` as ``A @ v``: torch's ``mv(w.t(), u)``,
+  spectral norm's power iteration, and the input gradient of any matrix-vector product came out
+  wrong. The vector becomes a one-column matrix and the product's column is squeezed back.
 
 The first two work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
 bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
@@ -1185,3 +1191,41 @@ def _onnxruntime_pads(sizes, kernel, strides, dilations, pads) -> list[int] | No
             return None
         new_pads[axis + spatial] = overhang
     return new_pads
+
+
+def vector_products_on_transposes(model: ModelProto) -> int:
+    """Rewrite, in place, each main-graph ``MatMul(T, v)`` whose first operand a ``Transpose``
+    makes and whose second is of rank 1 as ``Squeeze(MatMul(T, Unsqueeze(v, -1)), -1)``, which
+    onnxruntime computes right (see the module docstring); returns the number rewritten. Ranks
+    come from the model's declarations, else from ONNX shape inference; a product whose
+    operand's rank is unknown is left alone."""
+    graph = model.graph
+    transposed = {node.output[0] for node in graph.node
+                  if node.op_type == "Transpose" and node.domain in ("", "ai.onnx") and node.output}
+    candidates = [node for node in graph.node if node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
+                  and len(node.input) == 2 and node.input[0] in transposed]
+    if not candidates or _default_opset(model) < 13:
+        return 0
+    ranks = {value.name: len(value.type.tensor_type.shape.dim)
+             for value in (*graph.input, *graph.value_info, *graph.output) if value.type.tensor_type.HasField("shape")}
+    ranks.update((init.name, len(init.dims)) for init in graph.initializer)
+    if any(node.input[1] not in ranks for node in candidates):
+        ranks.update((name, len(dims)) for name, dims in inferred_dims(model).items())
+    vectors = {id(node) for node in candidates if ranks.get(node.input[1]) == 1}
+    if not vectors:
+        return 0
+    names = NameAllocator(all_value_names(graph))
+    axis, init = _constant(names, "ortagent_last_axis", [-1])
+    graph.initializer.append(init)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if id(node) not in vectors:
+            nodes.append(node)
+            continue
+        column, product = names.fresh(f"{node.input[1]}_column"), names.fresh(f"{node.output[0]}_column")
+        nodes += [helper.make_node("Unsqueeze", [node.input[1], axis], [column]),
+                  helper.make_node("MatMul", [node.input[0], column], [product], name=node.name),
+                  helper.make_node("Squeeze", [product, axis], [node.output[0]])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(vectors)

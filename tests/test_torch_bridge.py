@@ -1576,3 +1576,71 @@ def test_a_gradient_inside_the_forward_is_refused_with_its_reason():
 
     with pytest.raises(OrtNotImplemented, match="torch.autograd.grad"):
         ORTModule(Penalized())(torch.randn(3, 4, requires_grad=True))
+
+
+@pytest.mark.parametrize("case", ["mv_of_transpose", "matmul_of_transpose"])
+def test_a_transposed_matrix_times_a_vector(case):
+    """onnxruntime 1.31's MatMul/Transpose fusion computes Transpose(A) @ v with a vector v as
+    A @ v (optimisation level extended and above). ortagent writes the vector as a one-column
+    matrix in every graph it hands onnxruntime, so ``mv(w.t(), u)`` and its gradients are
+    torch's, in training and in eval mode."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    u = torch.randn(6)
+
+    class Product(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(6, 6))
+
+        def forward(self, x):
+            product = torch.mv(self.w.t(), x) if case == "mv_of_transpose" else self.w.transpose(0, 1) @ x
+            return product * u
+
+    x = torch.randn(6)
+    _compare(Product, lambda step: (x,), lambda out: (out ** 2).sum())
+    torch.manual_seed(0)
+    eager = Product().eval()
+    bridged = ORTModule(copy.deepcopy(eager)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(bridged(x), eager(x))
+
+
+@pytest.mark.parametrize("flavour", ["hook", "parametrization"])
+def test_spectral_norm_trains_beside_eager(flavour):
+    """Spectral norm's power iteration writes its vectors into buffers under no_grad (``out=``
+    of ``normalize``, a ``copy_``) from products with the transposed weight: the written values
+    carry no gradient, the buffers come back updated, and the products are onnxruntime's right
+    ones (before: outputs 0.58 and gradients ~50 off eager's, the buffers wrong)."""
+    torch = _torch()
+
+    def make():
+        linear = torch.nn.Linear(6, 6)
+        normed = torch.nn.utils.spectral_norm(linear) if flavour == "hook" else \
+            torch.nn.utils.parametrizations.spectral_norm(linear)
+        return torch.nn.Sequential(normed, torch.nn.Tanh())
+
+    x = torch.randn(3, 6)
+    _compare(make, lambda step: (x,), lambda out: (out ** 2).sum(), steps=3)
+
+
+def test_values_written_under_no_grad_carry_no_gradient():
+    """``torch.mul(w, 2, out=buffer)`` under no_grad writes values with no gradient (torch
+    records nothing): the graph wrote the computation into the buffer and differentiated
+    through it (a gradient 8.2 off eager's)."""
+    torch = _torch()
+
+    class Written(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4))
+            self.register_buffer("doubled", torch.ones(4))
+
+        def forward(self, x):
+            with torch.no_grad():
+                torch.mul(self.w, 2, out=self.doubled)
+            return x * self.doubled * self.w
+
+    x = torch.randn(3, 4)
+    _compare(Written, lambda step: (x,), lambda out: out.sum(), steps=2)

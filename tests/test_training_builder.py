@@ -1259,3 +1259,32 @@ def test_name_allocator_gives_the_first_free_suffix(steps):
             counter += 1
         assert names.fresh(name) == expected
         taken.add(expected)
+
+
+@pytest.mark.parametrize("batch", [None, 3], ids=["vector", "batched_matrix"])
+def test_transposed_matrix_times_vector_is_computed_right_by_onnxruntime(batch):
+    """onnxruntime 1.31 fuses Transpose into MatMul (FusedMatMul, optimisation level extended
+    and above) and then computes Transpose(A) @ v, v a vector, as A @ v. With the vector written
+    as a one-column matrix (what the split models and ORTModule's inference model get), the
+    product agrees with numpy at onnxruntime's default optimisation level."""
+    import onnx
+
+    from ortagent import InferenceSession
+    from ortagent._graph_passes import vector_products_on_transposes
+
+    rng = np.random.default_rng(0)
+    shape = [6, 6] if batch is None else [batch, 6, 6]
+    a = rng.standard_normal(shape).astype(np.float32)
+    v = rng.standard_normal(6).astype(np.float32)
+    perm = [1, 0] if batch is None else [0, 2, 1]
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["a"], ["t"], perm=perm), helper.make_node("MatMul", ["t", "v"], ["y"])],
+        "transposed_product", [helper.make_tensor_value_info("a", TensorProto.FLOAT, shape),
+                               helper.make_tensor_value_info("v", TensorProto.FLOAT, [6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape[:-1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    assert vector_products_on_transposes(model) == 1
+    onnx.checker.check_model(model)
+    (got,) = InferenceSession(model.SerializeToString()).run(None, {"a": a, "v": v})
+    np.testing.assert_allclose(got, np.swapaxes(a, -1, -2) @ v, rtol=1e-5, atol=1e-5)
+    assert vector_products_on_transposes(model) == 0            # (the product reads no Transpose now)

@@ -546,10 +546,47 @@ def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> 
     if program is not None:
         import onnxscript.optimizer
 
+        # (the new values of updated inputs and buffers are graph outputs while the optimizer
+        # runs: one that nothing else reads, a buffer written under no_grad, would be dropped
+        # as unused, and _mutation_outputs would find it gone)
+        graph = program.model.graph
+        kept = len(graph.outputs)
+        signature = getattr(getattr(program, "exported_program", None), "graph_signature", None)
+        mutated = {spec.arg.name for spec in getattr(signature, "output_specs", ())
+                   if spec.kind.name in ("USER_INPUT_MUTATION", "BUFFER_MUTATION")}
+        values = {value.name: value for node in graph for value in node.outputs}
+        kept_values = [values[name] for name in sorted(
+            _translated_name(program.exported_program.graph, name, set(values)) for name in mutated)
+            if name in values]
+        graph.outputs.extend(value for value in dict.fromkeys(kept_values) if value not in graph.outputs)
         onnxscript.optimizer.optimize(program.model, num_iterations=1)
+        del graph.outputs[kept:]
         for value, name in zip(program.model.graph.inputs, input_names):
             value.name = name
     return program
+
+
+_SAME_VALUE = {"aten::copy", "aten::clone", "aten::alias", "aten::detach", "aten::lift_fresh_copy"}
+
+
+def _translated_name(graph: Any, name: str, produced: set[str]) -> str:
+    """The ONNX value holding the FX value ``name``: itself, or where its node only copies a
+    value (``copy(dst, src)`` of the same type, as torch.onnx writes ``buffer.copy_(src)``:
+    torchlib returns ``src`` and no node makes ``name``), the value it copies."""
+    nodes = {node.name: node for node in graph.nodes}
+    for _ in range(8):
+        node = nodes.get(name)
+        if name in produced or node is None or not isinstance(node.target, torch._ops.OpOverload) \
+                or node.target._schema.name not in _SAME_VALUE:
+            return name
+        source = node.args[1] if node.target._schema.name == "aten::copy" else node.args[0]
+        meta, source_meta = node.meta.get("val"), getattr(source, "meta", {}).get("val")
+        if not isinstance(source, torch.fx.Node) or not isinstance(meta, torch.Tensor) \
+                or not isinstance(source_meta, torch.Tensor) or source_meta.dtype != meta.dtype \
+                or source_meta.shape != meta.shape:
+            return name
+        name = source.name
+    return name
 
 
 def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: list[torch.Tensor],
@@ -578,7 +615,7 @@ def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: li
         if name in param_names:
             raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place in its forward; "
                                     "in-place updates of parameters are not supported")
-        source = spec.arg.name
+        source = _translated_name(program.exported_program.graph, spec.arg.name, produced)
         if source not in produced or name not in types:
             raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place, and the exported "
                                     "graph lost the new value")
@@ -618,10 +655,11 @@ def inference_model(model: Any) -> Any:
     import onnx
 
     from ortagent import _ad_rules
-    from ortagent._graph_passes import masked_softmax_in_parts
+    from ortagent._graph_passes import masked_softmax_in_parts, vector_products_on_transposes
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     _ad_rules.finish(copy)
     masked_softmax_in_parts(copy)
+    vector_products_on_transposes(copy)     # (onnxruntime 1.31 computes A^T v wrong: see there)
     return copy

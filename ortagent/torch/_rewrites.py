@@ -697,6 +697,10 @@ class _TraceMode(TorchFunctionMode):
         if not torch.is_grad_enabled() and args and isinstance(args[0], torch.Tensor) and args[0].requires_grad \
                 and args[0].is_floating_point() and _updates_in_place(func) and func not in _METADATA_UPDATES:
             return _update_without_gradient(func, args, kwargs)
+        if isinstance(kwargs.get("out"), torch.Tensor) and not torch.is_grad_enabled():
+            written = _written_without_gradient(func, args, kwargs)
+            if written is not None:
+                return written
         if not torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
             function = _custom_function_running()
             if function is _BACKWARD_HOOK_FUNCTION:
@@ -856,6 +860,23 @@ def _update_without_gradient(func: Any, args: tuple, kwargs: dict) -> Any:
     passthrough = torch.where(torch.isfinite(target), target - stop_gradient(target), torch.zeros_like(target))
     target.copy_(stop_gradient(updated) + passthrough)
     return target if result is updated else result
+
+
+def _written_without_gradient(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """``torch.f(..., out=t)`` under no_grad from operands that require grad (spectral norm's
+    power iteration writes its vectors into buffers so): torch records nothing, so the values
+    written into ``t`` carry no gradient. The export would write the computation into ``t``
+    and differentiate through it; the result is computed apart and written through
+    stop_gradient. None where nothing requires grad or the result would not fit ``t`` as is."""
+    out = kwargs["out"]
+    operands = {key: value for key, value in kwargs.items() if key != "out"}
+    if out.requires_grad or not any(t.requires_grad for t in _tensors_in((*args, *operands.values()))):
+        return None
+    result = func(*args, **operands)
+    if not isinstance(result, torch.Tensor) or result.shape != out.shape or result.dtype != out.dtype:
+        return None
+    out.copy_(stop_gradient(result) if result.is_floating_point() else result)
+    return out
 
 
 def _updates_in_place(func: Any) -> bool:
