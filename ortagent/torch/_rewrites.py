@@ -126,9 +126,9 @@ class Trace:
     # uniform draws of the forward (id -> (the tensor, its version then, low, high)) and the
     # comparisons of one with a number inside its range (id -> the result): see _decide
     uniform: dict[int, tuple[Any, int, float, float]] = field(default_factory=dict)
+    random_choices: dict[int, Any] = field(default_factory=dict)
     # the trace's ``t.data`` values (id -> (the value, t)): an update of one updates t
     data_aliases: dict[int, tuple[Any, Any]] = field(default_factory=dict)
-    random_choices: dict[int, Any] = field(default_factory=dict)
 
     def site(self, site: Site) -> list[torch.Tensor] | None:
         """Record ``site`` (discovery: None, the caller computes a stand-in), or return the
@@ -562,7 +562,7 @@ _INTERNAL_NORMS = {torch.native_batch_norm, torch.ops.aten._native_batch_norm_le
                    torch.ops.aten._batch_norm_with_update, torch.ops.aten._batch_norm_with_update.default}
 _LINEAR_CROSS_ENTROPY = getattr(F, "linear_cross_entropy", None)     # (torch 2.14 and later)
 _DATA_DESCRIPTOR = torch.Tensor.data
-# comparisons, each with the one that holds with its operands swapped
+# comparisons of two values, by the relation each tests (see _TraceMode._decide)
 _COMPARISONS = {torch.Tensor.__lt__: "<", torch.Tensor.lt: "<", torch.lt: "<", torch.less: "<",
                 torch.Tensor.__le__: "<=", torch.Tensor.le: "<=", torch.le: "<=", torch.less_equal: "<=",
                 torch.Tensor.__gt__: ">", torch.Tensor.gt: ">", torch.gt: ">", torch.greater: ">",
