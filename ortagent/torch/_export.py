@@ -546,21 +546,7 @@ def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> 
     if program is not None:
         import onnxscript.optimizer
 
-        # (the new values of updated inputs and buffers are graph outputs while the optimizer
-        # runs: one that nothing else reads, a buffer written under no_grad, would be dropped
-        # as unused, and _mutation_outputs would find it gone)
-        graph = program.model.graph
-        kept = len(graph.outputs)
-        signature = getattr(getattr(program, "exported_program", None), "graph_signature", None)
-        mutated = {spec.arg.name for spec in getattr(signature, "output_specs", ())
-                   if spec.kind.name in ("USER_INPUT_MUTATION", "BUFFER_MUTATION")}
-        values = {value.name: value for node in graph for value in node.outputs}
-        kept_values = [values[name] for name in sorted(
-            _translated_name(program.exported_program.graph, name, set(values)) for name in mutated)
-            if name in values]
-        graph.outputs.extend(value for value in dict.fromkeys(kept_values) if value not in graph.outputs)
         onnxscript.optimizer.optimize(program.model, num_iterations=1)
-        del graph.outputs[kept:]
         for value, name in zip(program.model.graph.inputs, input_names):
             value.name = name
     return program

@@ -703,11 +703,6 @@ class _TraceMode(TorchFunctionMode):
                 return written
         if not torch.is_grad_enabled() and any(t.requires_grad for t in _tensors_in((*args, *kwargs.values()))):
             function = _custom_function_running()
-            if function is _BACKWARD_HOOK_FUNCTION:
-                raise OrtNotImplemented(
-                    "ORTModule: a submodule has a backward hook (register_full_backward_hook or "
-                    "register_full_backward_pre_hook); onnxruntime's backward would not call it, so the gradient "
-                    "would not be the hook's. Remove it from the wrapped module, or hook the ORTModule itself")
             if function is not None:
                 raise OrtNotImplemented(
                     f"ORTModule: the forward applies the custom autograd.Function "
@@ -956,7 +951,6 @@ def _custom_function_running() -> type | None:
 
 
 _FORWARD_CODES: dict[Any, type | None] = {}
-_BACKWARD_HOOK_FUNCTION = getattr(getattr(torch.nn.modules, "_functions", None), "BackwardHookFunction", None)
 
 
 def _function_of(code: Any) -> type | None:
