@@ -975,6 +975,37 @@ def test_sum_of_padded_pieces_becomes_a_concat(pieces, fill, mode, concatenated)
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("linear", [False, True], ids=["x@W", "x@W^T"])
+def test_simplify_copies_finishes_the_products_in_one_round(linear):
+    """One round of simplify_copies leaves nothing for a second: the weight gradient's product
+    that a Transpose rewritten in the round (or a view removed at its end) completes is written
+    in the same round, and its operand transposes cancel the ones already there (torch's Linear,
+    ``x@W^T``, took three rounds). The same gradients as the graph as generated."""
+    from ortagent._graph_passes import simplify_copies
+
+    d = np.float32
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((6, 4) if linear else (4, 6)).astype(d)
+    nodes = [helper.make_node("MatMul", ["x", "Wt" if linear else "W"], ["h"]), helper.make_node("Tanh", ["h"], ["y"])]
+    if linear:
+        nodes.insert(0, helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]))
+    forward = tg.make_model(nodes, [tg.tensor("x", d, [3, 4])], [tg.tensor("y", d, [3, 6])],
+                            [numpy_helper.from_array(w, "W")], ms_domain=False)
+    generated = build_training_graph(forward, ["W"], input_gradients=["x"], optimize=False)
+    model = build_training_graph(forward, ["W"], input_gradients=["x"], optimize=False)
+    yield_op = _yield(model)
+    stand_ins = {yield_op.name: [helper.make_node("Identity", [i], [o]) for i, o in zip(yield_op.input, yield_op.output)]}
+    assert simplify_copies(model, stand_ins, rounds=1) > 0
+    assert simplify_copies(model, stand_ins, rounds=1) == 0
+    assert next(node for node in model.graph.node if "W_grad" in node.output).op_type == "MatMul"
+    x = rng.standard_normal((3, 4)).astype(d)
+    g = rng.standard_normal((3, 6)).astype(d)
+    got, want = [tg.SplitRunner(split_training_graph(graph)).run({"x": x, "W": w}, [g])[1]
+                 for graph in (model, generated)]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_unbind_gradient_is_a_concat():
     """``q, k, v = x.unbind(1)`` as Slice + Squeeze: the gradient of x is one Concat of the three
     slices' gradients (no Pad), equal to the graph as generated."""
