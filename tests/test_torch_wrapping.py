@@ -145,6 +145,51 @@ def test_train_eval_to_requires_grad_and_copies():
     assert calls == [torch.Size([5, 2])]
 
 
+def test_hooks_registered_or_removed_after_an_export_export_again():
+    """A submodule's forward hook (or pre-hook) registered after the first call changes what
+    the module computes: the next call exports again and matches eager with the hook, and
+    after the hook is removed, eager without it (before, the graph of the first export ran on,
+    the hook unseen, or its effect kept after its removal). A backward hook registered later is
+    refused at the next call, as one there at the first call is."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    net = _net()
+    eager = copy.deepcopy(net)
+    model = ORTModule(net)
+    x = torch.randn(6, 3)
+
+    def check(exports):
+        for module in (model, eager):
+            module.zero_grad()
+        out = model(x)
+        want = eager(x)
+        _close(out, want)
+        out.square().sum().backward()
+        want.square().sum().backward()
+        for got, expected in zip(model.parameters(), eager.parameters()):
+            _close(got.grad, expected.grad)
+        assert model.exported_graphs == exports
+
+    check(1)
+    scale = [model.module.fc.register_forward_hook(lambda module, args, output: output * 2.0),
+             eager.fc.register_forward_hook(lambda module, args, output: output * 2.0)]
+    check(2)
+    shift = [model.module.register_forward_pre_hook(lambda module, args: (args[0] + 1.0,)),
+             eager.register_forward_pre_hook(lambda module, args: (args[0] + 1.0,))]
+    check(3)
+    for handle in scale + shift:
+        handle.remove()
+    check(3)        # (the first export's key again: its graph)
+    handle = model.module.fc.register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    with pytest.raises(OrtNotImplemented, match="backward hook"):
+        model(x)
+    handle.remove()
+    check(3)
+
+
 def test_changed_python_state_exports_again_never_a_stale_graph():
     import torch
 
