@@ -212,7 +212,10 @@ def test_torchvision_graphs_are_those_of_the_retrace(name, monkeypatch, retraces
             bridged(torch.randn(2, 3, 32, 32)).sum().backward()
         (entry,), = bridged._exports.values()
         model = entry.exported.model
-        return (collections.Counter(node.op_type for node in model.graph.node),
+        # (the retrace decomposes flatten into a view, a Reshape; translated directly it stays
+        # ONNX's Flatten, the same view)
+        return (collections.Counter("Reshape" if node.op_type == "Flatten" else node.op_type
+                                    for node in model.graph.node),
                 [str(value.type) for value in model.graph.output], entry.exported.guard,
                 {key: p.grad for key, p in module.named_parameters()})
 
@@ -223,3 +226,4 @@ def test_torchvision_graphs_are_those_of_the_retrace(name, monkeypatch, retraces
     assert direct[:3] == retraced[:3]
     for key, grad in retraced[3].items():
         torch.testing.assert_close(direct[3][key], grad, rtol=1e-4, atol=1e-5)
+
