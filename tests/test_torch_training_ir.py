@@ -227,3 +227,56 @@ def test_torchvision_graphs_are_those_of_the_retrace(name, monkeypatch, retraces
     for key, grad in retraced[3].items():
         torch.testing.assert_close(direct[3][key], grad, rtol=1e-4, atol=1e-5)
 
+
+def _same_types(x, w):
+    return (x @ w).relu() * 0.5 + x.sum(-1, keepdim=True) - (x > 0.0).float()
+
+
+def _integer_comparison(x, w):
+    return x * (x > 0)                          # (the 0 becomes a float tensor, the mask a float)
+
+
+def _int_and_float(x, w):
+    return x * (w > 0).sum() + x                # (an int64 count times a float tensor)
+
+
+def _half_and_float(x, w):
+    return x * w[0].to(torch_dtype("float16"))
+
+
+def _integer_scalar(x, w):
+    return (x + 2) @ w
+
+
+def _in_a_no_grad_region(x, w):
+    import torch
+
+    with torch.no_grad():
+        scale = w.abs().max().to(torch.float64)
+    return x * scale
+
+
+@pytest.mark.parametrize("function, casts", [(_same_types, False), (_integer_comparison, True),
+                                             (_int_and_float, True), (_half_and_float, True),
+                                             (_integer_scalar, True), (_in_a_no_grad_region, True)])
+def test_type_promotion_is_skipped_only_where_it_casts_nothing(function, casts):
+    """The export skips torch.onnx's type promotion pass (a rerun of the program on fake
+    tensors) where it would cast no operand: the prediction from the recorded values agrees with
+    what the pass does to the program, casting or not."""
+    import torch
+    from torch.onnx._internal.exporter import _fx_passes
+
+    from ortagent.torch._training_ir import _promotes_some_type
+
+    class Module(torch.nn.Module):
+        def forward(self, x, w):
+            return function(x, w)
+
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    graph_module = torch.export.export(Module(), (x, w), strict=False).graph_module
+    predicted = _promotes_some_type(graph_module)
+    before = [(node.op, node.target) for module in graph_module.modules() for node in module.graph.nodes]
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        _fx_passes.insert_type_promotion_nodes(graph_module)
+    after = [(node.op, node.target) for module in graph_module.modules() for node in module.graph.nodes]
+    assert predicted == (after != before) == casts, (predicted, len(before), len(after))
