@@ -274,15 +274,12 @@ def run(settings) -> Group:
     except ImportError as exc:
         group.skipped = f"{exc.name} is not installed (make bench TORCH=1 installs the torch extras)"
         return group
-    from ortagent.torch import ORTModule
+    from ortagent.torch import ORTModule, default_session_options
 
     torch.set_num_threads(threads)
-    options = _common.ortagent_options()
-    options.intra_op_num_threads = threads
-    if threads > 1:
-        # (ORTModule's default when given no options: onnxruntime's threads spinning after each
-        # run take the CPUs torch's threads need next; see README, "ORTModule")
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # (ORTModule's default options at this many threads: onnxruntime's threads spin during a run
+    # only, torch's OpenMP workers let go before it; see README, "ORTModule")
+    options = default_session_options(threads)
     if torch.cuda.is_available():
         group.notes.append("a CUDA device exists; this group times the CPU only (CUDA runs are not part of it yet)")
     models = _models(torch, settings.quick)

@@ -99,8 +99,7 @@ def train(text: str, *, steps: int = 300, batch: int = 16, ctx: int = 32, d: int
           on_step: Optional[Callable[[int, float, float], None]] = None) -> Result:
     """Train the bridged and the eager model side by side; ``on_step(step, bridge_loss,
     eager_loss)`` after each step."""
-    import ortagent
-    from ortagent.torch import ORTModule
+    from ortagent.torch import ORTModule, default_session_options
 
     torch.set_num_threads(threads)
     chars = sorted(set(text))
@@ -108,11 +107,9 @@ def train(text: str, *, steps: int = 300, batch: int = 16, ctx: int = 32, d: int
     data = torch.tensor([lookup[c] for c in text], dtype=torch.int64)
     torch.manual_seed(seed)
     eager = CharGPT(len(chars), ctx=ctx, d=d, layers=layers)
-    options = ortagent.SessionOptions()
-    options.intra_op_num_threads = threads
-    # (onnxruntime's intra-op threads spin between runs by default, taking the CPUs torch's own
-    # threads need in the same step; ORTModule's default options let them sleep, as here)
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # (ORTModule's default options with this many intra-op threads: onnxruntime's threads spin
+    # during a run only, and torch's OpenMP workers are let go before each run)
+    options = default_session_options(threads)
     bridged = ORTModule(copy.deepcopy(eager), session_options=options)
     optimizers = [torch.optim.AdamW(m.parameters(), lr=lr) for m in (bridged, eager)]
     batches = torch.Generator().manual_seed(seed + 1)

@@ -1377,20 +1377,68 @@ def test_translation_table_drops_a_function_whose_signature_fails():
     assert len(registry.get_decomps(relu)) == 1
 
 
-def test_default_sessions_do_not_spin_and_given_options_are_kept():
-    """Without session options, ORTModule's sessions let onnxruntime's intra-op threads sleep
-    between runs (spinning threads take the CPUs torch's own threads need in the same step);
-    options the caller gives are used as they are."""
+def test_torch_workers_are_let_go_before_long_runs(monkeypatch):
+    """Before a CPU run whose kind last took 1 ms or more, with torch and the sessions both on
+    more than one thread, torch's idle OpenMP workers are let go (libgomp's team of the calling
+    thread ends: one thread fewer in the process), and torch starts new ones for its next
+    parallel work, which computes as before. A one-thread session keeps them, and so do short
+    runs (ORTModule's step measured: the bridge asks only for runs that took long enough)."""
+    torch = _torch()
+    from ortagent.torch import ORTModule, _bridge, _threads
+
+    if not _threads.torch_workers_releasable():
+        pytest.skip("torch's OpenMP runtime here is not libgomp: its workers are left as they are")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1 << 20)
+
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        want = x * 1.5
+        x.mul_(1.0)                             # (a parallel region: torch's team of two)
+        with_team = threads()
+        _threads.release_torch_workers(1)
+        assert threads() == with_team
+        _threads.release_torch_workers(2)
+        assert threads() == with_team - 1
+        assert torch.equal(x * 1.5, want) and threads() == with_team
+
+        asked = []
+        monkeypatch.setattr(_bridge, "release_torch_workers", asked.append)
+        model = ORTModule(_mlp())
+        inputs = torch.randn(2, 20)
+        model(inputs).sum().backward()          # (the first call's check measures the runs)
+        monkeypatch.setattr(_bridge, "_RELEASE_ABOVE", 10.0)
+        model(inputs).sum().backward()
+        assert asked == []
+        monkeypatch.setattr(_bridge, "_RELEASE_ABOVE", 0.0)
+        model(inputs).sum().backward()
+        assert asked == [0, 0]                  # (forward and backward; onnxruntime's thread count)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_default_sessions_spin_only_in_runs_and_given_options_are_kept():
+    """Without session options, ORTModule's sessions let onnxruntime's intra-op threads spin
+    only during a run where torch's OpenMP workers can be let go before it, and sleep between
+    runs otherwise (threads spinning on after a run take the CPUs torch's own threads need in
+    the same step); options the caller gives are used as they are."""
     torch = _torch()
     import ortagent
-    from ortagent.torch import ORTModule
+    from ortagent.torch import ORTModule, _threads
 
     x = torch.randn(2, 20)
     default = ORTModule(_mlp())
     default(x).sum().backward()
     (entry,) = [entry for entries in default._exports.values() for entry in entries]
     options = entry.runner.config.options()
-    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    if _threads.torch_workers_releasable():
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+        assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    else:
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
     given = ortagent.SessionOptions()
     given.intra_op_num_threads = 1

@@ -32,6 +32,8 @@ The modules, one concern each:
 * :mod:`._cache`: exported and built graphs on disk;
 * :mod:`._state`: the wrapped module's plain Python state, read on each call as part of the
   export's key;
+* :mod:`._threads`: the CPUs shared between torch's OpenMP workers and onnxruntime's
+  intra-op threads (:func:`default_session_options`);
 * :mod:`._bridge`: the sessions of one export and the autograd function;
 * :mod:`._module`: :class:`ORTModule`.
 """
@@ -45,8 +47,9 @@ from torch import nn
 from . import _trees
 from ._export import IR_VERSION, OPSET, export
 from ._module import ORTModule
+from ._threads import default_session_options
 
-__all__ = ["ORTModule", "export_forward_model", "OPSET", "IR_VERSION"]
+__all__ = ["ORTModule", "default_session_options", "export_forward_model", "OPSET", "IR_VERSION"]
 
 
 def export_forward_model(module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -18,7 +18,8 @@ import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from ortagent._core import PartialGraphExecutionState, from_dlpack
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented, RunStateError
 
 from ._export import IR_VERSION, ExportedGraph, collector_paused, inference_model
+from ._threads import default_session_options, release_torch_workers
 from ._trees import _PLAIN_TENSOR_TYPES
 
 __all__ = ["GraphRunner", "AgentPlan", "ORTFunction", "SessionConfig", "to_ort", "to_torch"]
@@ -100,19 +102,17 @@ class SessionConfig:
         return self
 
     def options(self, cpu_kernels: bool = False) -> Any:
-        """The caller's session options, else onnxruntime's defaults with the intra-op threads
-        sleeping rather than spinning between nodes: a training step interleaves torch's own
-        work (the loss, the optimizer) with onnxruntime's runs, and threads that spin on after a
-        run take the CPUs torch's threads then need (2 threads each on 2 CPUs: ResNet-18's
+        """The caller's session options, else :func:`._threads.default_session_options`
+        (onnxruntime's defaults, with intra-op threads that spin only during a run where torch's
+        OpenMP workers are released before it, and sleep between nodes otherwise: a training
+        step interleaves torch's own work with onnxruntime's runs, and threads that spin on after
+        a run take the CPUs torch's threads then need; 2 threads each on 2 CPUs: ResNet-18's
         eager forward in the same process 10-12 ms with onnxruntime's threads asleep, 39-45 ms
         with them spinning). With ``cpu_kernels``, ortagent's CPU gradient kernels are added
         (to a copy of the caller's options: theirs are left as they were)."""
         options = self.session_options
         if options is None:
-            from ortagent._core import SessionOptions
-
-            options = SessionOptions()
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options = default_session_options()
         elif cpu_kernels:
             options = copy.copy(options)
         if cpu_kernels:
@@ -160,6 +160,9 @@ class AgentPlan:
     non_differentiable: tuple[int, ...]
     gradient_slots: tuple[int, ...]
     gradient_views: tuple[tuple[int, ...] | None, ...]
+    #: the wall seconds the last forward and backward runs took (0.0: none yet), for
+    #: :meth:`GraphRunner.before_run`
+    run_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0], compare=False)
 
 
 class GraphRunner:
@@ -191,6 +194,9 @@ class GraphRunner:
         self._kept_values: dict[int, tuple] = {}
         # (a CPU session's outputs are in host memory: no device to ask each of them about)
         self.to_torch = host_to_torch if device.type == "cpu" else to_torch
+        self._inference_seconds = 0.0           # (the last inference run's wall time)
+        # the sessions' intra-op threads (0: onnxruntime's choice), for release_torch_workers
+        self.session_threads = 0 if config.session_options is None else config.session_options.intra_op_num_threads
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -200,9 +206,15 @@ class GraphRunner:
     def _ort_device(self) -> str:
         return f"cuda:{self.device.index or 0}" if self.device.type == "cuda" else "cpu"
 
-    def before_run(self) -> None:
-        if self.device.type == "cuda" and self.stream is None:
-            torch.cuda.current_stream(self.device).synchronize()
+    def before_run(self, last_seconds: float = 0.0) -> None:
+        """Ready a run whose kind last took ``last_seconds``: on CUDA, torch's pending work on
+        the device is ordered before it; on the CPU, torch's idle OpenMP workers are let go
+        where the run is long enough to gain from the CPUs they hold (``_RELEASE_ABOVE``)."""
+        if self.device.type == "cuda":
+            if self.stream is None:
+                torch.cuda.current_stream(self.device).synchronize()
+        elif last_seconds >= _RELEASE_ABOVE:
+            release_torch_workers(self.session_threads)
 
     def to_ort(self, tensor: torch.Tensor) -> Any:
         return to_ort(tensor, self.stream)
@@ -249,7 +261,8 @@ class GraphRunner:
     def run_inference(self, feeds: list[torch.Tensor]) -> list[torch.Tensor]:
         session = self.inference_session()
         names = self.exported.input_names
-        self.before_run()
+        self.before_run(self._inference_seconds)
+        began = perf_counter()
         if self.device.type == "cuda":
             binding = session.io_binding()
             for name, tensor in zip(names, feeds):
@@ -261,6 +274,7 @@ class GraphRunner:
         else:
             values = self.feed_values(feeds, range(len(feeds)))
             outputs = session.run_with_ort_values(None, dict(zip(names, values)))
+        self._inference_seconds = perf_counter() - began
         return list(map(self.to_torch, outputs))
 
     # -- training agents -----------------------------------------------------------------------------
@@ -305,11 +319,15 @@ class GraphRunner:
         state = PartialGraphExecutionState()
         outputs: list = []
         self.before_run()
+        began = perf_counter()
         plan.agent.run_forward([self.to_ort(feeds[i].detach()) for i in plan.feed_order], outputs, state)
+        plan.run_seconds[0] = perf_counter() - began
         non_differentiable = set(plan.non_differentiable)
         zeros = [torch.zeros_like(to_torch(value)) for index, value in enumerate(outputs)
                  if index not in non_differentiable]
+        began = perf_counter()
         plan.agent.run_backward([self.to_ort(grad) for grad in zeros], [], state)
+        plan.run_seconds[1] = perf_counter() - began
 
     @collector_paused()                 # (as an export's: see there)
     def _build(self, trainable: tuple[str, ...], input_gradients: tuple[str, ...],
@@ -455,6 +473,12 @@ def _evaluate(expression: str, values: dict[str, int]) -> int | None:
     return int(result) if result.is_Integer else None
 
 
+#: runs shorter than this (seconds, the kind's last run) keep torch's OpenMP workers: letting
+#: them go and starting new ones costs ~0.1-0.2 ms where torch's next work is parallel, more
+#: than a run of a few hundred microseconds gains from a second CPU
+_RELEASE_ABOVE = 1e-3
+
+
 class ORTFunction(torch.autograd.Function):
     """A forward through the agent, with its backward resumed from the output gradients."""
 
@@ -463,8 +487,11 @@ class ORTFunction(torch.autograd.Function):
         state = PartialGraphExecutionState()
         outputs: list = []
         values = runner.feed_values(feeds, plan.feed_order)
-        runner.before_run()
+        run_seconds = plan.run_seconds
+        runner.before_run(run_seconds[0])
+        began = perf_counter()
         plan.agent.run_forward(values, outputs, state)
+        run_seconds[0] = perf_counter() - began
         results = tuple(map(runner.to_torch, outputs))
         ctx.state = state
         ctx.runner = runner
@@ -494,8 +521,11 @@ class ORTFunction(torch.autograd.Function):
                 grad = torch.zeros(shape, dtype=dtype, device=device)
             grads.append(runner.to_ort(grad))
         fetches: list = []
-        runner.before_run()
+        run_seconds = plan.run_seconds
+        runner.before_run(run_seconds[1])
+        began = perf_counter()
         plan.agent.run_backward(grads, fetches, state)
+        run_seconds[1] = perf_counter() - began
         ctx.state = None
         result: list = [None] * (2 + ctx.n_feeds)
         tensor = runner.to_torch

@@ -174,9 +174,10 @@ class ORTModule(nn.Module):
     """Run ``module``'s forward and backward in onnxruntime; see :mod:`ortagent.torch`.
 
     ``providers`` and ``session_options`` go to every session created (default: the CPU
-    provider, or the CUDA provider on the inputs' CUDA device; onnxruntime's default options,
-    but with intra-op threads that sleep between runs instead of spinning, which would take
-    the CPUs torch's own threads need in the same step). ``max_graphs`` bounds the
+    provider, or the CUDA provider on the inputs' CUDA device; :func:`ortagent.torch.default_session_options`,
+    whose intra-op threads spin only during a run, where torch's idle OpenMP workers are let go
+    before each long enough CPU run, or else sleep between nodes: threads spinning on after a
+    run would take the CPUs torch's own threads need in the same step). ``max_graphs`` bounds the
     exports kept in memory (least recently used first out; each serves a family of input
     shapes). ``dynamic`` chooses which shapes an export serves, as ``torch.compile``'s
     argument does: None (default), the first export is specialised to the first call's
