@@ -474,7 +474,7 @@ def _evaluate(expression: str, values: dict[str, int]) -> int | None:
 
 
 #: runs shorter than this (seconds, the kind's last run) keep torch's OpenMP workers: letting
-#: them go and starting new ones costs ~0.1-0.2 ms where torch's next work is parallel, more
+#: them go and starting new ones costs torch's next parallel work 0.05-0.1 ms or more, more
 #: than a run of a few hundred microseconds gains from a second CPU
 _RELEASE_ABOVE = 1e-3
 
