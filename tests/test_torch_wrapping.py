@@ -190,6 +190,48 @@ def test_hooks_registered_or_removed_after_an_export_export_again():
     check(3)
 
 
+def test_replaced_submodules_and_assigned_forwards_export_again():
+    """A submodule replaced after the first call by one of another class (Tanh by ReLU), or a
+    forward assigned to a submodule instance (as libraries that wrap a forward do), changes what
+    the module computes: the next call exports again and matches eager (before, the first
+    export's graph ran on). A replacement of the same class and settings reuses the export; a
+    replaced Dropout with another drop rate does not (its state is read from the new module)."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2), torch.nn.Dropout(0.0))
+    eager = copy.deepcopy(net)
+    model = ORTModule(net)
+    x = torch.randn(5, 4)
+
+    def check(exports):
+        for module in (model, eager):
+            module.zero_grad()
+        out, want = model(x), eager(x)
+        _close(out, want)
+        out.square().sum().backward()
+        want.square().sum().backward()
+        for got, expected in zip(model.parameters(), eager.parameters()):
+            _close(got.grad, expected.grad)
+        assert model.exported_graphs == exports
+
+    check(1)
+    model.module[1], eager[1] = torch.nn.ReLU(), torch.nn.ReLU()
+    check(2)
+    for sequential in (model.module, eager):
+        sequential[1].forward = lambda t: t * 3.0
+    check(3)
+    for sequential in (model.module, eager):
+        del sequential[1].forward
+    check(3)                                # (the ReLU's export again)
+    model.module[0], eager[0] = copy.deepcopy(eager[0]), eager[0]      # (same class, new object)
+    check(3)
+    model.module[3], eager[3] = torch.nn.Dropout(1.0), torch.nn.Dropout(1.0)
+    check(4)                                # (everything dropped: zero outputs either way)
+
+
 def test_changed_python_state_exports_again_never_a_stale_graph():
     import torch
 

@@ -21,7 +21,7 @@ from ._bridge import GraphRunner, ORTFunction, SessionConfig
 from ._cache import GraphStore, structure_key
 from ._export import Discovery, ExportedGraph, TraceFailure, ambient_autocast, discover, export, same_draws
 from ._rewrites import Site, draw_all
-from ._state import ModuleTree, StateGuard, hooks_key, walk_module
+from ._state import ModuleTree, StateGuard, call_key, walk_module
 from .translations.corrections import CHECK_FAILED_INDEX
 
 
@@ -313,13 +313,15 @@ class ORTModule(nn.Module):
     def _signature(self, flat: _trees.Flat, tree: ModuleTree) -> tuple:
         """The export key of a call; ``tree``: the wrapped module's tree, walked once per call
         (the number of its parameters and buffers is part of the key: one registered since
-        the export would shift the graph inputs; so are its module hooks: :func:`hooks_key`)."""
+        the export would shift the graph inputs; so are its modules' classes and hooks: :func:`call_key`)."""
         module = self._original_module
         guard = self._state_guard
-        if guard is None:
+        if guard is None or not guard.covers(tree.modules):
+            # (submodules added or replaced since the guard was made: their classes and plain
+            # state join the key from this call on)
             guard = self._state_guard = StateGuard(module)
         key = (_trees.signature_of(flat), tuple(sub.training for sub in tree.modules), len(tree.state),
-               guard.key(), ambient_autocast(), hooks_key(tree.modules))
+               guard.structure, guard.key(), ambient_autocast(), call_key(tree.modules))
         if self._exact_grads:
             key += (tuple(t.requires_grad for t in flat.tensors), tuple(p.requires_grad for p in module.parameters()))
         return key
@@ -396,10 +398,6 @@ class ORTModule(nn.Module):
 
     def _new_export(self, flat: _trees.Flat, key: tuple, dynamic: bool) -> _Export:
         module = self._original_module
-        if self._state_guard is not None and not self._state_guard.covers(module):
-            # submodules were added or replaced since the guard was made: read their state too
-            # from the next call on
-            self._state_guard = None
         device = self._device(flat)
         self._config.check_kernels(device)
         # (the export draws nothing from torch's generators: the draws made before each run
