@@ -232,6 +232,52 @@ def test_replaced_submodules_and_assigned_forwards_export_again():
     check(4)                                # (everything dropped: zero outputs either way)
 
 
+def test_tensor_attributes_updated_or_replaced_export_again(tmp_path):
+    """A tensor attribute the forward reads (not a parameter or buffer) is baked into the graph
+    as a constant: updated in place or replaced after an export, the next call exports again
+    and matches eager (before, the old value ran on). Such graphs are not kept in the disk
+    cache: another module with another value under the same key exports its own."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+            self.scale = torch.tensor(scale)
+
+        def forward(self, x):
+            return self.fc(x) * self.scale
+
+    torch.manual_seed(0)
+    net = Scaled(2.0)
+    eager = copy.deepcopy(net)
+    model = ORTModule(net, cache_dir=tmp_path)
+    x = torch.randn(3, 4)
+
+    def check(model, eager, exports):
+        for module in (model, eager):
+            module.zero_grad()
+        out, want = model(x), eager(x)
+        _close(out, want)
+        out.sum().backward()
+        want.sum().backward()
+        _close(model.fc.weight.grad, eager.fc.weight.grad)
+        assert model.exported_graphs == exports
+
+    check(model, eager, 1)
+    check(model, eager, 1)
+    for module in (model.module, eager):
+        module.scale.fill_(3.0)
+    check(model, eager, 2)
+    model.module.scale, eager.scale = torch.tensor(5.0), torch.tensor(5.0)
+    check(model, eager, 3)
+    torch.manual_seed(0)
+    other = Scaled(7.0)
+    check(ORTModule(copy.deepcopy(other), cache_dir=tmp_path), other, 1)
+
+
 def test_changed_python_state_exports_again_never_a_stale_graph():
     import torch
 

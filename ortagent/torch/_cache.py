@@ -36,7 +36,8 @@ from ._state import StateKey
 
 __all__ = ["GraphStore", "ExportEntry", "structure_key"]
 
-_FORMAT = 1
+# (2: graphs that bake tensors in are no longer stored; those format 1 stored are not read)
+_FORMAT = 2
 
 
 def _code_digest(code: types.CodeType, digest: Any) -> None:

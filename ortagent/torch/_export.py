@@ -25,7 +25,7 @@ import importlib.util
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -125,6 +125,28 @@ def _bound(value: Any, unbounded: int | None) -> int | None:
 
 # -- the record ------------------------------------------------------------------------------------------
 
+class BakedTensor(NamedTuple):
+    """A tensor an export baked into its graph: its version counter then, and, where it is a
+    module's attribute, the module's ``__dict__`` and the attribute's name (else None)."""
+
+    tensor: torch.Tensor
+    version: int
+    holder: dict | None
+    name: str | None
+
+
+def _baked_tensors(exported_program: Any, module: nn.Module) -> tuple[BakedTensor, ...]:
+    """The tensors ``exported_program`` lifted as constants (torch.export's ``constants``: the
+    very tensors the forward read, tensor attributes of ``module``'s submodules among them)."""
+    lifted = [value for value in getattr(exported_program, "constants", {}).values()
+              if isinstance(value, torch.Tensor)]
+    if not lifted:
+        return ()
+    holders = {id(value): (entries, name) for entries in map(vars, module.modules())
+               for name, value in entries.items() if isinstance(value, torch.Tensor)}
+    return tuple(BakedTensor(tensor, tensor._version, *holders.get(id(tensor), (None, None))) for tensor in lifted)
+
+
 @dataclass(frozen=True)
 class ExportedGraph:
     """One export: the forward ONNX model and how the bridge feeds and reads it.
@@ -154,6 +176,17 @@ class ExportedGraph:
     guard: ShapeGuard
 
     detached_outputs: tuple[int, ...] = ()
+    #: the tensors the graph holds as constants: tensor attributes of the module (not parameters
+    #: or buffers) and others the forward read, baked in at their values of the export
+    constants: tuple[BakedTensor, ...] = ()
+
+    def constants_current(self) -> bool:
+        """Whether every tensor the graph baked in is still what the forward would read: the
+        same tensor, unchanged since (its version counter), where its module attribute still
+        holds it."""
+        return all(baked.tensor._version == baked.version
+                   and (baked.holder is None or baked.holder.get(baked.name) is baked.tensor)
+                   for baked in self.constants)
 
     @property
     def input_positions(self) -> tuple[int, ...]:
@@ -428,6 +461,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
         mutated=tuple(mutated),
         guard=_guard(model, input_names, n_user, dict(exported_program.range_constraints)),
         detached_outputs=discovery.outputs.detached,
+        constants=_baked_tensors(exported_program, module),
     )
     return exported, discovery
 

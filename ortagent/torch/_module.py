@@ -335,8 +335,13 @@ class ORTModule(nn.Module):
             entries = self._exports.get(key)
             if entries is not None:
                 self._exports.move_to_end(key)
-                for entry in entries:
-                    if entry.exported.guard.accepts(shapes):
+                for entry in list(entries):
+                    if not entry.exported.constants_current():
+                        # a tensor its graph baked in (a tensor attribute the forward reads) was
+                        # updated or replaced since: the graph computes with the old values
+                        entries.remove(entry)
+                        entry.runner.close()
+                    elif entry.exported.guard.accepts(shapes):
                         return entry
             # (by default, symbolic once a second shape shows the shapes vary: an export with
             # symbolic dimensions traces several times slower than one at static shapes)
@@ -412,7 +417,10 @@ class ORTModule(nn.Module):
             cache = entry_folder
         else:
             exported, discovery = export(module, flat, dynamic=dynamic, all_graded=not self._exact_grads)
-            cache = self._store.store(store_key, exported) if self._store is not None else None
+            # (a graph that baked tensors in is kept in memory only: another process's tensors
+            # may hold other values under the same key)
+            cache = self._store.store(store_key, exported) if self._store is not None and not exported.constants \
+                else None
         self._export_count += 1
         if self._export_count == _MANY_EXPORTS:
             warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "
