@@ -190,6 +190,28 @@ def test_hooks_registered_or_removed_after_an_export_export_again():
     check(3)
 
 
+def test_hooked_modules_stay_out_of_the_disk_cache(tmp_path, monkeypatch):
+    """The disk cache's key names the modules' classes and their code, not a hook's: a module
+    with a forward hook exports without the cache, so another process (here another ORTModule
+    on the same folder, its hook registered under the same handle id, as a restarted job's
+    would be) whose hook does something else gets its own graph, not the first one's."""
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
+    from ortagent.torch import ORTModule
+
+    x = torch.randn(6, 3)
+    first_id = RemovableHandle.next_id
+    for factor in (2.0, 3.0):
+        net = _net()
+        eager = copy.deepcopy(net)
+        eager.fc.register_forward_hook(lambda module, args, output, factor=factor: output * factor)
+        monkeypatch.setattr(RemovableHandle, "next_id", first_id)
+        net.fc.register_forward_hook(lambda module, args, output, factor=factor: output * factor)
+        model = ORTModule(net, cache_dir=tmp_path)
+        _close(model(x), eager(x))
+
+
 def test_replaced_submodules_and_assigned_forwards_export_again():
     """A submodule replaced after the first call by one of another class (Tanh by ReLU), or a
     forward assigned to a submodule instance (as libraries that wrap a forward do), changes what

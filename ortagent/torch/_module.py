@@ -405,10 +405,13 @@ class ORTModule(nn.Module):
         module = self._original_module
         device = self._device(flat)
         self._config.check_kernels(device)
+        # (the disk cache's key names the modules' classes and their code, not hooks' or an
+        # instance's own forward: a module with any exports without it)
+        store = self._store if self._store is not None and not call_key(walk_module(module).modules) else None
         # (the export draws nothing from torch's generators: the draws made before each run
         # are then the ones eager would make from the same seed)
-        store_key = structure_key(module, key, f"dynamic={dynamic}") if self._store is not None else ""
-        found = self._store.find(store_key, [tuple(t.shape) for t in flat.tensors]) if self._store is not None else None
+        store_key = structure_key(module, key, f"dynamic={dynamic}") if store is not None else ""
+        found = store.find(store_key, [tuple(t.shape) for t in flat.tensors]) if store is not None else None
         if found is not None:
             entry_folder, layout, model = found
             state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
@@ -419,8 +422,7 @@ class ORTModule(nn.Module):
             exported, discovery = export(module, flat, dynamic=dynamic, all_graded=not self._exact_grads)
             # (a graph that baked tensors in is kept in memory only: another process's tensors
             # may hold other values under the same key)
-            cache = self._store.store(store_key, exported) if self._store is not None and not exported.constants \
-                else None
+            cache = store.store(store_key, exported) if store is not None and not exported.constants else None
         self._export_count += 1
         if self._export_count == _MANY_EXPORTS:
             warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "
