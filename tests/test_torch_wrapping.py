@@ -253,6 +253,26 @@ def test_replaced_submodules_and_assigned_forwards_export_again():
     model.module[3], eager[3] = torch.nn.Dropout(1.0), torch.nn.Dropout(1.0)
     check(4)                                # (everything dropped: zero outputs either way)
 
+    class Scale(torch.nn.Module):
+        """Equal to every other Scale, as a module class may declare."""
+
+        def __init__(self, factor):
+            super().__init__()
+            self.factor = factor
+
+        def forward(self, x):
+            return x * self.factor
+
+        def __eq__(self, other):
+            return isinstance(other, Scale)
+
+        __hash__ = torch.nn.Module.__hash__
+
+    model.module[3], eager[3] = Scale(2.0), Scale(2.0)
+    check(5)
+    model.module[3], eager[3] = Scale(3.0), Scale(3.0)
+    check(6)                                # (another object: its factor is read, not the old one's)
+
 
 def test_tensor_attributes_updated_or_replaced_export_again(tmp_path):
     """A tensor attribute the forward reads (not a parameter or buffer) is baked into the graph

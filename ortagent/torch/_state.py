@@ -126,9 +126,9 @@ class StateGuard:
 
     def covers(self, modules: tuple[nn.Module, ...]) -> bool:
         """Whether the guard was made for this tree of modules (``ModuleTree.modules``): the same
-        module objects in the same order. (Tuples compare their items by identity first, and
-        modules have no other equality: one comparison, ~1 µs for ResNet-18's 68 modules.)"""
-        return modules == self._modules
+        module objects in the same order, by identity (a module class may define ``__eq__``);
+        ~1 µs for ResNet-18's 68 modules."""
+        return len(modules) == len(self._modules) and all(map(operator.is_, modules, self._modules))
 
     def key(self) -> StateKey:
         """The values of the plain attributes, in the order they were found."""
