@@ -60,6 +60,20 @@ def _close(a, b):
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
 
 
+def _matches_eager(model, eager, x, exports):
+    """One step of ``model`` (an ORTModule) and ``eager`` on ``x``: the same outputs and every
+    parameter's gradient the same, with ``exports`` exports made so far."""
+    for module in (model, eager):
+        module.zero_grad()
+    out, want = model(x), eager(x)
+    _close(out, want)
+    out.square().sum().backward()
+    want.square().sum().backward()
+    for got, expected in zip(model.parameters(), eager.parameters()):
+        _close(got.grad, expected.grad)
+    assert model.exported_graphs == exports
+
+
 def test_names_match_the_bare_module():
     from ortagent.torch import ORTModule
 
@@ -161,33 +175,21 @@ def test_hooks_registered_or_removed_after_an_export_export_again():
     model = ORTModule(net)
     x = torch.randn(6, 3)
 
-    def check(exports):
-        for module in (model, eager):
-            module.zero_grad()
-        out = model(x)
-        want = eager(x)
-        _close(out, want)
-        out.square().sum().backward()
-        want.square().sum().backward()
-        for got, expected in zip(model.parameters(), eager.parameters()):
-            _close(got.grad, expected.grad)
-        assert model.exported_graphs == exports
-
-    check(1)
+    _matches_eager(model, eager, x, 1)
     scale = [model.module.fc.register_forward_hook(lambda module, args, output: output * 2.0),
              eager.fc.register_forward_hook(lambda module, args, output: output * 2.0)]
-    check(2)
+    _matches_eager(model, eager, x, 2)
     shift = [model.module.register_forward_pre_hook(lambda module, args: (args[0] + 1.0,)),
              eager.register_forward_pre_hook(lambda module, args: (args[0] + 1.0,))]
-    check(3)
+    _matches_eager(model, eager, x, 3)
     for handle in scale + shift:
         handle.remove()
-    check(3)        # (the first export's key again: its graph)
+    _matches_eager(model, eager, x, 3)        # (the first export's key again: its graph)
     handle = model.module.fc.register_full_backward_hook(lambda module, grad_in, grad_out: None)
     with pytest.raises(OrtNotImplemented, match="backward hook"):
         model(x)
     handle.remove()
-    check(3)
+    _matches_eager(model, eager, x, 3)
 
 
 def test_hooked_modules_stay_out_of_the_disk_cache(tmp_path, monkeypatch):
@@ -228,30 +230,19 @@ def test_replaced_submodules_and_assigned_forwards_export_again():
     model = ORTModule(net)
     x = torch.randn(5, 4)
 
-    def check(exports):
-        for module in (model, eager):
-            module.zero_grad()
-        out, want = model(x), eager(x)
-        _close(out, want)
-        out.square().sum().backward()
-        want.square().sum().backward()
-        for got, expected in zip(model.parameters(), eager.parameters()):
-            _close(got.grad, expected.grad)
-        assert model.exported_graphs == exports
-
-    check(1)
+    _matches_eager(model, eager, x, 1)
     model.module[1], eager[1] = torch.nn.ReLU(), torch.nn.ReLU()
-    check(2)
+    _matches_eager(model, eager, x, 2)
     for sequential in (model.module, eager):
         sequential[1].forward = lambda t: t * 3.0
-    check(3)
+    _matches_eager(model, eager, x, 3)
     for sequential in (model.module, eager):
         del sequential[1].forward
-    check(3)                                # (the ReLU's export again)
+    _matches_eager(model, eager, x, 3)                                # (the ReLU's export again)
     model.module[0], eager[0] = copy.deepcopy(eager[0]), eager[0]      # (same class, new object)
-    check(3)
+    _matches_eager(model, eager, x, 3)
     model.module[3], eager[3] = torch.nn.Dropout(1.0), torch.nn.Dropout(1.0)
-    check(4)                                # (everything dropped: zero outputs either way)
+    _matches_eager(model, eager, x, 4)                                # (everything dropped: zero outputs either way)
 
     class Scale(torch.nn.Module):
         """Equal to every other Scale, as a module class may declare."""
@@ -269,9 +260,9 @@ def test_replaced_submodules_and_assigned_forwards_export_again():
         __hash__ = torch.nn.Module.__hash__
 
     model.module[3], eager[3] = Scale(2.0), Scale(2.0)
-    check(5)
+    _matches_eager(model, eager, x, 5)
     model.module[3], eager[3] = Scale(3.0), Scale(3.0)
-    check(6)                                # (another object: its factor is read, not the old one's)
+    _matches_eager(model, eager, x, 6)      # (another object: its factor is read, not the old one's)
 
 
 def test_tensor_attributes_updated_or_replaced_export_again(tmp_path):
@@ -298,26 +289,16 @@ def test_tensor_attributes_updated_or_replaced_export_again(tmp_path):
     model = ORTModule(net, cache_dir=tmp_path)
     x = torch.randn(3, 4)
 
-    def check(model, eager, exports):
-        for module in (model, eager):
-            module.zero_grad()
-        out, want = model(x), eager(x)
-        _close(out, want)
-        out.sum().backward()
-        want.sum().backward()
-        _close(model.fc.weight.grad, eager.fc.weight.grad)
-        assert model.exported_graphs == exports
-
-    check(model, eager, 1)
-    check(model, eager, 1)
+    _matches_eager(model, eager, x, 1)
+    _matches_eager(model, eager, x, 1)
     for module in (model.module, eager):
         module.scale.fill_(3.0)
-    check(model, eager, 2)
+    _matches_eager(model, eager, x, 2)
     model.module.scale, eager.scale = torch.tensor(5.0), torch.tensor(5.0)
-    check(model, eager, 3)
+    _matches_eager(model, eager, x, 3)
     torch.manual_seed(0)
     other = Scaled(7.0)
-    check(ORTModule(copy.deepcopy(other), cache_dir=tmp_path), other, 1)
+    _matches_eager(ORTModule(copy.deepcopy(other), cache_dir=tmp_path), other, x, 1)
 
 
 def test_changed_python_state_exports_again_never_a_stale_graph():

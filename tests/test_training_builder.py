@@ -298,12 +298,16 @@ def test_batched_matmul_against_a_weight_is_flattened():
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
+def _yield_stand_ins(model):
+    """The graph passes' ``stand_ins`` for a training graph: its YieldOp as Identity nodes."""
+    yield_op = _yield(model)
+    return {yield_op.name: [helper.make_node("Identity", [i], [o]) for i, o in zip(yield_op.input, yield_op.output)]}
+
+
 def onnx_shape_inference(model):
     from ortagent._graph_passes import static_shapes
 
-    yield_op = _yield(model)
-    stand_in = [helper.make_node("Identity", [i], [o]) for i, o in zip(yield_op.input, yield_op.output)]
-    return static_shapes(model, {yield_op.name: stand_in})
+    return static_shapes(model, _yield_stand_ins(model))
 
 
 def test_weight_gradient_is_written_by_its_matmul():
@@ -993,8 +997,7 @@ def test_simplify_copies_finishes_the_products_in_one_round(linear):
                             [numpy_helper.from_array(w, "W")], ms_domain=False)
     generated = build_training_graph(forward, ["W"], input_gradients=["x"], optimize=False)
     model = build_training_graph(forward, ["W"], input_gradients=["x"], optimize=False)
-    yield_op = _yield(model)
-    stand_ins = {yield_op.name: [helper.make_node("Identity", [i], [o]) for i, o in zip(yield_op.input, yield_op.output)]}
+    stand_ins = _yield_stand_ins(model)
     assert simplify_copies(model, stand_ins, rounds=1) > 0
     assert simplify_copies(model, stand_ins, rounds=1) == 0
     assert next(node for node in model.graph.node if "W_grad" in node.output).op_type == "MatMul"

@@ -555,8 +555,9 @@ def _torch_export(functional: _Functional, flat: list[torch.Tensor], input_names
 
 def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> Any:
     """torch.onnx's translation of ``exported_program``, then onnxscript's optimizer in one
-    round without its pattern rewrites (:func:`_optimize`), then the graph inputs named ``input_names`` (after the optimizer, as torch.onnx
-    does: its pass that keeps a graph input from being a graph output renames the input).
+    round without its pattern rewrites (:func:`_optimize`), then the graph inputs named
+    ``input_names`` (after the optimizer, as torch.onnx does: its pass that keeps a graph input
+    from being a graph output renames the input).
     torch.onnx.export builds its table of translations (torchlib's, then ours) anew on every
     call, 0.4-0.7 s; the exporter's own entry point takes a table, so one built per process
     (:mod:`._registry`) serves every export. Where that entry point is not there as expected

@@ -127,7 +127,7 @@ class StateGuard:
     def covers(self, modules: tuple[nn.Module, ...]) -> bool:
         """Whether the guard was made for this tree of modules (``ModuleTree.modules``): the same
         module objects in the same order, by identity (a module class may define ``__eq__``);
-        ~1 µs for ResNet-18's 68 modules."""
+        ~1.5 µs for ResNet-18's 68 modules."""
         return len(modules) == len(self._modules) and all(map(operator.is_, modules, self._modules))
 
     def key(self) -> StateKey:

@@ -131,12 +131,10 @@ def _promotes_some_type(graph_module: torch.fx.GraphModule) -> bool:
             return any(cast(item, dtype) for item in arg)
         if isinstance(arg, torch.Tensor):
             return arg.dtype != dtype
-        if type_utils.is_torch_symbolic_type(arg) or not isinstance(arg, torch.fx.Node):
-            own = type_utils.from_scalar_type_to_torch_dtype(type(arg))
-            if own is None:
-                raise TypeError(type(arg).__name__)
-            return own != dtype
-        raise TypeError(type(arg).__name__)
+        own = type_utils.from_scalar_type_to_torch_dtype(type(arg))     # (Python and symbolic numbers)
+        if own is None:
+            raise TypeError(type(arg).__name__)
+        return own != dtype
 
     try:
         for module in graph_module.modules():
