@@ -296,6 +296,12 @@ def test_tensor_attributes_updated_or_replaced_export_again(tmp_path):
     _matches_eager(model, eager, x, 2)
     model.module.scale, eager.scale = torch.tensor(5.0), torch.tensor(5.0)
     _matches_eager(model, eager, x, 3)
+    pending = [model(x), eager(x)]          # (a forward whose backward comes after the change)
+    model.module.scale, eager.scale = torch.tensor(6.0), torch.tensor(6.0)
+    _matches_eager(model, eager, x, 4)
+    for out in pending:
+        out.square().sum().backward()
+    _close(model.fc.weight.grad, eager.fc.weight.grad)
     torch.manual_seed(0)
     other = Scaled(7.0)
     _matches_eager(ORTModule(copy.deepcopy(other), cache_dir=tmp_path), other, x, 1)

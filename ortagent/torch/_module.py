@@ -338,9 +338,10 @@ class ORTModule(nn.Module):
                 for entry in list(entries):
                     if not entry.exported.constants_current():
                         # a tensor its graph baked in (a tensor attribute the forward reads) was
-                        # updated or replaced since: the graph computes with the old values
+                        # updated or replaced since: the graph computes with the old values. Not
+                        # closed: a forward made before the change may still run its backward
+                        # (the runner's sessions go with the last autograd node holding them)
                         entries.remove(entry)
-                        entry.runner.close()
                     elif entry.exported.guard.accepts(shapes):
                         return entry
             # (by default, symbolic once a second shape shows the shapes vary: an export with
