@@ -986,6 +986,39 @@ def test_exports_are_bounded_and_warn(monkeypatch):
         ORTModule(Scaled(), max_graphs=0)
 
 
+def test_evicted_export_runs_a_pending_backward():
+    """A forward made on an export that later calls evict (max_graphs) still runs its
+    backward, with eager's gradients; the evicted export's runner goes with its last output."""
+    torch = _torch()
+    import gc
+    import weakref
+    from ortagent.torch import ORTModule
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+
+        def forward(self, x, scale):
+            return torch.tanh(self.fc(x)) * scale
+
+    torch.manual_seed(0)
+    eager = Scaled()
+    model = ORTModule(copy.deepcopy(eager), max_graphs=1)
+    x = torch.randn(4, 3)
+    pending = model(x, 2.0)
+    runner = weakref.ref(next(iter(model._exports.values()))[0].runner)
+    later = model(x, 3.0)                                 # evicts the 2.0 export
+    assert model.exported_graphs == 2 and len(model._exports) == 1
+    (pending.square().sum() + later.sum()).backward()
+    (eager(x, 2.0).square().sum() + eager(x, 3.0).sum()).backward()
+    for expected, got in zip(eager.parameters(), model.parameters()):
+        _close(got.grad, expected.grad, "gradient")
+    del pending
+    gc.collect()
+    assert runner() is None
+
+
 def test_graph_rewrites_keep_transformer_gradients():
     """build_training_graph's rewrites (optimize=True) on an exported TransformerEncoderLayer:
     the same gradients as onnx-ad's graph as generated, to 1e-6 relative (not bit for bit: the

@@ -338,9 +338,8 @@ class ORTModule(nn.Module):
                 for entry in list(entries):
                     if not entry.exported.constants_current():
                         # a tensor its graph baked in (a tensor attribute the forward reads) was
-                        # updated or replaced since: the graph computes with the old values. Not
-                        # closed: a forward made before the change may still run its backward
-                        # (the runner's sessions go with the last autograd node holding them)
+                        # updated or replaced since: the graph computes with the old values
+                        # (dropped, not closed: see _evict)
                         entries.remove(entry)
                     elif entry.exported.guard.accepts(shapes):
                         return entry
@@ -355,18 +354,12 @@ class ORTModule(nn.Module):
                 # the forward refuses some input marked as requiring grad: from now on, trace
                 # with each call's own requires_grad settings (and tell exports apart by them)
                 self._exact_grads = True
-                self._drop_exports()
+                self._exports.clear()
                 key = self._signature(flat, tree)
                 entry = self._new_export(flat, key, dynamic=bool(self._dynamic))
             self._exports.setdefault(key, []).append(entry)
             self._evict()
             return entry
-
-    def _drop_exports(self) -> None:
-        for entries in self._exports.values():
-            for entry in entries:
-                entry.runner.close()
-        self._exports.clear()
 
     def _export_again(self, flat: _trees.Flat, broken: _Export, dynamic: bool) -> _Export:
         """An export that onnxruntime cannot run: export this signature again, with the call's
@@ -377,21 +370,23 @@ class ORTModule(nn.Module):
             entries = self._exports.get(key, [])
             if broken in entries:
                 entries.remove(broken)
-            broken.runner.close()
             entry = self._new_export(flat, key, dynamic=dynamic)
             self._exports.setdefault(key, []).append(entry)
             self._evict()
             return entry
 
     def _evict(self) -> None:
+        """Forget the least recently used exports beyond ``max_graphs``. Exports dropped here
+        (or for a changed baked tensor, a trace that needs exact requires_grad, a graph
+        onnxruntime cannot run) are never closed: a forward already made on one may still run
+        its backward, and its sessions go with the last autograd node holding its runner."""
         count = sum(len(entries) for entries in self._exports.values())
         while count > self._max_graphs:
             key = next(iter(self._exports))
             entries = self._exports[key]
-            oldest = entries.pop(0)
+            entries.pop(0)
             if not entries:
                 del self._exports[key]
-            oldest.runner.close()
             count -= 1
 
     def _device(self, flat: _trees.Flat) -> torch.device:
