@@ -14,12 +14,14 @@ One run, one PartialGraphExecutionState, one phase; only the state's transitions
                                  | abort             |   | claim_backward | abort
                                  v       release     |   v               | (stash intact)
                               FINISHED <-------------+  BACKWARD --------+
-                                 ^                          |
-                                 +--------------------------+
-                                            finish
+                                 ^                          |            |
+                                 +--------------------------+            | finish, retained
+                                            finish                       | (stash kept)
+                                                                         +--> WAITING
 
 ``release()`` moves NEW or WAITING to FINISHED (and refuses a running state); FINISHED is
-final, so a state serves one forward and one backward. A claim that finds another phase raises
+final, so a state serves one forward and one backward -- or, once ``retain()`` was called,
+one forward and any number of backwards until it is released (torch's ``retain_graph``). A claim that finds another phase raises
 RunStateError and changes nothing, so two threads never run one half of one run. The agent's
 closed flag is the engine's (``_AgentEngine.closed``): set once by close(), checked before a
 claim.
@@ -64,9 +66,10 @@ cdef class PartialGraphExecutionState:
     """The state of one training run between its forward and its backward.
 
     Create one per run and pass it to ``TrainingAgent.run_forward`` then ``run_backward``; it
-    serves one forward and one backward. It holds the stash (the forward values the backward
-    needs) and the graph inputs the backward reads again; they are freed when the backward
-    completes, when :meth:`release` is called, or when the state is dropped. A backward that
+    serves one forward and one backward (any number of backwards after :meth:`retain`). It holds
+    the stash (the forward values the backward needs) and the graph inputs the backward reads
+    again; they are freed when the backward completes (unless retained), when :meth:`release`
+    is called, or when the state is dropped. A backward that
     fails leaves the run waiting (resumable); a forward that fails leaves it finished.
     """
 
@@ -117,7 +120,13 @@ cdef class PartialGraphExecutionState:
             + ("; run_forward must come first" if found == PHASE_NEW else ""))
 
     cdef void finish(self) noexcept:
-        self._drop()
+        cdef bint keep
+        with cython.critical_section(self):
+            keep = self.keep_stash
+            if keep:
+                self.phase = PHASE_WAITING
+        if not keep:
+            self._drop()
 
     cdef void abort(self) noexcept:
         cdef RunPhase found
@@ -151,6 +160,23 @@ cdef class PartialGraphExecutionState:
         if found == PHASE_FORWARD or found == PHASE_BACKWARD:
             raise RunStateError("this run is executing; release it after the call returns")
         self._drop()
+
+    def retain(self):
+        """Keep what this run holds after each backward, so that its backward can run again
+        (with other gradients: torch's ``retain_graph``); :meth:`release` (or dropping the
+        state) frees it. Refused on a finished run, which holds nothing."""
+        cdef RunPhase found
+        with cython.critical_section(self):
+            found = self.phase
+            if found != PHASE_FINISHED:
+                self.keep_stash = True
+        if found == PHASE_FINISHED:
+            raise RunStateError("cannot retain this run: it is finished (backward done or released)")
+
+    @property
+    def retained(self):
+        """True once :meth:`retain` was called."""
+        return self.keep_stash
 
     @property
     def waiting_for_backward(self):

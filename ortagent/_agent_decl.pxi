@@ -19,6 +19,7 @@ cdef class PartialGraphExecutionState:
     cdef list gradient_shapes          # shape of the module output of each gradient (checks them)
     cdef list stash                    # OrtValues the backward reads, where ORT produced them
     cdef list backward_inputs          # the caller's graph inputs the backward reads again
+    cdef bint keep_stash               # retain(): a backward leaves the run WAITING, stash kept
     cdef public object run_id          # set by the run-id API
     cdef public object binding         # set by the run-id API: where gradients land
     # NEW -> FORWARD, else RunStateError (a state serves one forward).
@@ -28,7 +29,8 @@ cdef class PartialGraphExecutionState:
                       list backward_inputs) noexcept
     # WAITING -> BACKWARD for `engine`'s backward, else RunStateError (the phase unchanged).
     cdef int claim_backward(self, _AgentEngine engine) except -1
-    # BACKWARD -> FINISHED: the backward ran; what the run held is dropped.
+    # BACKWARD -> FINISHED: the backward ran; what the run held is dropped. A retained run goes
+    # back to WAITING instead, holding its stash for another backward.
     cdef void finish(self) noexcept
     # Undo a claim after a failure: FORWARD -> FINISHED (nothing was published, the state is
     # spent), BACKWARD -> WAITING (the stash is intact: the run stays resumable).

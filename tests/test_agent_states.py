@@ -146,6 +146,43 @@ def test_a_failed_backward_aborts_to_waiting_and_resumes(order, no_leaks):
 
 
 @pytest.mark.parametrize("order", ["graph", "reordered"])
+def test_a_retained_run_resumes_again_until_released(order, no_leaks):
+    """retain() (torch's retain_graph): each backward leaves the run waiting with its stash, so
+    the backward runs again with other gradients, each as a fresh run's; release() ends it. A
+    finished state cannot be retained."""
+    case = tg.multi_output_case()                 # its stash holds a module output
+    names = list(case.input_names)
+    if order == "reordered":
+        names = names[::-1]
+    agent = ortagent.TrainingAgent(case.model.SerializeToString(), fw_feed_names=names,
+                                   fw_outputs_device_info=["cpu"] * 2,
+                                   bw_fetches_names=list(case.graph_output_names),
+                                   bw_outputs_device_info=["cpu"] * len(case.graph_output_names))
+    rng = np.random.default_rng(6)
+    feeds = case.make_feeds(rng)
+    state = ortagent.PartialGraphExecutionState()
+    assert not state.retained
+    agent.run_forward([ortagent.OrtValue.ortvalue_from_numpy(feeds[n]) for n in names], [], state)
+    state.retain()
+    held = state.stash_size
+    assert held >= 1 and state.retained
+    for _ in range(3):
+        gradients = case.make_gradients(rng, case.reference(feeds))
+        results: list = []
+        agent.run_backward(_gradient_values(gradients), results, state)
+        for got, want in zip(results, case.reference_gradients(feeds, gradients)):
+            np.testing.assert_allclose(got.numpy(), want, **F64)
+        assert _phase(state) == ("waiting for its backward", True, held)
+    state.release()
+    assert _phase(state) == FINISHED
+    with pytest.raises(ortagent.RunStateError, match="cannot run backward: this run is finished"):
+        agent.run_backward(_gradient_values(gradients), [], state)
+    with pytest.raises(ortagent.RunStateError, match="cannot retain this run: it is finished"):
+        state.retain()
+    agent.close()
+
+
+@pytest.mark.parametrize("order", ["graph", "reordered"])
 def test_refused_calls_change_nothing(order, no_leaks):
     """A call refused before its claim leaves the state as it was: a wrong feed count, another
     agent's backward, a closed agent. The state then serves the agent it belongs to."""
