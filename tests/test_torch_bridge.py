@@ -694,12 +694,6 @@ def test_refusals_are_clear():
     refused.eval()
     with torch.no_grad():
         assert refused.module.fc(x).shape == (3, 4)
-    model = ORTModule(torch.nn.Linear(4, 4))
-    out = model(x)
-    loss = out.sum()
-    loss.backward(retain_graph=True)
-    with pytest.raises(Exception, match="already ran"):
-        loss.backward()
 
 
 class _TakesAnything:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import weakref
 
 import pytest
 
@@ -531,3 +532,43 @@ def test_a_parameter_registered_after_an_export_exports_again():
     out = bridged(x)
     torch.testing.assert_close(out, net.fc(x) + 5.0)
     assert bridged.exported_graphs == 2
+
+
+def test_retain_graph_backwards_and_autograd_grad_as_eager():
+    """Several backwards through one forward (a loss per head with retain_graph, then
+    torch.autograd.grad of another loss) accumulate eager's gradients; the run's stash is kept
+    only while torch keeps the graph, and a backward after the graph was freed is refused with
+    a typed error naming retain_graph, as eager refuses it."""
+    import torch
+
+    from ortagent.errors import RunStateError
+    from ortagent.torch import ORTModule
+
+    eager = _net()
+    model = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(5, 3, requires_grad=True)
+    x_eager = x.detach().clone().requires_grad_()
+    results = {}
+    for name, module, inputs in (("ort", model, x), ("eager", eager, x_eager)):
+        out = module(inputs)
+        out[:, 0].square().sum().backward(retain_graph=True)
+        out[:, 1].exp().sum().backward(retain_graph=True)
+        (slope,) = torch.autograd.grad(out.tanh().sum(), inputs, retain_graph=True)
+        out.sum().backward()
+        results[name] = (out, slope, inputs.grad, [p.grad for p in module.parameters()])
+        if module is model:
+            assert out.grad_fn.state is None        # the last backward freed the run
+            with pytest.raises(RunStateError, match="retain_graph=True"):
+                out.sum().backward()
+    (out, slope, x_grad, grads), (want, want_slope, want_x_grad, want_grads) = results["ort"], results["eager"]
+    _close(out, want)
+    _close(slope, want_slope)
+    _close(x_grad, want_x_grad)
+    for got, expected in zip(grads, want_grads):
+        _close(got, expected)
+    kept = model(x)
+    kept.sum().backward(retain_graph=True)
+    assert kept.grad_fn.state.retained and kept.grad_fn.state.waiting_for_backward
+    state = weakref.ref(kept.grad_fn.state)
+    del kept
+    assert state() is None                          # (freed with the graph)

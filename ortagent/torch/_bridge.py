@@ -479,8 +479,17 @@ def _evaluate(expression: str, values: dict[str, int]) -> int | None:
 _RELEASE_ABOVE = 1e-3
 
 
+#: in a backward: whether torch keeps the graph after it (``retain_graph``), the engine's answer
+#: that torch's own compiled functions ask for too; a torch without the query keeps nothing
+_graph_kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: False)
+
+
 class ORTFunction(torch.autograd.Function):
-    """A forward through the agent, with its backward resumed from the output gradients."""
+    """A forward through the agent, with its backward resumed from the output gradients.
+
+    The run's stash lives as long as torch keeps the graph: a backward with ``retain_graph``
+    (or ``create_graph``) retains the run for another backward, one without frees it when it
+    returns, and a graph dropped unused frees it with this node's context."""
 
     @staticmethod
     def forward(ctx: Any, runner: GraphRunner, plan: AgentPlan, *feeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -506,9 +515,12 @@ class ORTFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
         state = ctx.state
-        if state is None or not state.waiting_for_backward:
-            raise RunStateError("ORTModule: the backward of this forward already ran (retain_graph "
-                                "and a second backward through the same forward are not supported)")
+        if state is None:
+            raise RunStateError("ORTModule: the backward of this forward already ran and freed what it kept; pass "
+                                "retain_graph=True to the first backward to run another one (as for eager modules)")
+        keep = _graph_kept()
+        if keep and not state.retained:
+            state.retain()
         plan: AgentPlan = ctx.plan
         runner: GraphRunner = ctx.runner
         non_differentiable = plan.non_differentiable
@@ -526,7 +538,8 @@ class ORTFunction(torch.autograd.Function):
         began = perf_counter()
         plan.agent.run_backward(grads, fetches, state)
         run_seconds[1] = perf_counter() - began
-        ctx.state = None
+        if not keep:
+            ctx.state = None                # (a retained run's stash goes with it)
         result: list = [None] * (2 + ctx.n_feeds)
         tensor = runner.to_torch
         for feed_index, view, value in zip(plan.gradient_slots, plan.gradient_views, fetches):
