@@ -572,3 +572,44 @@ def test_retain_graph_backwards_and_autograd_grad_as_eager():
     state = weakref.ref(kept.grad_fn.state)
     del kept
     assert state() is None                          # (freed with the graph)
+
+
+def test_in_place_changes_before_the_backward_meet_torch_s_check():
+    """Between a forward and its backward, an in-place change of a tensor the backward reads
+    (an input, or an output the backward reads again) raises torch's error, as eager's saved
+    tensors do, instead of a gradient computed from the changed values; a change of a tensor
+    the backward does not read passes, with eager's gradients."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    class Squash(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+            self.shift = torch.nn.Parameter(torch.zeros(3))
+
+        def forward(self, x, offset):
+            return torch.tanh(self.fc(x)), offset + self.shift
+
+    torch.manual_seed(0)
+    eager = Squash()
+    model = ORTModule(copy.deepcopy(eager))
+    changes = {"the output": lambda out, x, offset: out[0].mul_(2),
+               "an input": lambda out, x, offset: x.add_(1),
+               "an unread input": lambda out, x, offset: offset.add_(1)}
+    for what, change in changes.items():
+        for module in (model, eager):
+            module.zero_grad()
+            x, offset = torch.randn(4, 3, generator=torch.Generator().manual_seed(1)), torch.ones(4, 3)
+            out = module(x, offset)
+            change(out, x, offset)
+            loss = out[0].sum() + out[1].square().sum()
+            if what == "an unread input":
+                loss.backward()
+            else:
+                with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                    loss.backward()
+        if what == "an unread input":
+            for got, expected in zip(model.parameters(), eager.parameters()):
+                _close(got.grad, expected.grad)

@@ -160,6 +160,11 @@ class AgentPlan:
     non_differentiable: tuple[int, ...]
     gradient_slots: tuple[int, ...]
     gradient_views: tuple[tuple[int, ...] | None, ...]
+    #: the call's tensors (positions among the feeds) the backward reads again, and the module
+    #: outputs it reads (stashed): saved for backward, so that an in-place change of one between
+    #: the forward and the backward meets torch's own check, as an eager module's saved tensors do
+    backward_reads: tuple[int, ...] = ()
+    stashed_outputs: tuple[int, ...] = ()
     #: the wall seconds the last forward and backward runs took (0.0: none yet), for
     #: :meth:`GraphRunner.before_run`
     run_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0], compare=False)
@@ -362,11 +367,15 @@ class GraphRunner:
         for attr in yield_node.attribute:
             if attr.name == "non_differentiable_outputs":
                 non_differentiable = sorted(attr.ints)
+        split = agent.split
+        stash = set(split.stash_names)
         return AgentPlan(agent,
                          tuple(names.index(value.name) for value in graph.graph.input),
                          tuple(non_differentiable),
                          tuple(names.index(name) for name in (*input_gradients, *trainable)),
-                         _gradient_views(graph, (*input_gradients, *trainable)))
+                         _gradient_views(graph, (*input_gradients, *trainable)),
+                         tuple(names.index(name) for name in split.backward_graph_input_names),
+                         tuple(index for index, name in enumerate(split.module_output_names) if name in stash))
 
     def _cpu_kernels(self) -> bool:
         """Whether this device's training graphs use ortagent's CPU gradient kernels (a
@@ -502,6 +511,8 @@ class ORTFunction(torch.autograd.Function):
         plan.agent.run_forward(values, outputs, state)
         run_seconds[0] = perf_counter() - began
         results = tuple(map(runner.to_torch, outputs))
+        ctx.save_for_backward(*[feeds[index] for index in plan.backward_reads],
+                              *[results[index] for index in plan.stashed_outputs])
         ctx.state = state
         ctx.runner = runner
         ctx.plan = plan
@@ -518,6 +529,7 @@ class ORTFunction(torch.autograd.Function):
         if state is None:
             raise RunStateError("ORTModule: the backward of this forward already ran and freed what it kept; pass "
                                 "retain_graph=True to the first backward to run another one (as for eager modules)")
+        ctx.saved_tensors                   # (torch's error where one was changed in place since)
         keep = _graph_kept()
         if keep and not state.retained:
             state.retain()
