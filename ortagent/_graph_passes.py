@@ -75,7 +75,8 @@ __all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies"
            "transposes_without_unit_axes",
            "masked_softmax_in_parts", "import_kernels_domain",
            "known_shapes",
-           "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses"]
+           "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses",
+           "ZEROS_ARE_SIZES", "zeros_are_sizes", "mark_zeros_are_sizes", "literal_zero_reshapes"]
 
 Dims = list  # of int (a static size) or str (a symbol)
 
@@ -127,6 +128,8 @@ def inferred_values(model: ModelProto, stand_ins: dict | None = None, declared: 
             nodes.extend(stand_ins.get(node.name, [node]) if node.name else [node])
         del probe.graph.node[:]
         probe.graph.node.extend(nodes)
+    if zeros_are_sizes(probe):
+        literal_zero_reshapes(probe)        # (the passes' own views of empty dimensions too)
     try:
         inferred = onnx.shape_inference.infer_shapes(probe, strict_mode=False, data_prop=True)
     except Exception:
@@ -520,7 +523,8 @@ def fast_reductions(model: ModelProto, stand_ins: dict | None = None, kernel: bo
                     if stand_ins is not None:
                         stand_ins[made[0].name] = [node]    # (for the shape inference of later passes)
             if made is None:
-                made = _reduction_without_unit_tail(node, dims.get(node.input[0]), constants, names, graph)
+                made = _reduction_without_unit_tail(node, dims.get(node.input[0]), constants, names, graph,
+                                                    _default_opset(model) >= 14)
         if made:
             nodes.extend(made)
             count += 1
@@ -568,7 +572,8 @@ def _constant_axes(node, constants: dict) -> list[int] | None:
     return next((list(a.ints) for a in node.attribute if a.name == "axes"), None) or None
 
 
-def _reduction_without_unit_tail(node, shape: Dims | None, constants: dict, names, graph) -> list | None:
+def _reduction_without_unit_tail(node, shape: Dims | None, constants: dict, names, graph,
+                                 states_allowzero: bool) -> list | None:
     if shape is None or not shape:
         return None
     rank = len(shape)
@@ -603,8 +608,11 @@ def _reduction_without_unit_tail(node, shape: Dims | None, constants: dict, name
     del reduction.input[:]
     reduction.input.extend(inputs)
     reduction.output[0] = reduced
-    return [helper.make_node("Reshape", [node.input[0], view], [untailed]), reduction,
-            helper.make_node("Reshape", [reduced, back], [node.output[0]])]
+    # (the zeros copy the dimensions: allowzero=0 stated where the opset has it, see
+    # literal_zero_reshapes)
+    copies = {"allowzero": 0} if states_allowzero else {}
+    return [helper.make_node("Reshape", [node.input[0], view], [untailed], **copies), reduction,
+            helper.make_node("Reshape", [reduced, back], [node.output[0]], **copies)]
 
 
 _VIEWS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten"})
@@ -1261,3 +1269,104 @@ def vector_products_on_transposes(model: ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(vectors)
+
+
+
+#: operators whose output sizes depend on tensor values: a graph holding one may meet a size 0
+#: at run time whatever its inputs' shapes
+_DATA_DEPENDENT_SIZES = frozenset({"NonZero", "Compress", "Unique", "NonMaxSuppression", "StringSplit"})
+#: operators whose integer output holds only entries taken from their (first) input's
+_SIZE_SELECTIONS = frozenset({"Gather", "GatherElements", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Identity",
+                              "Cast", "Expand", "Tile", "Flatten"})
+#: operators that make sizes of sizes (all their inputs sizes)
+_SIZE_ARITHMETIC = frozenset({"Concat", "Mul", "Add", "Div", "Max", "Min"})
+
+
+#: metadata entry of a model whose Reshape shapes hold sizes only, a 0 never meaning ONNX's "copy
+#: this dimension": ORTModule's exports (torch has no such meaning) and the graphs built from them
+ZEROS_ARE_SIZES = "ortagent.reshape_zeros_are_sizes"
+
+
+def zeros_are_sizes(model: ModelProto) -> bool:
+    """Whether ``model`` is marked with :data:`ZEROS_ARE_SIZES`."""
+    return any(entry.key == ZEROS_ARE_SIZES for entry in model.metadata_props)
+
+
+def mark_zeros_are_sizes(model: ModelProto) -> None:
+    """Mark ``model`` with :data:`ZEROS_ARE_SIZES` and set ``allowzero`` where its Reshapes
+    need it (:func:`literal_zero_reshapes`)."""
+    if not zeros_are_sizes(model):
+        onnx.helper.set_model_props(model, {**{e.key: e.value for e in model.metadata_props}, ZEROS_ARE_SIZES: "1"})
+    literal_zero_reshapes(model)
+
+
+def literal_zero_reshapes(model: ModelProto) -> int:
+    """Set ``allowzero=1`` on the main-graph ``Reshape`` nodes whose shape can hold a 0 that
+    means a size; returns how many were set. For graphs whose zeros are sizes (see
+    :data:`ZEROS_ARE_SIZES`; a graph from elsewhere may mean "copy" by a 0). ONNX reads a 0 in
+    a Reshape's shape as "this input dimension" unless ``allowzero`` is set, but the shapes
+    torch and ortagent's passes write hold sizes: an empty batch's ``[0, 2] -> [2, 0]`` became
+    ``[2, 2]``, and ONNX's shape inference (which the passes read) misread the same. Set on a Reshape whose
+    shape is a constant with a 0 and no negative entry, and, in a graph with an operator of
+    data-dependent output size (a boolean mask's ``NonZero``: a selection may be empty at run
+    time), on one whose shape is made of sizes only (``Shape``, selections from it, sums and
+    products of sizes, constants without negative entries). A Reshape that states ``allowzero``
+    says what it means and is left (ortagent's own copies of dimensions state ``allowzero=0``),
+    and so is a shape with a -1: onnx-ad writes ``[0, 0, -1]`` meaning "copy", and ONNX refuses
+    a -1 beside ``allowzero=1``."""
+    if _default_opset(model) < 14:
+        return 0
+    graph = model.graph
+    reshapes = [node for node in graph.node if node.op_type == "Reshape" and node.domain in ("", "ai.onnx")
+                and len(node.input) == 2 and not any(a.name == "allowzero" for a in node.attribute)]
+    if not reshapes:
+        return 0
+    dynamic = any(node.op_type in _DATA_DEPENDENT_SIZES for node in graph.node)
+    producers = {name: node for node in graph.node for name in node.output}
+    initializers = {init.name: init for init in graph.initializer}
+    sizes_only: dict[str, bool] = {}
+
+    def constant(name: str) -> np.ndarray | None:
+        init = initializers.get(name)
+        if init is not None:
+            return numpy_helper.to_array(init)
+        node = producers.get(name)
+        if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
+                         None)
+            return None if value is None else numpy_helper.to_array(value)
+        return None
+
+    def holds_sizes(name: str) -> bool:
+        known = sizes_only.get(name)
+        if known is not None:
+            return known
+        sizes_only[name] = False            # (a graph has no cycles; this only ends a bad one)
+        value = constant(name)
+        node = producers.get(name)
+        if value is not None:
+            result = not (value < 0).any()
+        elif node is None or node.domain not in ("", "ai.onnx"):
+            result = False
+        elif node.op_type in ("Shape", "Size"):
+            result = True
+        elif node.op_type in _SIZE_SELECTIONS:
+            result = holds_sizes(node.input[0])
+        elif node.op_type in _SIZE_ARITHMETIC:
+            result = all(holds_sizes(operand) for operand in node.input if operand)
+        else:
+            result = False
+        sizes_only[name] = result
+        return result
+
+    count = 0
+    for node in reshapes:
+        value = constant(node.input[1])
+        if value is not None:
+            literal = bool((value == 0).any()) and not (value < 0).any()
+        else:
+            literal = dynamic and holds_sizes(node.input[1])
+        if literal:
+            node.attribute.append(helper.make_attribute("allowzero", 1))
+            count += 1
+    return count

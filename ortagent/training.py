@@ -35,8 +35,8 @@ from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, fast_reductions, flatten_batched_matmuls, import_kernels_domain,
-    known_shapes, masked_softmax_in_parts, padded_sums_as_concats, promote_mixed_arithmetic, seed_axis_round_trips,
-    simplify_copies, transposes_without_unit_axes,
+    known_shapes, literal_zero_reshapes, mark_zeros_are_sizes, masked_softmax_in_parts, padded_sums_as_concats, promote_mixed_arithmetic,
+    seed_axis_round_trips, simplify_copies, transposes_without_unit_axes, zeros_are_sizes,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,
@@ -265,6 +265,7 @@ def build_training_graph(
     if optimize:
         symbols_above_one = [*symbols_above_one, *flatten_batched_matmuls(
             model, _default_opset(model), inferred, symbols_above_one)]
+    sizes = zeros_are_sizes(model)
     unroll_static_sequences(model)      # (onnx-ad has no rules for sequence operators)
     explicit_gru_biases(model)          # (onnx-ad's GRU unrolling needs one for linear_before_reset)
     promote_mixed_arithmetic(model, inferred)   # (the exporter writes float / int64 where torch promotes)
@@ -292,6 +293,8 @@ def build_training_graph(
     _rename_reserved_values(adjoint, set(gradient_outputs) | set(yield_outputs))
     if needs_lowering(adjoint):         # ortagent's own rules emit training operators (ConvGrad)
         adjoint = lower_training_ops(adjoint)
+    if sizes:                           # (onnx-ad's result is a new model: marked again)
+        mark_zeros_are_sizes(adjoint)
     result_graph = adjoint.graph
     names = NameAllocator(all_value_names(result_graph) | set(gradient_outputs) | set(yield_outputs))
     seed_names = {prefix + name for name in seeded}
@@ -382,6 +385,8 @@ def build_training_graph(
         if input_symbols_checked:
             share_shape_values(adjoint, stand_ins, keep=kept, declared=forward_value_info, cut=yield_node.name)
             padded_sums_as_concats(adjoint, stand_ins, keep=kept)
+    if sizes:
+        literal_zero_reshapes(adjoint)
     return adjoint
 
 

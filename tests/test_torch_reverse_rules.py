@@ -619,3 +619,59 @@ def test_boolean_mask_selection_of_another_count_reuses_the_export():
             mine.grad = theirs.grad = None
     assert len(set(counts)) == 3
     assert sum(len(entries) for entries in bridged._exports.values()) == 1
+
+
+def test_empty_selections_and_empty_batches_match_eager():
+    """A 0 in a Reshape's shape is a size, not ONNX's "copy this dimension": a boolean mask
+    that selects nothing at run time (the export made with rows selected) and a batch of 0
+    rows exported as such give torch's outputs and gradients (before: onnxruntime refused the
+    reshapes, their 0 read as another dimension)."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    class Regrouped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(2, 3)
+
+        def forward(self, x, mask):
+            chosen = self.linear(x[mask])                               # [count, 4]
+            pairs = chosen.reshape(chosen.shape[0], 2, 2).transpose(1, 2)
+            return self.head(pairs).sum(0), self.head(pairs).amax(1)
+
+    torch.manual_seed(0)
+    eager = Regrouped()
+    bridged = ORTModule(Regrouped())
+    bridged.module.load_state_dict(eager.state_dict())
+    x = torch.randn(6, 4)
+    for selected in ([0, 2, 3], [1, 4], [], [5]):
+        mask = torch.zeros(6, dtype=torch.bool)
+        mask[selected] = True
+        got, expected = bridged(x, mask), eager(x, mask)
+        for mine, theirs in zip(got, expected):
+            torch.testing.assert_close(mine, theirs, rtol=RTOL, atol=1e-6)
+        (got[0].sum() + got[1].square().sum()).backward()
+        (expected[0].sum() + expected[1].square().sum()).backward()
+        for mine, theirs in zip(bridged.module.parameters(), eager.parameters()):
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=1e-6)
+            mine.grad = theirs.grad = None
+    assert bridged.exported_graphs == 1
+
+    mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    for dynamic in (False, True):
+        bridged = ORTModule(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
+                            dynamic=dynamic)
+        bridged.module.load_state_dict(mlp.state_dict())
+        for rows in (2, 5, 0):
+            x = torch.randn(rows, 3, requires_grad=True)
+            x_eager = x.detach().clone().requires_grad_()
+            got, expected = bridged(x), mlp(x_eager)
+            torch.testing.assert_close(got, expected)
+            got.square().sum().backward()
+            expected.square().sum().backward()
+            torch.testing.assert_close(x.grad, x_eager.grad)
+            for mine, theirs in zip(bridged.module.parameters(), mlp.parameters()):
+                torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=ATOL)
+                mine.grad = theirs.grad = None

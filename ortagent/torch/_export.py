@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
-from ortagent._graph_passes import ceil_mode_pool_outputs, pools_at_onnxruntime_sizes
+from ortagent._graph_passes import ceil_mode_pool_outputs, mark_zeros_are_sizes, pools_at_onnxruntime_sizes
 from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _training_ir, _trees
@@ -434,6 +434,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
                                 f"{type(failure).__name__}: {failure}") from failure
     model = program.model_proto
     model.ir_version = ir_version
+    mark_zeros_are_sizes(model)         # (torch's shapes hold sizes: a 0 is an empty dimension)
     _static_literals(model)
     pools_at_onnxruntime_sizes(model)
     _repair_declared_shapes(model)
@@ -706,11 +707,15 @@ def inference_model(model: Any) -> Any:
     import onnx
 
     from ortagent import _ad_rules
-    from ortagent._graph_passes import masked_softmax_in_parts, vector_products_on_transposes
+    from ortagent._graph_passes import (
+        literal_zero_reshapes, masked_softmax_in_parts, vector_products_on_transposes, zeros_are_sizes,
+    )
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     _ad_rules.finish(copy)
     masked_softmax_in_parts(copy)
     vector_products_on_transposes(copy)     # (onnxruntime 1.31 computes A^T v wrong: see there)
+    if zeros_are_sizes(copy):
+        literal_zero_reshapes(copy)
     return copy

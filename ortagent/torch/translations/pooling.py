@@ -226,14 +226,14 @@ def im2col(x: Any, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -
         # an empty batch: an empty result (the reverse of the reads would reshape with -1)
         return op.Expand(op.ReduceSum(x, keepdims=0), ints(shape[:n - 3] + [channels * positions.shape[0], count]))
     x = op.Pad(x, ints(lead + pads + lead + pads))
-    flat = op.Reshape(x, ints(lead + [padded[0] * padded[1]]))
+    flat = op.Reshape(x, ints(lead + [padded[0] * padded[1]]), allowzero=0)   # (0: copy)
     # GatherElements (its reverse a ScatterElements add) over the positions spread to every
     # plane: the reverse of a Gather reshapes with -1, which fails on an empty batch
     table = op.Constant(value=_tensor(positions.reshape(-1)))
     index = op.Expand(table, op.Concat(op.Slice(op.Shape(flat), ints([0]), ints([n - 2])), ints([positions.size]),
                                       axis=0))
     gathered = op.GatherElements(flat, index, axis=n - 2)                      # (..., C, cells * blocks)
-    return op.Reshape(gathered, ints([0] * (n - 3) + [channels * positions.shape[0], count]))
+    return op.Reshape(gathered, ints([0] * (n - 3) + [channels * positions.shape[0], count]), allowzero=0)
 
 
 def col2im(x: Any, output_size: Any, kernel_size: Any, dilation: Any, padding: Any, stride: Any) -> Any:
@@ -298,15 +298,15 @@ def _fractional_max(spatial: int):
             rows = _spread_axis(starts, k, strides[d], d, spatial)
             flat_positions = rows if flat_positions is None else op.Add(flat_positions, rows)
         cells, window = int(np.prod(outs)), int(np.prod(kernel))
-        positions = op.Reshape(flat_positions, ints([0, 0, cells * window]))
-        plane = op.Reshape(x, ints([0, 0, int(np.prod(sizes))]))
-        windows = op.Reshape(op.GatherElements(plane, positions, axis=2), ints([0, 0, cells, window]))
+        positions = op.Reshape(flat_positions, ints([0, 0, cells * window]), allowzero=0)    # (0: copy)
+        plane = op.Reshape(x, ints([0, 0, int(np.prod(sizes))]), allowzero=0)
+        windows = op.Reshape(op.GatherElements(plane, positions, axis=2), ints([0, 0, cells, window]), allowzero=0)
         chosen = op.ArgMax(windows, axis=3, keepdims=1)                                       # first maximum
-        index = op.GatherElements(op.Reshape(positions, ints([0, 0, cells, window])), chosen, axis=3)
-        index = op.Reshape(index, ints([0, 0, cells]))
+        index = op.GatherElements(op.Reshape(positions, ints([0, 0, cells, window]), allowzero=0), chosen, axis=3)
+        index = op.Reshape(index, ints([0, 0, cells]), allowzero=0)
         values = op.GatherElements(plane, index, axis=2)          # the gradient goes to the index
         out_shape = ints([0, 0] + outs)
-        return op.Reshape(values, out_shape), op.Reshape(index, out_shape)
+        return op.Reshape(values, out_shape, allowzero=0), op.Reshape(index, out_shape, allowzero=0)
 
     return fractional_max_pool
 

@@ -46,7 +46,7 @@ def grid_sampler_3d(x: Any, grid: Any, interpolation_mode: int, padding_mode: in
         if padding == "border":
             c = op.Clip(c, constant(g, 0.0), constant(g, float(size - 1)))
         coordinates.append((c, size))
-    volume = op.Reshape(x, ints([0, 0, depth * height * width]))       # (N, C, DHW)
+    volume = op.Reshape(x, ints([0, 0, depth * height * width]), allowzero=0)   # (N, C, DHW; 0: copy)
     channels_shape = op.Shape(volume)
 
     def read(cells: list[Any]) -> tuple[Any, Any]:
