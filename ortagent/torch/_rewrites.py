@@ -294,6 +294,8 @@ def _batch_norm_training(trace: Trace, x: torch.Tensor, running_mean: torch.Tens
     derivative ortagent writes itself, see :mod:`ortagent._ad_rules`), with the statistics
     recorded for the running buffers."""
     if x.dim() < 2:
+        if x.numel() == 0:          # (eager reads no channel axis and returns the empty input)
+            raise OrtNotImplemented("ORTModule: BatchNorm of an empty 1-d input is not supported")
         raise OrtInvalidArgument(f"BatchNorm expects an input of 2 or more dimensions, got {x.dim()}")
     channels = x.shape[1]
     count = x.numel() // channels if channels else 0

@@ -9,7 +9,16 @@ so the autodiff's gradient is torch's for both the input (GatherElements' scatte
 grid (Floor has none, as torch's); a clamped coordinate gets no gradient, as torch's. Nearest
 rounds half to even (ONNX's Round, torch's nearbyint) and gives the grid no gradient.
 Reflection padding and bicubic mode are refused.
+
+``F.interpolate(..., mode="bilinear", antialias=True, align_corners=True)``
+(``aten._upsample_bilinear2d_aa``) is refused: torch.onnx writes ONNX's antialiased Resize with
+the ``align_corners`` coordinates, whose windows are not torch's (torch centres them at
+``scale * (i + 0.5)`` whatever ``align_corners``; the sweep found outputs 1.86 apart at a 0.8
+scale), and ONNX's Resize cannot take torch's scale with another output size. Without
+``align_corners`` torch.onnx's translation matches torch and is kept, unless a scale factor
+is given that is not the ratio of the sizes (torch maps coordinates by the factor; refused).
 """
+
 
 from __future__ import annotations
 
@@ -91,8 +100,29 @@ def grid_sampler_3d(x: Any, grid: Any, interpolation_mode: int, padding_mode: in
     return op.Reshape(sampled, out_shape)
 
 
+def upsample_bilinear2d_aa(x: Any, output_size: Any, align_corners: bool, scales_h: Any = None,
+                           scales_w: Any = None) -> Any:
+    if align_corners:
+        raise OrtNotImplemented("ORTModule: F.interpolate with antialias=True and align_corners=True "
+                                "(aten._upsample_bilinear2d_aa) has no ONNX Resize with torch's windows")
+    if scales_h is not None or scales_w is not None:
+        # torch maps coordinates by 1 / scale where a scale is given, ONNX's Resize by the
+        # ratio of the sizes: the same only where the two agree
+        sizes = static_dims(x, [2, 3], "an antialiased interpolation with scale factors")
+        for scale, size, out in zip((scales_h, scales_w), sizes, output_size):
+            if scale is not None and (not isinstance(out, int) or abs(1.0 / scale - size / out) > 1e-12 * size):
+                raise OrtNotImplemented(
+                    f"ORTModule: F.interpolate with antialias=True and a scale factor ({scale}) other than "
+                    f"output/input size ({out}/{size}): ONNX's Resize maps coordinates by the sizes, torch by "
+                    "the factor (recompute_scale_factor=True gives the sizes' ratio)")
+    from onnxscript.function_libs.torch_lib.ops.nn import aten__upsample_bilinear2d_aa
+
+    return aten__upsample_bilinear2d_aa(x, output_size, align_corners, scales_h, scales_w)
+
+
 def translations() -> dict:
     import torch
 
     aten = torch.ops.aten
-    return {aten.grid_sampler_3d.default: grid_sampler_3d}
+    return {aten.grid_sampler_3d.default: grid_sampler_3d,
+            aten._upsample_bilinear2d_aa.default: upsample_bilinear2d_aa}
