@@ -109,11 +109,10 @@ def test_a_failed_forward_aborts_to_finished_and_the_state_is_spent(order, feed_
     agent.close()
 
 
-@pytest.mark.parametrize("order", ["graph", "reordered"])
-def test_a_failed_backward_aborts_to_waiting_and_resumes(order, no_leaks):
-    """abort from BACKWARD: a gradient of the wrong shape, then of the wrong element type, is
-    refused; the run is waiting again with what it held, and the right gradient completes it."""
-    case = tg.multi_output_case()                 # its stash holds a module output
+def _multi_output_agent(order):
+    """The two-output case (its stash holds a module output), its feed names in graph order or
+    reversed, and an agent for it."""
+    case = tg.multi_output_case()
     names = list(case.input_names)
     if order == "reordered":
         names = names[::-1]
@@ -121,6 +120,14 @@ def test_a_failed_backward_aborts_to_waiting_and_resumes(order, no_leaks):
                                    fw_outputs_device_info=["cpu"] * 2,
                                    bw_fetches_names=list(case.graph_output_names),
                                    bw_outputs_device_info=["cpu"] * len(case.graph_output_names))
+    return case, names, agent
+
+
+@pytest.mark.parametrize("order", ["graph", "reordered"])
+def test_a_failed_backward_aborts_to_waiting_and_resumes(order, no_leaks):
+    """abort from BACKWARD: a gradient of the wrong shape, then of the wrong element type, is
+    refused; the run is waiting again with what it held, and the right gradient completes it."""
+    case, names, agent = _multi_output_agent(order)
     rng = np.random.default_rng(3)
     feeds = case.make_feeds(rng)
     gradients = case.make_gradients(rng, case.reference(feeds))
@@ -150,14 +157,7 @@ def test_a_retained_run_resumes_again_until_released(order, no_leaks):
     """retain() (torch's retain_graph): each backward leaves the run waiting with its stash, so
     the backward runs again with other gradients, each as a fresh run's; release() ends it. A
     finished state cannot be retained."""
-    case = tg.multi_output_case()                 # its stash holds a module output
-    names = list(case.input_names)
-    if order == "reordered":
-        names = names[::-1]
-    agent = ortagent.TrainingAgent(case.model.SerializeToString(), fw_feed_names=names,
-                                   fw_outputs_device_info=["cpu"] * 2,
-                                   bw_fetches_names=list(case.graph_output_names),
-                                   bw_outputs_device_info=["cpu"] * len(case.graph_output_names))
+    case, names, agent = _multi_output_agent(order)
     rng = np.random.default_rng(6)
     feeds = case.make_feeds(rng)
     state = ortagent.PartialGraphExecutionState()

@@ -948,12 +948,8 @@ def test_a_graph_onnxruntime_cannot_run_is_exported_the_other_way(monkeypatch, d
     assert bridged.exported_graphs == exports
 
 
-def test_exports_are_bounded_and_warn(monkeypatch):
-    """A non-tensor argument that changes every call exports each time: a warning at the
-    eighth export (third here), and at most max_graphs exports kept (least recently used out)."""
-    torch = _torch()
-    import ortagent.torch._module as module_impl
-    from ortagent.torch import ORTModule
+def _scaled_class(torch):
+    """A module whose forward takes a number besides its tensor (each new number exports)."""
 
     class Scaled(torch.nn.Module):
         def __init__(self):
@@ -961,8 +957,19 @@ def test_exports_are_bounded_and_warn(monkeypatch):
             self.fc = torch.nn.Linear(3, 2)
 
         def forward(self, x, scale):
-            return self.fc(x) * scale
+            return torch.tanh(self.fc(x)) * scale
 
+    return Scaled
+
+
+def test_exports_are_bounded_and_warn(monkeypatch):
+    """A non-tensor argument that changes every call exports each time: a warning at the
+    eighth export (third here), and at most max_graphs exports kept (least recently used out)."""
+    torch = _torch()
+    import ortagent.torch._module as module_impl
+    from ortagent.torch import ORTModule
+
+    Scaled = _scaled_class(torch)
     monkeypatch.setattr(module_impl, "_MANY_EXPORTS", 3)
     model = ORTModule(Scaled(), max_graphs=2)
     x = torch.randn(4, 3)
@@ -988,16 +995,8 @@ def test_evicted_export_runs_a_pending_backward():
     import weakref
     from ortagent.torch import ORTModule
 
-    class Scaled(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(3, 2)
-
-        def forward(self, x, scale):
-            return torch.tanh(self.fc(x)) * scale
-
     torch.manual_seed(0)
-    eager = Scaled()
+    eager = _scaled_class(torch)()
     model = ORTModule(copy.deepcopy(eager), max_graphs=1)
     x = torch.randn(4, 3)
     pending = model(x, 2.0)
