@@ -613,3 +613,32 @@ def test_in_place_changes_before_the_backward_meet_torch_s_check():
         if what == "an unread input":
             for got, expected in zip(model.parameters(), eager.parameters()):
                 _close(got.grad, expected.grad)
+
+
+def test_checkpoints_and_saved_tensor_hooks_around_the_module():
+    """torch.utils.checkpoint around an ORTModule (non-reentrant, its export inside the first
+    checkpointed call; and reentrant) and save_on_cpu hooks give eager's gradients: the export's
+    own runs of the module pack nothing through the caller's hooks, so the checkpoint's
+    recomputation saves as many tensors as the forward did."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from ortagent.torch import ORTModule
+
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+    model = ORTModule(copy.deepcopy(eager))
+    calls = [lambda module, x: checkpoint(module, x, use_reentrant=False),
+             lambda module, x: checkpoint(module, x, use_reentrant=True)]
+    for call in calls:
+        x = torch.randn(3, 4, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        for module in (model, eager):
+            module.zero_grad()
+        call(model, x).square().sum().backward()
+        call(eager, x_eager).square().sum().backward()
+        _close(x.grad, x_eager.grad)
+        for got, expected in zip(model.parameters(), eager.parameters()):
+            _close(got.grad, expected.grad)
+    with torch.autograd.graph.save_on_cpu():
+        _matches_eager(model, eager, torch.randn(3, 4), 1)

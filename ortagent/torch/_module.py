@@ -40,6 +40,19 @@ class FailedValueCheck(OrtInvalidArgument):
     """A check the exported graph makes on values (where eager raises on them) failed."""
 
 
+def _kept(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _own_saved_tensor_hooks() -> Any:
+    """Saved-tensor hooks that keep tensors as they are, around an export's own runs of the
+    module (discovery, torch.export's trace): the caller's hooks then see only what the
+    ORTModule's autograd node saves. A non-reentrant checkpoint around an ORTModule counts the
+    tensors it packs, and recomputes the forward to unpack as many: an export inside it packed
+    ten more than the recomputation (which exports nothing) and failed its check."""
+    return torch.autograd.graph.saved_tensors_hooks(_kept, _kept)
+
+
 @dataclass
 class _Export:
     """An export, the runner of its sessions, and its draws' layouts by input shapes."""
@@ -411,11 +424,13 @@ class ORTModule(nn.Module):
         if found is not None:
             entry_folder, layout, model = found
             state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-            discovery = discover(module, flat, state, device, not self._exact_grads)
+            with _own_saved_tensor_hooks():
+                discovery = discover(module, flat, state, device, not self._exact_grads)
             exported = GraphStore.exported(layout, model, discovery.sites)
             cache = entry_folder
         else:
-            exported, discovery = export(module, flat, dynamic=dynamic, all_graded=not self._exact_grads)
+            with _own_saved_tensor_hooks():
+                exported, discovery = export(module, flat, dynamic=dynamic, all_graded=not self._exact_grads)
             # (a graph that baked tensors in is kept in memory only: another process's tensors
             # may hold other values under the same key)
             cache = store.store(store_key, exported) if store is not None and not exported.constants else None
@@ -442,7 +457,7 @@ class ORTModule(nn.Module):
         module = self._original_module
         state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
         device = self._device(flat)
-        with _EXPORT_LOCK:
+        with _EXPORT_LOCK, _own_saved_tensor_hooks():
             found: Discovery = discover(module, flat, state, device, not self._exact_grads)
         if not same_draws(found.sites, entry.exported.sites):
             raise OrtInvalidArgument(f"ORTModule: at input shapes {list(shapes)} the forward of "
