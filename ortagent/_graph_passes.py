@@ -46,6 +46,10 @@
   ``MatMul(Transpose(A), v)`` with a vector ``v`` as ``A @ v``: torch's ``mv(w.t(), u)``,
   spectral norm's power iteration, and the input gradient of any matrix-vector product came out
   wrong. The vector becomes a one-column matrix and the product's column is squeezed back.
+* :func:`products_over_empty_sums` (where :func:`vector_products_on_transposes` runs): a
+  correctness workaround too. onnxruntime's CPU Gemm over an empty sum (``K = 0``) returns its
+  ``C`` unscaled by ``beta``, and its fused batched MatMul of a Transpose returns uninitialised
+  values; such products of a static shape become zeros (plus ``beta * C``).
 
 The first two work from ONNX shape inference, with symbolic dimensions as well as static ones (the torch
 bridge exports symbolic batch and sequence dimensions): a dimension is known when it has a
@@ -76,7 +80,8 @@ __all__ = ["flatten_batched_matmuls", "seed_axis_round_trips", "simplify_copies"
            "masked_softmax_in_parts", "import_kernels_domain",
            "known_shapes",
            "static_shapes", "explicit_gru_biases", "promote_mixed_arithmetic", "batch_unbatched_losses",
-           "ZEROS_ARE_SIZES", "zeros_are_sizes", "mark_zeros_are_sizes", "literal_zero_reshapes"]
+           "ZEROS_ARE_SIZES", "zeros_are_sizes", "mark_zeros_are_sizes", "literal_zero_reshapes",
+           "products_over_empty_sums"]
 
 Dims = list  # of int (a static size) or str (a symbol)
 
@@ -1272,6 +1277,19 @@ def vector_products_on_transposes(model: ModelProto) -> int:
 
 
 
+def _constant_value(name: str, initializers: dict, producers: dict) -> np.ndarray | None:
+    """The value of ``name`` where an initializer or a standard ``Constant`` node (with a tensor
+    ``value``) holds it, else None (only that value is converted, not every initializer)."""
+    init = initializers.get(name)
+    if init is not None:
+        return numpy_helper.to_array(init)
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+        return None if value is None else numpy_helper.to_array(value)
+    return None
+
+
 #: operators whose output sizes depend on tensor values: a graph holding one may meet a size 0
 #: at run time whatever its inputs' shapes
 _DATA_DEPENDENT_SIZES = frozenset({"NonZero", "Compress", "Unique", "NonMaxSuppression", "StringSplit"})
@@ -1327,15 +1345,7 @@ def literal_zero_reshapes(model: ModelProto) -> int:
     sizes_only: dict[str, bool] = {}
 
     def constant(name: str) -> np.ndarray | None:
-        init = initializers.get(name)
-        if init is not None:
-            return numpy_helper.to_array(init)
-        node = producers.get(name)
-        if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            value = next((a.t for a in node.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR),
-                         None)
-            return None if value is None else numpy_helper.to_array(value)
-        return None
+        return _constant_value(name, initializers, producers)
 
     def holds_sizes(name: str) -> bool:
         known = sizes_only.get(name)
@@ -1370,3 +1380,64 @@ def literal_zero_reshapes(model: ModelProto) -> int:
             node.attribute.append(helper.make_attribute("allowzero", 1))
             count += 1
     return count
+
+
+
+def products_over_empty_sums(model: ModelProto) -> int:
+    """Rewrite, in place, each main-graph ``MatMul`` and ``Gemm`` whose summed dimension is
+    statically 0 so that onnxruntime computes no empty sum; returns the number rewritten. A
+    correctness workaround: onnxruntime 1.31's CPU Gemm over an empty sum returns its ``C``
+    unscaled by ``beta`` (``torch.addmm(c, a[5, 0], b[0, 10], beta=0.2)`` came out as ``c``),
+    and its ``FusedMatMul`` (a batched MatMul of a Transpose, fused by its optimiser) returns
+    uninitialised values (``addbmm``'s gradient over ``[5, 0, 5]`` batches: NaN or noise).
+    The product becomes zeros of its static shape (``Expand`` of a 0), plus ``beta * C`` for a
+    Gemm with a ``C``; a product whose shape is not static is left. Only graphs with a
+    statically empty dimension among their inputs or initializers are looked at (the shapes
+    come from ONNX shape inference)."""
+    graph = model.graph
+    products = [node for node in graph.node if node.op_type in ("MatMul", "Gemm") and node.domain in ("", "ai.onnx")]
+    if not products:
+        return 0
+    empty = any(dim.HasField("dim_value") and dim.dim_value == 0
+                for value in graph.input for dim in value.type.tensor_type.shape.dim)
+    if not (empty or any(0 in init.dims for init in graph.initializer)):
+        return 0
+    dims = inferred_dims(model)
+    chosen = {}
+    for node in products:
+        shape, out = dims.get(node.input[0]), dims.get(node.output[0])
+        if not shape or not _static(out):
+            continue
+        trans_a = next((a.i for a in node.attribute if a.name == "transA"), 0) if node.op_type == "Gemm" else 0
+        summed = shape[-2] if trans_a and len(shape) == 2 else shape[-1]
+        if summed == 0:
+            chosen[id(node)] = out
+    if not chosen:
+        return 0
+    names = NameAllocator(all_value_names(graph))
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        out = chosen.get(id(node))
+        if out is None:
+            nodes.append(node)
+            continue
+        zero, typed, shape_name = (names.fresh(f"{node.output[0]}_{part}") for part in ("zero", "typed_zero", "shape"))
+        graph.initializer.extend([numpy_helper.from_array(np.array(0.0, dtype=np.float32), zero),
+                                  numpy_helper.from_array(np.array(out, dtype=np.int64), shape_name)])
+        nodes.append(helper.make_node("CastLike", [zero, node.input[0]], [typed]))
+        c = node.input[2] if node.op_type == "Gemm" and len(node.input) > 2 else ""
+        if not c:
+            nodes.append(helper.make_node("Expand", [typed, shape_name], [node.output[0]], name=node.name))
+            continue
+        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)
+        zeros, beta_name, cast, scaled = (names.fresh(f"{node.output[0]}_{part}")
+                                          for part in ("zeros", "beta", "beta_cast", "term"))
+        graph.initializer.append(numpy_helper.from_array(np.array(beta, dtype=np.float32), beta_name))
+        nodes += [helper.make_node("Expand", [typed, shape_name], [zeros], name=node.name),
+                  helper.make_node("CastLike", [beta_name, c], [cast]),
+                  helper.make_node("Mul", [c, cast], [scaled]),
+                  helper.make_node("Add", [zeros, scaled], [node.output[0]])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(chosen)
+

@@ -944,11 +944,13 @@ def _copy_model(source: ModelProto, graph: GraphProto, nodes: Sequence[NodeProto
 
 def _assemble(index: _GraphIndex, yield_info: _YieldInfo, cut: _Cut, forward: _Forward,
               backward: _Backward) -> TrainingGraphSplit:
-    from ._graph_passes import vector_products_on_transposes
+    from ._graph_passes import products_over_empty_sums, vector_products_on_transposes
 
-    # (onnxruntime 1.31 computes a transposed matrix times a vector wrong: see there)
-    vector_products_on_transposes(forward.model)
-    vector_products_on_transposes(backward.model)
+    # (onnxruntime 1.31 computes a transposed matrix times a vector, and products over an
+    # empty sum, wrong: see there)
+    for model in (forward.model, backward.model):
+        vector_products_on_transposes(model)
+        products_over_empty_sums(model)
     return TrainingGraphSplit(
         forward_model=forward.model,
         backward_model=backward.model,

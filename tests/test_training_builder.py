@@ -1322,3 +1322,39 @@ def test_transposed_matrix_times_vector_is_computed_right_by_onnxruntime(batch):
     (got,) = InferenceSession(model.SerializeToString()).run(None, {"a": a, "v": v})
     np.testing.assert_allclose(got, np.swapaxes(a, -1, -2) @ v, rtol=1e-5, atol=1e-5)
     assert vector_products_on_transposes(model) == 0            # (the product reads no Transpose now)
+
+
+@pytest.mark.parametrize("case", ["gemm_with_c", "gemm_transposed", "batched_matmul_of_transpose"])
+def test_products_over_an_empty_sum_are_computed_right_by_onnxruntime(case):
+    """onnxruntime 1.31's CPU Gemm over an empty sum (K = 0) returns C unscaled by beta, and its
+    FusedMatMul (a batched MatMul of a Transpose) returns uninitialised values there; with the
+    products rewritten (what the split models and ORTModule's inference model get), the results
+    are numpy's: beta * C, and zeros."""
+    import onnx
+
+    from ortagent import InferenceSession
+    from ortagent._graph_passes import products_over_empty_sums
+
+    rng = np.random.default_rng(0)
+    if case == "batched_matmul_of_transpose":
+        feeds = {"a": rng.standard_normal((5, 0, 5)).astype(np.float32),
+                 "b": rng.standard_normal((5, 0, 10)).astype(np.float32)}
+        nodes = [helper.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 1]), helper.make_node("MatMul", ["t", "b"], ["y"])]
+        expected = np.swapaxes(feeds["a"], 1, 2) @ feeds["b"]
+    else:
+        transposed = case == "gemm_transposed"
+        feeds = {"a": rng.standard_normal((0, 5) if transposed else (5, 0)).astype(np.float32),
+                 "b": rng.standard_normal((0, 10)).astype(np.float32),
+                 "c": rng.standard_normal((1, 10)).astype(np.float32)}
+        nodes = [helper.make_node("Gemm", ["a", "b", "c"], ["y"], alpha=0.6, beta=0.2, transA=int(transposed))]
+        expected = 0.2 * np.broadcast_to(feeds["c"], (5, 10))
+    graph = helper.make_graph(nodes, case, [helper.make_tensor_value_info(name, TensorProto.FLOAT, value.shape)
+                                            for name, value in feeds.items()],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, expected.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    assert products_over_empty_sums(model) == 1
+    onnx.checker.check_model(model)
+    for _ in range(3):
+        (got,) = InferenceSession(model.SerializeToString()).run(None, feeds)
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    assert products_over_empty_sums(model) == 0

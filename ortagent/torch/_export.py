@@ -708,7 +708,8 @@ def inference_model(model: Any) -> Any:
 
     from ortagent import _ad_rules
     from ortagent._graph_passes import (
-        literal_zero_reshapes, masked_softmax_in_parts, vector_products_on_transposes, zeros_are_sizes,
+        literal_zero_reshapes, masked_softmax_in_parts, products_over_empty_sums, vector_products_on_transposes,
+        zeros_are_sizes,
     )
 
     copy = onnx.ModelProto()
@@ -716,6 +717,7 @@ def inference_model(model: Any) -> Any:
     _ad_rules.finish(copy)
     masked_softmax_in_parts(copy)
     vector_products_on_transposes(copy)     # (onnxruntime 1.31 computes A^T v wrong: see there)
+    products_over_empty_sums(copy)          # (and products over an empty sum)
     if zeros_are_sizes(copy):
         literal_zero_reshapes(copy)
     return copy
