@@ -1,5 +1,6 @@
 """Writes into a tensor at computed positions, which torch.onnx cannot translate:
 ``index_reduce`` (prod, mean, amin, amax), ``put`` (``Tensor.put``, accumulating or not),
+``index_fill`` (torch's decomposition writes a repeated index more than once: see there),
 ``diagonal_scatter``; and ``as_strided_scatter`` is refused with its reason (torch's gradient
 with respect to the input is wrong: it fails torch's own gradcheck, so no correct graph can
 match eager).
@@ -33,7 +34,7 @@ from onnxscript import opset18 as op
 
 from ortagent.errors import OrtNotImplemented
 
-from ._common import INT64, axis, ints, rank, static_dims
+from ._common import BOOL, INT64, axis, constant, ints, rank, static_dims
 
 
 def _tensor(array: np.ndarray) -> Any:
@@ -64,6 +65,27 @@ def index_reduce(x: Any, dim: int, index: Any, source: Any, reduce: str, include
     spread = op.Reshape(op.Cast(index, to=INT64), ints([1] * d + [-1] + [1] * (n - d - 1)))
     expanded = op.Expand(spread, op.Shape(source))
     return _scatter_reduce()(x, d, expanded, source, reduce, include_self)
+
+
+def index_fill(x: Any, dim: int, index: Any, value: Any) -> Any:
+    """``x`` with ``value`` along ``dim`` at ``index``, as a ``Where`` over a mask of the filled
+    positions: each filled position once, however often ``index`` names it. (torch decomposes
+    index_fill into index_copy of the expanded value, whose gradient with respect to ``value``
+    counts a repeated index once per repetition; torch's own sums over the unique positions.)"""
+    n = rank(x)
+    flat = n == 0
+    if flat:
+        x = op.Reshape(x, ints([1]))
+    d = axis(dim, max(n, 1))
+    extent = op.Shape(x, start=d, end=d + 1)
+    positions = op.Reshape(op.Cast(index, to=INT64), ints([-1]))
+    none = op.ConstantOfShape(extent, value=_tensor(np.zeros(1, np.int64)))
+    marks = op.Expand(op.Constant(value_int=1), op.Shape(positions))
+    chosen = op.Cast(op.ScatterElements(none, positions, marks, axis=0), to=BOOL)     # [extent]
+    chosen = op.Reshape(chosen, ints([-1] + [1] * (max(n, 1) - d - 1)))                # along dim, broadcast
+    fill = op.CastLike(value, x) if hasattr(value, "shape") else constant(x, value)
+    filled = op.Where(chosen, fill, x)
+    return op.Reshape(filled, ints([])) if flat else filled
 
 
 def put(x: Any, index: Any, source: Any, accumulate: bool = False) -> Any:
@@ -127,6 +149,8 @@ def translations() -> dict:
     aten = torch.ops.aten
     return {
         aten.index_reduce.default: index_reduce,
+        aten.index_fill.int_Tensor: index_fill,
+        aten.index_fill.int_Scalar: index_fill,
         aten.put.default: put,
         aten.diagonal_scatter.default: diagonal_scatter,
         aten.as_strided_scatter.default: as_strided_scatter,
