@@ -25,6 +25,10 @@ database (tests/torch_sweep.py):
   leaves a LayerNorm's parameters float32, and torch's kernel takes the mix): ONNX's
   LayerNormalization wants one type; here it computes in the parameters' type, the result cast
   back to the input's.
+* ``aten.logit`` with ``eps``: torch's kernel takes ``eps`` below ``eps`` and else ``1 - eps``
+  above ``1 - eps``; torch.onnx clamps the other way round, which differs where ``eps > 0.5``
+  (the interval is empty: torch gives ``logit(eps)`` below ``eps``, torch.onnx ``logit(1 -
+  eps)`` everywhere).
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
   (:mod:`._rewrites`); ``ortagent::check_nonnegative``: its input, in a graph whose run fails
   where an entry is negative (a Gather far out of range), for checks eager makes on values.
@@ -225,9 +229,19 @@ def translations() -> dict[Any, Callable]:
         zero = op.Gather(op.CastLike(op.Constant(value_floats=[0.0]), x), index, axis=0)
         return op.Add(x, zero)
 
+    def logit(x: Any, eps: float | None = None) -> Any:
+        one = op.CastLike(op.Constant(value_float=1.0), x)
+        if eps is not None:
+            low = op.CastLike(op.Constant(value_float=float(eps)), x)
+            high = op.CastLike(op.Constant(value_float=1.0 - float(eps)), x)
+            # torch's kernel: below eps -> eps, else above 1 - eps -> 1 - eps (in this order)
+            x = op.Where(op.Less(x, low), low, op.Where(op.Greater(x, high), high, x))
+        return op.Log(op.Div(x, op.Sub(one, x)))
+
     aten = torch.ops.aten
     return {
         torch.ops.ortagent.check_nonnegative.default: check_nonnegative,
+        aten.logit.default: logit,
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         torch.ops.ortagent.batch_norm_training.default: batch_norm_training,
