@@ -285,6 +285,10 @@ def build_training_graph(
     except (ArithmeticError, LookupError, TypeError, AttributeError) as exc:
         # onnx-ad failing inside a rule on a case it does not foresee (a reduction over a
         # 0-d tensor divides by its rank): not something the caller can fix
+        if isinstance(exc, KeyError) and exc.args == (TensorProto.BFLOAT16,):
+            raise OrtNotImplemented("cannot differentiate the forward model: it computes in bfloat16, which "
+                                    "onnx-ad does not handle (it has no entry for element type 16); differentiate "
+                                    "it in float32 or float16") from exc
         raise OrtNotImplemented(f"cannot differentiate the forward model: onnx-ad failed on it "
                                 f"({type(exc).__name__}: {exc})") from exc
 

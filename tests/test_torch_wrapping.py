@@ -642,3 +642,28 @@ def test_checkpoints_and_saved_tensor_hooks_around_the_module():
             _close(got.grad, expected.grad)
     with torch.autograd.graph.save_on_cpu():
         _matches_eager(model, eager, torch.randn(3, 4), 1)
+
+
+def test_models_in_float64_and_bfloat16_are_refused_in_words():
+    """A float64 model whose graph needs a kernel onnxruntime's CPU provider lacks (Erf, for
+    GELU) and a bfloat16 model (which the autodiff cannot take) are refused with
+    OrtNotImplemented saying so, where onnxruntime's bare "Could not find an implementation"
+    and the autodiff's KeyError came through before; float16 trains beside eager."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    def net():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+    x = torch.randn(5, 8)
+    with pytest.raises(OrtNotImplemented, match=r"no kernel for a node .*\(float64: .*Could not find an implementation"):
+        ORTModule(net().double())(x.double())
+    with pytest.raises(OrtNotImplemented, match="computes in bfloat16"):
+        ORTModule(net().bfloat16())(x.bfloat16())
+    eager = net().half()
+    model = ORTModule(copy.deepcopy(eager))
+    out, want = model(x.half()), eager(x.half())
+    torch.testing.assert_close(out, want, rtol=1e-2, atol=1e-2)

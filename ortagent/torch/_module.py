@@ -487,8 +487,18 @@ class ORTModule(nn.Module):
         # shapes with symbolic ones; failing again, it is refused
         try:
             result = self._call(entry, flat, tree, check=True)
-        except (OrtNotImplemented, FailedValueCheck):
+        except FailedValueCheck:
             raise
+        except OrtNotImplemented as exc:
+            if "Could not find an implementation" not in str(exc):
+                raise
+            # onnxruntime's own words, with what they mean here
+            dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in (*flat.tensors, *tree.state)
+                             if t.is_floating_point()})
+            raise OrtNotImplemented(
+                f"ORTModule: onnxruntime's providers for {type(self._original_module).__name__} have no kernel for "
+                f"a node of its graph at the element types it computes in ({', '.join(dtypes)}: float64 and "
+                f"bfloat16 lack many on the CPU): {exc}") from exc
         except OrtError as exc:
             symbolic = entry.exported.guard.symbolic
             if not symbolic and self._dynamic is not None:
