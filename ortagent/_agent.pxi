@@ -21,8 +21,9 @@ One run, one PartialGraphExecutionState, one phase; only the state's transitions
 
 ``release()`` moves NEW or WAITING to FINISHED (and refuses a running state); FINISHED is
 final, so a state serves one forward and one backward -- or, once ``retain()`` was called,
-one forward and any number of backwards until it is released (torch's ``retain_graph``). A claim that finds another phase raises
-RunStateError and changes nothing, so two threads never run one half of one run. The agent's
+one forward and any number of backwards until it is released (torch's ``retain_graph``). A
+claim that finds another phase raises RunStateError and changes nothing, so two threads never
+run one half of one run. The agent's
 closed flag is the engine's (``_AgentEngine.closed``): set once by close(), checked before a
 claim.
 
@@ -69,8 +70,8 @@ cdef class PartialGraphExecutionState:
     serves one forward and one backward (any number of backwards after :meth:`retain`). It holds
     the stash (the forward values the backward needs) and the graph inputs the backward reads
     again; they are freed when the backward completes (unless retained), when :meth:`release`
-    is called, or when the state is dropped. A backward that
-    fails leaves the run waiting (resumable); a forward that fails leaves it finished.
+    is called, or when the state is dropped. A backward that fails leaves the run waiting
+    (resumable); a forward that fails leaves it finished.
     """
 
     def __cinit__(self):

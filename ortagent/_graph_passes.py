@@ -1276,7 +1276,6 @@ def vector_products_on_transposes(model: ModelProto) -> int:
     return len(vectors)
 
 
-
 def _constant_value(name: str, initializers: dict, producers: dict) -> np.ndarray | None:
     """The value of ``name`` where an initializer or a standard ``Constant`` node (with a tensor
     ``value``) holds it, else None (only that value is converted, not every initializer)."""
@@ -1324,8 +1323,8 @@ def literal_zero_reshapes(model: ModelProto) -> int:
     :data:`ZEROS_ARE_SIZES`; a graph from elsewhere may mean "copy" by a 0). ONNX reads a 0 in
     a Reshape's shape as "this input dimension" unless ``allowzero`` is set, but the shapes
     torch and ortagent's passes write hold sizes: an empty batch's ``[0, 2] -> [2, 0]`` became
-    ``[2, 2]``, and ONNX's shape inference (which the passes read) misread the same. Set on a Reshape whose
-    shape is a constant with a 0 and no negative entry, and, in a graph with an operator of
+    ``[2, 2]``, and ONNX's shape inference (which the passes read) misread the same. Set on a
+    Reshape whose shape is a constant with a 0 and no negative entry, and, in a graph with an operator of
     data-dependent output size (a boolean mask's ``NonZero``: a selection may be empty at run
     time), on one whose shape is made of sizes only (``Shape``, selections from it, sums and
     products of sizes, constants without negative entries). A Reshape that states ``allowzero``
@@ -1380,7 +1379,6 @@ def literal_zero_reshapes(model: ModelProto) -> int:
             node.attribute.append(helper.make_attribute("allowzero", 1))
             count += 1
     return count
-
 
 
 def products_over_empty_sums(model: ModelProto) -> int:
@@ -1440,4 +1438,3 @@ def products_over_empty_sums(model: ModelProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(chosen)
-

@@ -35,8 +35,8 @@ from ._shape_values import share_shape_values
 from ._static_sequences import unroll_static_sequences
 from ._graph_passes import (
     batch_unbatched_losses, explicit_gru_biases, fast_reductions, flatten_batched_matmuls, import_kernels_domain,
-    known_shapes, literal_zero_reshapes, mark_zeros_are_sizes, masked_softmax_in_parts, padded_sums_as_concats, promote_mixed_arithmetic,
-    seed_axis_round_trips, simplify_copies, transposes_without_unit_axes, zeros_are_sizes,
+    known_shapes, literal_zero_reshapes, mark_zeros_are_sizes, masked_softmax_in_parts, padded_sums_as_concats,
+    promote_mixed_arithmetic, seed_axis_round_trips, simplify_copies, transposes_without_unit_axes, zeros_are_sizes,
 )
 from ._onnx_graph import (
     NameAllocator, all_value_names, load_model, name_list, topological_order, walk_graphs,

@@ -563,9 +563,10 @@ _INTERNAL_NORMS = {torch.native_batch_norm, torch.ops.aten._native_batch_norm_le
                    torch.ops.aten._native_batch_norm_legit.default, torch.ops.aten._native_batch_norm_legit.no_stats,
                    torch.ops.aten._batch_norm_with_update, torch.ops.aten._batch_norm_with_update.default,
                    # (the torch.* functions of the same kernels: op_db calls torch._native_batch_norm_legit)
-                   *(getattr(torch, name) for name in ("_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-                                                       "_batch_norm_impl_index", "cudnn_batch_norm",
-                                                       "miopen_batch_norm") if hasattr(torch, name))}
+                   *(getattr(torch, name) for name in ("_native_batch_norm_legit",
+                                                       "_native_batch_norm_legit_no_training", "_batch_norm_impl_index",
+                                                       "cudnn_batch_norm", "miopen_batch_norm")
+                     if hasattr(torch, name))}
 _LINEAR_CROSS_ENTROPY = getattr(F, "linear_cross_entropy", None)     # (torch 2.14 and later)
 _DATA_DESCRIPTOR = torch.Tensor.data
 # comparisons of two values, by the relation each tests (see _TraceMode._decide)

@@ -19,7 +19,6 @@ scale), and ONNX's Resize cannot take torch's scale with another output size. Wi
 is given that is not the ratio of the sizes (torch maps coordinates by the factor; refused).
 """
 
-
 from __future__ import annotations
 
 from typing import Any
