@@ -1,7 +1,8 @@
 """Real model families through ``ortagent.torch.ORTModule``, built from configs with random
 weights (nothing downloaded): transformers' GPT-2 (its LM loss), BERT (a padded attention
 mask), Llama (grouped-query attention), T5, Mistral (its sliding-window cache), BART and OPT
-(their layerdrop draws), BLOOM (refused: a custom autograd.Function); torchvision's ResNet-18
+(their layerdrop draws), BLOOM (refused: a custom autograd.Function), BEiT (SDPA with a learned
+bias); torchvision's ResNet-18
 (BatchNorm in training) and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's
 ViT (stochastic depth).
 
@@ -328,6 +329,30 @@ def test_t5_encoder_decoder():
     model = _train(make, batch, lambda out: out.loss, 3)
     out = model(**batch(0))
     assert type(out.past_key_values).__name__ == "EncoderDecoderCache"
+
+
+def test_beit_with_its_default_sdpa_attention_and_relative_position_bias():
+    """BEiT adds a learned relative position bias as SDPA's float mask and views the attention's
+    transposed result; torch.onnx's re-trace of the export picked another SDPA kernel layout than
+    the export and failed (refused, before)."""
+    transformers = pytest.importorskip("transformers")
+    torch = _torch()
+
+    def make():
+        config = transformers.BeitConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, image_size=32, patch_size=8, num_labels=3,
+                                         use_relative_position_bias=True, drop_path_rate=0.1)
+        return transformers.BeitForImageClassification(config)
+
+    sizes = [2, 3, 2]
+
+    def batch(step):
+        (pixels,) = _images(step, sizes[step], size=32)
+        return {"pixel_values": pixels, "labels": torch.arange(sizes[step]) % 3}
+
+    # (the classification head sets config.problem_type on its first call: a second export, as BERT's)
+    model = _train(make, batch, lambda out: out.loss, len(sizes), exports=2)
+    assert model.config._attn_implementation == "sdpa"
 
 
 def _images(step, batch, size=64):
