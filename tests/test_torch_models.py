@@ -1,6 +1,7 @@
 """Real model families through ``ortagent.torch.ORTModule``, built from configs with random
 weights (nothing downloaded): transformers' GPT-2 (its LM loss), BERT (a padded attention
-mask), Llama (grouped-query attention), T5, Mistral (its sliding-window cache), BART and OPT
+mask), Llama (grouped-query attention), Mixtral and Qwen2-MoE (sparse experts), T5, Mistral
+(its sliding-window cache), BART and OPT
 (their layerdrop draws), BLOOM (refused: a custom autograd.Function), BEiT (SDPA with a learned
 bias); torchvision's ResNet-18
 (BatchNorm in training) and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's
@@ -311,6 +312,36 @@ def test_llama_with_grouped_query_attention():
         return {"input_ids": ids, "labels": ids}
 
     _train(make, batch, lambda out: out.loss, len(shapes))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_mixture_of_experts_routing(family):
+    """Mixtral's and Qwen2-MoE's sparse experts (top-2 of 4 per token; Qwen2-MoE adds a gated
+    shared expert): transformers routes the tokens and runs its grouped product, a custom
+    operator ortagent translates (ortagent/torch/translations/experts.py); which expert gets
+    how many rows changes with every batch. The routers' load-balancing loss is on as well."""
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        common = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, num_key_value_heads=1,
+                      intermediate_size=64, vocab_size=100, max_position_embeddings=64, output_router_logits=True)
+        if family == "mixtral":
+            return transformers.MixtralForCausalLM(transformers.MixtralConfig(
+                num_local_experts=4, num_experts_per_tok=2, **common))
+        return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+            **common))
+
+    shapes = [(2, 10), (2, 7), (3, 10)]
+
+    def batch(step):
+        ids, _ = _tokens(step, *shapes[step], 100)
+        return {"input_ids": ids, "labels": ids}
+
+    # (the first call installs transformers' hooks that collect the router logits: the module
+    # the second call sees differs, and is exported again, as BERT's head)
+    model = _train(make, batch, lambda out: out.loss, len(shapes), exports=2)
+    assert model(**batch(0)).aux_loss is not None
 
 
 def test_t5_encoder_decoder():

@@ -223,6 +223,27 @@ def test_causal_attention_with_unequal_lengths(lengths):
                  torch.randn(2, 6, q_len, 8), k, v)
 
 
+# -- mixture of experts ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("counts", [(3, 0, 4, 2), (0, 0, 9, 0), (2, 2, 2, 1)])
+def test_grouped_matrix_product_of_experts(counts):
+    """transformers' grouped product (``transformers::grouped_mm_fallback``, what its experts
+    run under export): rows sorted by expert, each expert's span multiplied by its weight;
+    empty experts, and rows past the last span (zeros). Eager runs transformers' own loop and
+    its registered backward."""
+    import torch
+
+    pytest.importorskip("transformers")
+    moe = pytest.importorskip("transformers.integrations.moe")
+    product = getattr(moe, "_grouped_mm_fallback", None)
+    if product is None or not hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        pytest.skip("this transformers has no grouped_mm_fallback operator")
+    torch.manual_seed(6)
+    offs = torch.tensor(counts).cumsum(0)
+    x, w = torch.randn(10, 8), torch.randn(len(counts), 8, 5)
+    _assert_same(lambda a, b, o: torch.ops.transformers.grouped_mm_fallback(a, b, o), x, w, offs)
+
+
 # -- torch.return_types ------------------------------------------------------------------------------
 
 def test_return_types_come_back_as_torch_returns_them():

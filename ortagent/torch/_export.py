@@ -36,8 +36,8 @@ from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
 
 from . import _training_ir, _trees
 from ._complex import decompose_complex
-from ._registry import exporter_core, translation_registry
-from .translations import translation_table
+from ._registry import exporter_core, translation_registry, with_late_translations
+from .translations import late_translations, translation_table
 from .translations.linalg import without_error_checks
 from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
 
@@ -571,7 +571,7 @@ def _onnx_program(exported_program: Any, input_names: list[str], opset: int) -> 
         program = torch.onnx.export(exported_program, (), dynamo=True, opset_version=opset, optimize=False,
                                     verbose=False, report=False, custom_translation_table=translation_table())
     else:
-        registry = translation_registry(opset, translation_table)
+        registry = with_late_translations(translation_registry(opset, translation_table), late_translations)
         try:
             program = _training_ir.translate(exported_program, registry, opset)
         except Exception:       # (the program, rewritten or not, is still torch.onnx's to prepare)

@@ -16,7 +16,7 @@ import functools
 import inspect
 from typing import Any
 
-__all__ = ["exporter_core", "translation_registry", "eager_registry"]
+__all__ = ["exporter_core", "translation_registry", "eager_registry", "with_late_translations"]
 
 
 @functools.cache
@@ -46,6 +46,17 @@ def translation_registry(opset: int, table: Any) -> Any:
         registry = eager_registry(opset)
     for aten_op, translation in table().items():
         registry.register_op(aten_op, translation, is_complex=False)
+    return registry
+
+
+def with_late_translations(registry: Any, late: Any) -> Any:
+    """``registry`` with the translations ``late()`` holds now added where missing: operators
+    that libraries register when imported, which a registry built before that lacks."""
+    added = registry.__dict__.setdefault("_ortagent_late", set())
+    for aten_op, translation in late().items():
+        if aten_op not in added:
+            registry.register_op(aten_op, translation, is_complex=False)
+            added.add(aten_op)
     return registry
 
 

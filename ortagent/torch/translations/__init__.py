@@ -12,7 +12,8 @@ Two kinds live here, one module per family of operators:
   erfinv, Bessel functions, ...), :mod:`.selection` (kthvalue, median, mode, ...) and
   :mod:`.attention`; and :mod:`.linalg` (inverses, solves, Cholesky, slogdet); :mod:`.scatters`
   (index_reduce, put, diagonal_scatter, ...), :mod:`.padding` (circular padding, replicate
-  padding with negative pads) and :mod:`.sampling` (grid_sample on volumes).
+  padding with negative pads), :mod:`.sampling` (grid_sample on volumes) and :mod:`.experts`
+  (grouped matrix products of mixture-of-experts layers, transformers' included).
 * corrections of where torch.onnx's translation sends a tie's gradient (:mod:`.extrema`:
   ``max``/``min`` along a dimension, ``clamp`` with tensor bounds).
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["translation_table"]
+__all__ = ["translation_table", "late_translations"]
 
 
 def translation_table() -> dict[Any, Callable]:
@@ -45,4 +46,13 @@ def translation_table() -> dict[Any, Callable]:
         table.update(family.translations())
     from . import extrema
     table.update(extrema.translations())
+    table.update(late_translations())
     return table
+
+
+def late_translations() -> dict[Any, Callable]:
+    """The translations of operators that other libraries register when imported, possibly
+    after the first export built the table (see :func:`ortagent.torch._registry.with_late_translations`)."""
+    from . import experts
+
+    return experts.late_translations()
