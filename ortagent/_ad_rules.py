@@ -275,13 +275,50 @@ def _pad_reverse_or_copying(constant_rule):
         if isinstance(mode, bytes):
             mode = mode.decode()
         if mode == "constant" or ctx.opset < 11:
-            return constant_rule(ctx, node, grads)
+            return _cropped_rows_restored(ctx, node, constant_rule(ctx, node, grads))
         if mode not in ("reflect", "edge", "wrap"):
             raise UnsupportedOperator(f"Pad in mode {mode!r} is not differentiated")
         return _copying_pad_reverse(ctx, node, grads, mode)
 
     reverse.__wrapped__ = constant_rule
     return reverse
+
+
+def _constant_pad_widths(ctx, node) -> tuple[list[int], list[int]] | None:
+    """(before, after) per axis of a Pad's input, or None where its pads or axes are not constants."""
+    rank = ctx.rank(node.input[0])
+    pads = ctx.integers(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    axes = ctx.integers(node.input[3]) if len(node.input) > 3 and node.input[3] else list(range(rank))
+    if pads is None or axes is None:
+        return None
+    before, after = [0] * rank, [0] * rank
+    for position, axis in enumerate(axes):
+        before[axis % rank], after[axis % rank] = pads[position], pads[len(axes) + position]
+    return before, after
+
+
+def _cropped_rows_restored(ctx, node, gradients: list) -> list:
+    """onnx-ad's constant Pad reverse with the rows a negative pad cropped given back as zeros:
+    its Slice undoes only the positive pads, so a crop left the input's gradient short along
+    that axis (torch's `F.pad(x, (0, 0, 1, -1))`, RWKV's time shift: a gradient one row short,
+    which onnxruntime's Sum then broadcast onto the other contributions where that axis had
+    size 2, silently)."""
+    from onnx_ad._build import UnsupportedOperator
+
+    if gradients[0] is None:
+        return gradients
+    widths = _constant_pad_widths(ctx, node) if ctx.opset >= 11 else None
+    if widths is None or min(widths[0] + widths[1]) >= 0:
+        return gradients            # (onnx-ad's rule refuses pads that are not constants)
+    if ctx.opset < 18:
+        raise UnsupportedOperator("Pad with negative pads (cropping) is differentiated from opset 18 on")
+    before, after = widths
+    # (the axes named: a gradient may carry axes after the input's own)
+    restore = [max(-width, 0) for width in before] + [max(-width, 0) for width in after]
+    gradients = list(gradients)
+    gradients[0] = ctx.b.op("Pad", [gradients[0], ctx.b.ints(restore), "", ctx.b.ints(range(len(before)))],
+                            mode="constant", stem="pad_cropped_rows")
+    return gradients
 
 
 def _copying_pad_reverse(ctx, node, grads, mode):

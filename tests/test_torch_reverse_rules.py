@@ -100,6 +100,31 @@ def test_average_pooling_with_a_divisor_override(shape, options):
     _check(lambda x: pool(x, **options), torch.randn(*shape))
 
 
+@pytest.mark.parametrize("pads, shape", [
+    ((0, 0, 1, -1), (3, 2, 4)),         # RWKV's time shift on a length-2 axis: the short gradient broadcast
+    ((0, 0, 1, -1), (2, 5, 3)),
+    ((-1, 2, 0, -2), (2, 4, 6)),        # crops and pads on both sides of two axes
+    ((-2, -1), (3, 5)),
+])
+def test_constant_pad_with_negative_pads(pads, shape):
+    """A negative pad crops: its rows get no gradient, and the input's gradient keeps the
+    input's shape (onnx-ad's rule left it short along the cropped axis, which onnxruntime
+    refused or, on an axis of size 2, broadcast onto the other contributions: wrong gradients
+    without a word). The input also reaches the output directly."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(9)
+
+    def padded(x):
+        out = F.pad(x, pads) * 3
+        if out.shape == x.shape:
+            out = out + x
+        return out, x.sin()
+
+    _check(padded, torch.randn(*shape))
+
+
 def test_erfcx_is_refused_rather_than_imprecise():
     """torch.onnx's erfcx is exp(x^2) * (1 - erf(x)): inf * 0 from x of about 9 (log_ndtr,
     which torch decomposes into it, has its own translation: test_torch_small_ops)."""
