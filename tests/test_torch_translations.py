@@ -223,6 +223,20 @@ def test_causal_attention_with_unequal_lengths(lengths):
                  torch.randn(2, 6, q_len, 8), k, v)
 
 
+# -- rsub -------------------------------------------------------------------------------------------
+
+def test_number_minus_a_tensor_in_torch_promoted_type():
+    """``1.0 - mask`` of an integer mask (XLNet's input mask): torch.onnx's decomposition of
+    rsub failed on it; the result's type is torch's (float for a float number, the tensor's
+    own otherwise), alpha included."""
+    import torch
+
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    x = torch.randn(2, 3)
+    _assert_same(lambda m, t: ((1.0 - m) * t, 3 - m, 2.5 - t, torch.rsub(t, 2.0, alpha=3),
+                               torch.rsub(m, 1.5, alpha=2)), mask, x)
+
+
 # -- mixture of experts ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("counts", [(3, 0, 4, 2), (0, 0, 9, 0), (2, 2, 2, 1)])

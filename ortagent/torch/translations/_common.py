@@ -10,6 +10,7 @@ from onnxscript import opset18 as op
 from ortagent.errors import OrtNotImplemented
 
 DOUBLE = 11             # ONNX's element type numbers
+FLOAT = 1
 INT64 = 7
 INT32 = 6
 BOOL = 9

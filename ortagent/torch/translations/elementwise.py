@@ -1,5 +1,6 @@
 """Binary elementwise operators torch.onnx cannot translate: ``fmax``, ``fmin``, ``copysign``,
-``hypot`` and (float32) ``nextafter``.
+``hypot``, (float32) ``nextafter``, and ``rsub`` of a Python number (``1.0 - mask``), whose
+decomposition torch.onnx cannot run for an integer tensor (XLNet's ``1.0 - attention_mask``).
 
 Each picks or combines its operands with Where, Abs and Sqrt, so the gradient takes torch's
 branch: ``fmax``/``fmin`` share a tie's gradient evenly and ignore a NaN operand (the other
@@ -16,7 +17,7 @@ from onnxscript import opset18 as op
 
 from ortagent.errors import OrtNotImplemented
 
-from ._common import DOUBLE, INT32, constant, stop_gradient
+from ._common import DOUBLE, FLOAT, INT32, INT64, constant, stop_gradient
 
 
 def _nan_ignoring(extreme: Any) -> Any:
@@ -108,6 +109,33 @@ def nextafter(x: Any, y: Any) -> Any:
     return op.Add(stop_gradient(value), offset)
 
 
+_INTEGRAL = {"BOOL", "UINT8", "INT8", "INT16", "INT32", "INT64"}
+
+
+def rsub_scalar(x: Any, other: Any, alpha: Any = 1) -> Any:
+    """``other - alpha * x`` for a number ``other``, in torch's promoted type: an integer or
+    boolean tensor with a float number computes in the default float type, a boolean one with
+    integers in int64."""
+    import torch
+
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        raise OrtNotImplemented("rsub: ortagent's translation needs the element type of its tensor")
+    if dtype.name in _INTEGRAL and (isinstance(other, float) or isinstance(alpha, float)):
+        x = op.Cast(x, to=DOUBLE if torch.get_default_dtype() == torch.float64 else FLOAT)
+    elif dtype.name == "BOOL":
+        x = op.Cast(x, to=INT64)
+
+    def number(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise OrtNotImplemented(f"rsub of a {type(value).__name__}")
+        literal = op.Constant(value_int=value) if isinstance(value, int) else op.Constant(value_float=value)
+        return op.CastLike(literal, x)
+
+    scaled = x if alpha == 1 else op.Mul(x, number(alpha))
+    return op.Sub(number(other), scaled)
+
+
 def translations() -> dict:
     import torch
 
@@ -120,4 +148,5 @@ def translations() -> dict:
         aten.hypot.default: hypot,
         torch.ops.prims.frexp.default: frexp,
         aten.nextafter.default: nextafter,
+        aten.rsub.Scalar: rsub_scalar,
     }
