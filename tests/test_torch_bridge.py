@@ -675,9 +675,22 @@ def test_refusals_are_clear():
                 self.fc.weight.mul_(0.5)
             return self.fc(x)
 
+    class BranchesOnAValue(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if (x > 0).any().item():            # (Longformer's global-attention test)
+                return self.fc(x) * 2
+            return self.fc(x)
+
     x = torch.randn(3, 4)
     with pytest.raises(OrtNotImplemented, match="depends on tensor values"):
         ORTModule(DataDependentDraw())(x)
+    with pytest.raises(OrtNotImplemented, match="Python decision on a tensor's value") as refusal:
+        ORTModule(BranchesOnAValue())(x)
+    assert len(str(refusal.value).splitlines()) <= 26       # (not the whole traced graph)
     with pytest.raises(OrtNotImplemented, match="in-place updates of parameters"):
         ORTModule(UpdatesItsWeight())(x)
     with pytest.raises(OrtNotImplemented, match="neither a tensor"):

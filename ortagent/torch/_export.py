@@ -431,7 +431,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
     if program is None:
         assert failure is not None
         raise OrtNotImplemented(f"ORTModule: torch.onnx.export (dynamo) failed for {type(module).__name__}: "
-                                f"{type(failure).__name__}: {failure}") from failure
+                                f"{_exporter_failure(failure)}") from failure
     model = program.model_proto
     model.ir_version = ir_version
     mark_zeros_are_sizes(model)         # (torch's shapes hold sizes: a 0 is an empty dimension)
@@ -465,6 +465,25 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
         constants=_baked_tensors(exported_program, module),
     )
     return exported, discovery
+
+
+_FAILURE_LINES = 24
+
+
+def _exporter_failure(failure: Exception) -> str:
+    """The exporter's error in a few lines (some hold the whole traced graph: the chained
+    exception keeps it), with what it means for a forward that decides on a tensor's value."""
+    lines = str(failure).splitlines()
+    text = "\n".join(lines[:_FAILURE_LINES])
+    if len(lines) > _FAILURE_LINES:
+        text += f"\n[... {len(lines) - _FAILURE_LINES} more lines: see the exception this one was raised from]"
+    text = f"{type(failure).__name__}: {text}"
+    if "GuardOnDataDependentSymNode" in text or "data-dependent" in text:
+        text = ("the forward takes a Python decision on a tensor's value (Tensor.item(), bool(tensor), "
+                "tolist(), a shape computed from values), which one exported graph cannot hold for every "
+                "input; write it with tensor operations (torch.where, masks) or take the decision outside "
+                "the ORTModule. " + text)
+    return text
 
 
 def _static_literals(model: Any) -> None:
