@@ -523,18 +523,16 @@ def _padded_average_pool_reverse(ctx, node, grads):
     the input (and its padding), which onnx-ad refuses, or with padding (onnx-ad's rule then
     makes a graph onnxruntime cannot load, see the caller). The pooling is linear,
     ``y[o] = W(x)[o] / d[o]`` with ``W`` the sum over each window's elements inside the input
-    and ``d[o]`` a divisor fixed by the position alone, so ``dx = W^T(dy / d)``:
+    and ``d[o]`` a divisor fixed by the position alone, so ``dx = W^T(dy / d)``.
 
-    * ``1 / d`` is read off the node itself: AveragePool of ones (one image of one channel)
-      divided by the window sum of the same ones, both with the node's own attributes (so
-      the divisor is onnxruntime's, whatever its rule for padding and overhang);
-    * ``W`` is a Conv with a kernel of ones and the end padding grown by stride - 1, enough
-      zeros for every overhanging window (its surplus last windows, where the ceil rule drops
-      a window that would start past the input, are sliced off to y's shape);
-    * ``W^T`` is the matching ConvTranspose without end padding, cut or zero-extended to the
-      input's extent, on the channels folded into the batch.
-
-    Batch, channel and spatial extents may all be symbolic."""
+    A window is a box, so ``W`` is separable: per spatial axis a 0/1 matrix ``M[i, o]`` (input
+    position ``i`` lies in window ``o``: ``0 <= i - (o * stride - pad_begin) < kernel``), built
+    at run time from the two extents, so they may be symbolic. ``W^T`` is then one MatMul per axis, whose cost does not grow with the kernel (a
+    ConvTranspose with a kernel of ones did: HF EfficientNet's 1280-wide pool over a 2 x 2
+    map spread every value over 1280 x 1280 positions, 37 s a backward). ``1 / d`` is read off
+    the node itself: AveragePool of ones (one image of one channel, the node's own attributes,
+    so the divisor is onnxruntime's, whatever its rule for padding and overhang) divided by
+    the count of input elements in each window (the product of ``M``'s column sums)."""
     from onnx_ad._build import UnsupportedOperator, attribute
 
     x, y = node.input[0], node.output[0]
@@ -546,40 +544,63 @@ def _padded_average_pool_reverse(ctx, node, grads):
     spatial = len(kernel)
     strides = list(attribute(node, "strides", None) or [1] * spatial)
     dilations = list(attribute(node, "dilations", None) or [1] * spatial)
+    if any(d != 1 for d in dilations):         # (AveragePool has dilations from opset 19 on)
+        raise UnsupportedOperator("AveragePool with dilations and ceil_mode or padding is not differentiated")
     pads = list(pads or [0] * (2 * spatial))
     dtype = ctx.dtype(x)
-    ones_kernel = ctx.b.constant(np.ones([1, 1, *kernel]), dtype, [1, 1, *kernel])
-    axes = ctx.b.ints(list(range(2, 2 + spatial)))
-    window = dict(strides=strides, dilations=dilations)
+    rank = 2 + spatial
+    zero, one = ctx.b.ints([0]), ctx.b.ints([1])
 
-    def extents(name, stem):
-        return ctx.b.op("Gather", [ctx.b.op("Shape", [name]), axes], axis=0, stem=stem)
+    def scalar(value):
+        return ctx.b.constant(value, onnx.TensorProto.INT64, ())
 
-    # 1/d from one image of one channel of ones: AveragePool (the node's attributes) over
-    # the window sums
-    in_extents = ctx.b.op("Gather", [ctx.shape_of(x), axes], axis=0, stem="avgpool_in_extents")
+    def extent(name, axis, stem):
+        return ctx.b.op("Squeeze", [ctx.b.op("Slice", [ctx.shape_of(name) if name == x else ctx.b.op("Shape", [name]),
+                                                       ctx.b.ints([axis]), ctx.b.ints([axis + 1])]), zero], stem=stem)
+
+    def membership(axis):
+        """M for spatial axis ``axis``: [input extent, output extent], x's element type."""
+        positions = ctx.b.op("Range", [scalar(0), extent(x, 2 + axis, "avgpool_in_extent"), scalar(1)],
+                             stem="avgpool_positions")
+        windows = ctx.b.op("Range", [scalar(0), extent(y, 2 + axis, "avgpool_out_extent"), scalar(1)],
+                           stem="avgpool_windows")
+        starts = ctx.b.op("Sub", [ctx.b.op("Mul", [windows, scalar(strides[axis])]), scalar(pads[axis])],
+                          stem="avgpool_starts")
+        offsets = ctx.b.op("Sub", [ctx.b.op("Unsqueeze", [positions, one]), ctx.b.op("Unsqueeze", [starts, zero])],
+                           stem="avgpool_offsets")                                  # [in, out]
+        inside = ctx.b.op("And", [ctx.b.op("GreaterOrEqual", [offsets, scalar(0)]),
+                                  ctx.b.op("Less", [offsets, scalar(kernel[axis])])],
+                          stem="avgpool_inside")
+        return ctx.b.op("Cast", [inside], to=dtype, stem="avgpool_membership")
+
+    matrices = [membership(axis) for axis in range(spatial)]
+
+    # 1/d: AveragePool of ones (the node's attributes) over the count of input elements per window
+    in_extents = ctx.b.op("Gather", [ctx.shape_of(x), ctx.b.ints(list(range(2, rank)))], axis=0,
+                          stem="avgpool_in_extents")
     image = ctx.b.op("Concat", [ctx.b.ints([1, 1]), in_extents], axis=0, stem="avgpool_one_image")
     ones = ctx.b.op("ConstantOfShape", [image], value=onnx.helper.make_tensor("one", dtype, [1], [1]),
                     stem="avgpool_ones")
     averaged = ctx.b.op("AveragePool", [ones], stem="avgpool_of_ones",
                         **{a.name: onnx.helper.get_attribute_value(a) for a in node.attribute})
-    grown = pads[:spatial] + [end + stride - 1 for end, stride in zip(pads[spatial:], strides)]
-    counted = ctx.b.op("Conv", [ones, ones_kernel], pads=grown, kernel_shape=kernel, stem="avgpool_counts", **window)
-    counted = ctx.b.op("Slice", [counted, ctx.b.ints([0] * spatial), extents(averaged, "avgpool_out_extents"), axes],
-                       stem="avgpool_counts_kept")
+    counted = None
+    for axis, matrix in enumerate(matrices):
+        sums = ctx.b.op("ReduceSum", [matrix, zero], keepdims=0, stem="avgpool_window_counts")
+        shape = [1] * rank
+        shape[2 + axis] = -1
+        sums = ctx.b.op("Reshape", [sums, ctx.b.ints(shape)], stem="avgpool_counts_axis")
+        counted = sums if counted is None else ctx.b.op("Mul", [counted, sums], stem="avgpool_counts")
     reciprocal = ctx.b.op("Div", [averaged, counted], stem="avgpool_reciprocal")
 
     g = ctx.b.op("Squeeze", [ctx.full(grads[0], y), ctx.b.ints([-1])], stem="avgpool_grad")
-    scaled = ctx.b.op("Mul", [g, reciprocal], stem="avgpool_scaled")
-    folded = ctx.b.op("Reshape", [scaled, ctx.b.op("Concat", [ctx.b.ints([-1, 1]), extents(scaled, "avgpool_g_extents")],
-                                                  axis=0)], stem="avgpool_folded")
-    spread = ctx.b.op("ConvTranspose", [folded, ones_kernel], pads=pads[:spatial] + [0] * spatial,
-                      stem="avgpool_spread", **window)
-    spread = ctx.b.op("Slice", [spread, ctx.b.ints([0] * spatial), in_extents, axes], stem="avgpool_spread_cut")
-    short = ctx.b.op("Sub", [in_extents, extents(spread, "avgpool_spread_extents")], stem="avgpool_short")
-    widths = ctx.b.op("Concat", [ctx.b.ints([0] * (2 + spatial + 2)), short], axis=0, stem="avgpool_widths")
-    dx = ctx.b.op("Pad", [spread, widths], mode="constant", stem="avgpool_dx_folded")
-    dx = ctx.b.op("Reshape", [dx, ctx.shape_of(x)], stem="avgpool_dx")
+    dx = ctx.b.op("Mul", [g, reciprocal], stem="avgpool_scaled")
+    for axis, matrix in enumerate(matrices):
+        # the axis last, its windows summed into the input positions, the axis back in place
+        order = [a for a in range(rank) if a != 2 + axis] + [2 + axis]
+        back = [order.index(a) for a in range(rank)]
+        moved = dx if axis == spatial - 1 else ctx.b.op("Transpose", [dx], perm=order, stem="avgpool_axis_last")
+        spread = ctx.b.op("MatMul", [moved, ctx.b.op("Transpose", [matrix], perm=[1, 0])], stem="avgpool_spread")
+        dx = spread if axis == spatial - 1 else ctx.b.op("Transpose", [spread], perm=back, stem="avgpool_axis_back")
     return [_with_seed_axis(ctx, dx, "avgpool_adjoint")]
 
 

@@ -70,6 +70,8 @@ def _check(function, *inputs, grad_inputs=None):
     ((3, 9, 8), dict(kernel_size=(4, 4), stride=(2, 3), padding=1)),                 # no batch axis
     ((2, 3, 10), dict(kernel_size=3, stride=2)),
     ((1, 2, 5, 6, 7), dict(kernel_size=(2, 3, 2), stride=(2, 2, 3), padding=(1, 0, 1), count_include_pad=False)),
+    ((2, 5, 2, 3), dict(kernel_size=1280)),     # HF EfficientNet's pooler: a window far beyond the input
+    ((2, 5, 7), dict(kernel_size=(9, 4), stride=(1, 2), padding=(4, 1))),
 ])
 def test_average_pooling_with_ceil_mode(shape, options):
     """AveragePool(ceil_mode=1): the last windows overhang the input (onnx-ad refuses them)."""
