@@ -527,9 +527,10 @@ def _padded_average_pool_reverse(ctx, node, grads):
 
     A window is a box, so ``W`` is separable: per spatial axis a 0/1 matrix ``M[i, o]`` (input
     position ``i`` lies in window ``o``: ``0 <= i - (o * stride - pad_begin) < kernel``), built
-    at run time from the two extents, so they may be symbolic. ``W^T`` is then one MatMul per axis, whose cost does not grow with the kernel (a
-    ConvTranspose with a kernel of ones did: HF EfficientNet's 1280-wide pool over a 2 x 2
-    map spread every value over 1280 x 1280 positions, 37 s a backward). ``1 / d`` is read off
+    at run time from the two extents, so they may be symbolic. ``W^T`` is then one MatMul per
+    axis, whose cost does not grow with the kernel (a ConvTranspose with a kernel of ones did:
+    HF EfficientNet's 1280-wide pool over a 2 x 2 map spread every value over 1280 x 1280
+    positions, 37 s a backward). ``1 / d`` is read off
     the node itself: AveragePool of ones (one image of one channel, the node's own attributes,
     so the divisor is onnxruntime's, whatever its rule for padding and overhang) divided by
     the count of input elements in each window (the product of ``M``'s column sums)."""

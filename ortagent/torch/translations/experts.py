@@ -24,7 +24,8 @@ from ._common import INT64, ints, rank
 
 def _grouped_product(input: Any, weight: Any, offs: Any) -> Any:
     if rank(input) != 2 or rank(weight) != 3:
-        raise OrtNotImplemented("grouped_mm_fallback: ortagent translates a 2-d input by a 3-d stack of weights (with offs)")
+        raise OrtNotImplemented("grouped_mm_fallback: ortagent translates a 2-d input by a 3-d stack of "
+                                "weights (with offs)")
     ends = op.Cast(offs, to=INT64)                                           # (E,)
     starts = op.Concat(ints([0]), op.Slice(ends, ints([0]), ints([-1])), axis=0)
     rows = op.Range(op.Constant(value_int=0), op.Squeeze(op.Slice(op.Shape(input), ints([0]), ints([1])), ints([0])),
