@@ -260,6 +260,42 @@ def test_parameters_are_exported_once_and_every_change_of_them_is_seen(monkeypat
     _close(bridged(x), eager(x), "float64 output")
 
 
+def test_a_submodule_registered_twice_keeps_its_parameters_and_gets_their_gradients():
+    """A submodule reached by two names (CoaT's shared position encodings, a layer reused by
+    several blocks), with a BatchNorm in it: torch's functional_call restored it by name, twice,
+    and left the trace's fake tensors in the module as its parameters, so the real ones got
+    no gradient (silently) and the next call failed."""
+    torch = _torch()
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, shared):
+            super().__init__()
+            self.shared = shared
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            return self.fc(self.shared(x)).relu()
+
+    class Shares(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6))    # (named first)
+            self.blocks = nn.ModuleList([Block(self.encoder), Block(self.encoder)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    eager, bridged, _ = _compare(Shares, lambda step: (torch.randn(5 + step, 6),), lambda out: out.square().mean(),
+                                 steps=3)
+    inner = bridged.module
+    assert all(type(p) is nn.Parameter for p in inner.parameters())
+    assert inner.encoder[0].weight is inner.blocks[1].shared[0].weight
+    assert inner.encoder[0].weight.grad is not None and type(inner.encoder[1].running_mean) is torch.Tensor
+
+
 def test_cnn_batchnorm_train_and_eval():
     torch = _torch()
     gen = torch.Generator().manual_seed(3)

@@ -248,13 +248,30 @@ class _Functional(nn.Module):
                       generator=self.generator,
                       start_seed=None if self.generator is None else self.generator.initial_seed())
         args, kwargs = self.inputs.rebuild(flat[:n_user])
-        with tracing(trace), contextlib.ExitStack() as regions:
+        with _state_slots_kept(self.target[0]), tracing(trace), contextlib.ExitStack() as regions:
             for device, dtype in self.autocast:
                 regions.enter_context(torch.autocast(device, dtype=dtype))
             result = torch.func.functional_call(self.target[0], state, tuple(args), dict(kwargs))
         self.trace = trace
         self.outputs = _trees.flatten(result, "the forward's result", caches=True)
         return (*self.outputs.tensors, *trace.statistic_values)
+
+
+@contextlib.contextmanager
+def _state_slots_kept(root: nn.Module) -> Any:
+    """Every module's parameters and buffers put back as they were after the block.
+    ``functional_call`` swaps the call's tensors in by name and restores by name: a submodule
+    registered under two names (CoaT's shared position encodings, a layer reused by several
+    blocks) is swapped twice, the second time saving the first swap's tensor as the
+    "original", and the restore left that one in the module: the model kept the trace's fake
+    tensors as its parameters, and its real ones got no gradient."""
+    saved = [(module, dict(module._parameters), dict(module._buffers)) for module in root.modules()]
+    try:
+        yield
+    finally:
+        for module, parameters, buffers in saved:
+            module._parameters.update(parameters)
+            module._buffers.update(buffers)
 
 
 def _traced(tensor: torch.Tensor, graded: bool, kind: str = "export") -> torch.Tensor:
