@@ -223,6 +223,33 @@ def test_causal_attention_with_unequal_lengths(lengths):
                  torch.randn(2, 6, q_len, 8), k, v)
 
 
+@pytest.mark.parametrize("case", ["3d", "5d_float_mask", "5d_bool_mask_with_a_hidden_row", "3d_gqa"])
+def test_attention_on_other_ranks_than_four(case):
+    """scaled_dot_product_attention on 3-d and 5-d query, key and value (timm's windowed
+    attention in Twins, NesT, Hiera): torch.onnx's translation takes 4-d ones only. A row
+    whose keys are all masked attends to nothing (zeros, no NaN in the gradient), as torch."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(7)
+    if case == "3d":
+        q, k, v = torch.randn(3, 5, 8), torch.randn(3, 6, 8), torch.randn(3, 6, 4)
+        _assert_same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, scale=0.4), q, k, v)
+    elif case == "5d_float_mask":
+        q, k, v = torch.randn(2, 2, 3, 4, 8), torch.randn(2, 2, 3, 4, 8), torch.randn(2, 2, 3, 4, 8)
+        bias = torch.randn(2, 1, 4, 4)
+        _assert_same(lambda a, b, c, m: F.scaled_dot_product_attention(a, b, c, attn_mask=m), q, k, v, bias)
+    elif case == "5d_bool_mask_with_a_hidden_row":
+        q, k, v = torch.randn(2, 2, 3, 4, 8), torch.randn(2, 2, 3, 5, 8), torch.randn(2, 2, 3, 5, 8)
+        mask = torch.rand(4, 5) > 0.4
+        mask[1] = False
+        mask[0, 0] = True
+        _assert_same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask), q, k, v)
+    else:
+        q, k, v = torch.randn(4, 5, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+        _assert_same(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, enable_gqa=True), q, k, v)
+
+
 # -- rsub -------------------------------------------------------------------------------------------
 
 def test_number_minus_a_tensor_in_torch_promoted_type():

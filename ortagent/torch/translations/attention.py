@@ -1,5 +1,6 @@
 """``scaled_dot_product_attention`` with ``is_causal=True``, which torch.onnx translates only for
-equal query and key lengths of 4-d tensors, and torch's CPU flash-attention kernel
+equal query and key lengths of 4-d tensors, and without it on tensors of another rank than 4
+(which torch.onnx refuses), and torch's CPU flash-attention kernel
 (``aten._scaled_dot_product_flash_attention_for_cpu``), whose second output torch.onnx gets wrong
 (it returns the attention's input where torch returns each query's logsumexp).
 
@@ -17,7 +18,7 @@ from onnxscript import opset18 as op
 
 from ortagent.errors import OrtNotImplemented
 
-from ._common import INT64, constant, ints, rank, stop_gradient
+from ._common import BOOL, INT64, constant, ints, rank, stop_gradient
 
 
 def _repeat_heads(x: Any, times: int, n: int) -> Any:
@@ -59,14 +60,14 @@ def _scores(query: Any, key: Any, scale: Any, is_causal: bool, n: int) -> Any:
 
 def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: Any = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Any = None, enable_gqa: bool = False) -> Any:
-    if not is_causal or dropout_p:
+    n = rank(query)
+    if (not is_causal and n == 4) or dropout_p:
         from onnxscript.function_libs.torch_lib.ops.nn import aten_scaled_dot_product_attention
 
         return aten_scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                                  enable_gqa)
-    if attn_mask is not None:
+    if attn_mask is not None and is_causal:
         raise OrtNotImplemented("scaled_dot_product_attention with both is_causal and attn_mask")
-    n = rank(query)
     if n < 2 or rank(key) != n or rank(value) != n:
         raise OrtNotImplemented("scaled_dot_product_attention: query, key and value of different ranks")
     if enable_gqa and n >= 3:
@@ -76,8 +77,23 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
         if heads != kv_heads:
             key = _repeat_heads(key, heads // kv_heads, n)
             value = _repeat_heads(value, heads // kv_heads, n)
-    scores = _scores(query, key, scale, True, n)
-    return op.MatMul(op.Softmax(scores, axis=-1), value)
+    scores = _scores(query, key, scale, is_causal, n)
+    if is_causal:
+        return op.MatMul(op.Softmax(scores, axis=-1), value)
+    # (query, key and value of another rank than 4, which torchlib's translation refuses:
+    # timm's windowed attention (Twins, NesT, Hiera) passes 3-d or 5-d ones; torch's math)
+    if attn_mask is not None:
+        if getattr(attn_mask, "dtype", None) is not None and attn_mask.dtype.name == "BOOL":
+            scores = op.Where(attn_mask, scores, constant(scores, float("-inf")))
+        else:
+            scores = op.Add(scores, op.CastLike(attn_mask, scores))
+    # a row whose scores are all -inf attends to nothing: zeros, as torch's safe softmax
+    # (and no NaN from its softmax in the gradient either)
+    hidden = op.Cast(op.ReduceMin(op.Cast(op.Equal(scores, constant(scores, float("-inf"))), to=INT64),
+                                  ints([-1]), keepdims=1), to=BOOL)
+    zero = constant(scores, 0.0)
+    weights = op.Where(hidden, zero, op.Softmax(op.Where(hidden, zero, scores), axis=-1))
+    return op.MatMul(weights, value)
 
 
 def flash_attention_for_cpu(query: Any, key: Any, value: Any, dropout_p: float = 0.0, is_causal: bool = False,
