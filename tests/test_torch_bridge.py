@@ -385,6 +385,32 @@ class _LayerDrop:
         return Stack()
 
 
+def test_dropout_of_a_channels_last_image_after_a_drop_path_draws_eager_s_mask():
+    """A draw fills its tensor in memory order: dropout of a 1x1 convolution's channels-last
+    output (Segformer's decode head) must draw its mask in that layout, which torch's meta
+    kernels predict as contiguous (the mask was another than eager's); the run on copies that
+    finds the layout must leave the generator where it was (its stand-in for a drop path's
+    torch.rand drew from it, and every draw after it shifted)."""
+    torch = _torch()
+    nn = torch.nn
+
+    class DropPathThenImageDropout(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+            self.conv = nn.Conv2d(8, 8, 1)
+            self.dropout = nn.Dropout(0.3)
+
+        def forward(self, x):                       # x: (batch, 16 positions, 8 channels)
+            keep = 0.5 + torch.rand((x.shape[0], 1, 1), dtype=x.dtype, device=x.device)
+            h = x + self.linear(x).div(0.5) * keep.floor_()
+            image = h.transpose(1, 2).reshape(x.shape[0], 8, 4, 4)       # channels-last strides
+            return self.dropout(self.conv(image))
+
+    _compare(DropPathThenImageDropout, lambda step: (torch.randn(2 + step, 16, 8),), lambda out: out.square().mean(),
+             steps=3)
+
+
 @pytest.mark.parametrize("compare", ["<", ">=", "lt"])
 def test_layer_drop_of_zero_traces_and_keeps_eager_s_draws(compare):
     """A branch on ``torch.rand([]) < 0.0`` (transformers' layerdrop at 0, the default of BART,

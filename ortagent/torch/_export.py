@@ -229,9 +229,10 @@ class _Functional(nn.Module):
     """The wrapped module as a function of (user tensors, parameters and buffers, draws)."""
 
     def __init__(self, module: nn.Module, inputs: _trees.Flat, state_names: Sequence[str], phase: str,
-                 generator: Any = None) -> None:
+                 generator: Any = None, stand_in_device: Any = "meta") -> None:
         super().__init__()
         self.generator = generator
+        self.stand_in_device = stand_in_device
         self.target = [module]          # a list: not a submodule, so nothing of it is lifted
         self.inputs = inputs
         self.state_names = list(state_names)
@@ -246,7 +247,8 @@ class _Functional(nn.Module):
         trace = Trace(self.phase, {id(tensor): name for name, tensor in state.items()},
                       frozenset(id(tensor) for tensor in flat[:n_user]), supplied=flat[n_user + n_state:],
                       generator=self.generator,
-                      start_seed=None if self.generator is None else self.generator.initial_seed())
+                      start_seed=None if self.generator is None else self.generator.initial_seed(),
+                      stand_in_device=self.stand_in_device)
         args, kwargs = self.inputs.rebuild(flat[:n_user])
         with _state_slots_kept(self.target[0]), tracing(trace), contextlib.ExitStack() as regions:
             for device, dtype in self.autocast:
@@ -365,7 +367,8 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
     # (autocast casts only tensors of its own device type: under it, meta tensors would give
     # the outputs the wrong dtype)
     for kind in ("meta", "copy") if not ambient_autocast() else ("copy",):
-        functional = _Functional(module, inputs, list(state), "discover", generator)
+        functional = _Functional(module, inputs, list(state), "discover", generator,
+                                 stand_in_device="meta" if kind == "meta" else device)
         try:
             with _generator_kept(generator), torch.enable_grad():
                 functional(*[_traced(tensor, grad, kind) for tensor, grad in zip(flat, graded)])
@@ -378,6 +381,12 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
             continue
         assert functional.trace is not None and functional.outputs is not None
         trace = functional.trace
+        if kind == "meta" and any(len(layout.shape) >= 4 for site in trace.sites for layout in site.layouts):
+            # a draw fills its tensor in memory order, and torch's meta kernels can predict
+            # another layout than its CPU kernels give for images (a 1x1 convolution of a
+            # channels-last input: contiguous on meta, channels-last from mkldnn; Segformer's
+            # decode head): the draws' layouts come from a run on copies of the real tensors
+            continue
         return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters))
     raise AssertionError("unreachable")
 

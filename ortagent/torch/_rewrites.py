@@ -118,6 +118,9 @@ class Trace:
     supplied: Sequence[torch.Tensor] = ()
     generator: Any = None
     start_seed: int | None = None
+    # the device of a discovery's stand-ins for factory draws: its tensors' (meta, or the
+    # real device for a run on copies)
+    stand_in_device: Any = "meta"
     sites: list[Site] = field(default_factory=list)
     statistics: list[BatchStatistics] = field(default_factory=list)
     statistic_values: list[torch.Tensor] = field(default_factory=list)
@@ -841,7 +844,11 @@ class _TraceMode(TorchFunctionMode):
         if drawn is None:           # a discovery: a stand-in that draws nothing
             if func in _RANDOM_LIKE:
                 return torch.empty_like(args[0], dtype=kwargs.get("dtype"))
-            return func(*args, **{**kwargs, "device": "meta"})
+            device = self.trace.stand_in_device
+            if device == "meta":
+                return func(*args, **{**kwargs, "device": device})
+            # (on a real device, from a generator of its own: the default one must not move)
+            return func(*args, **{**kwargs, "device": device, "generator": torch.Generator(device=device)})
         if kwargs.get("requires_grad"):
             return drawn[0].detach().requires_grad_(True)
         return drawn[0]
