@@ -1511,6 +1511,7 @@ def test_torch_workers_are_let_go_before_long_runs(monkeypatch):
         model = ORTModule(_mlp())
         inputs = torch.randn(2, 20)
         model(inputs).sum().backward()          # (the first call's check measures the runs)
+        asked.clear()                           # (on a loaded machine its runs can take 1 ms)
         monkeypatch.setattr(_bridge, "_RELEASE_ABOVE", 10.0)
         model(inputs).sum().backward()
         assert asked == []
