@@ -753,6 +753,19 @@ def test_refusals_are_clear():
     with pytest.raises(OrtNotImplemented, match="Python decision on a tensor's value") as refusal:
         ORTModule(BranchesOnAValue())(x)
     assert len(str(refusal.value).splitlines()) <= 26       # (not the whole traced graph)
+
+    class Packs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(4, 5, batch_first=True)
+
+        def forward(self, x, lengths):
+            rnn = torch.nn.utils.rnn
+            packed = rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+            return rnn.pad_packed_sequence(self.lstm(packed)[0], batch_first=True)[0]
+
+    with pytest.raises(OrtNotImplemented, match="pack_padded_sequence"):     # (was torch.export's TypeError)
+        ORTModule(Packs())(torch.randn(3, 6, 4), torch.tensor([6, 3, 4]))
     with pytest.raises(OrtNotImplemented, match="in-place updates of parameters"):
         ORTModule(UpdatesItsWeight())(x)
     with pytest.raises(OrtNotImplemented, match="neither a tensor"):

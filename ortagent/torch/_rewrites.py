@@ -580,6 +580,7 @@ _INTERNAL_NORMS = {torch.native_batch_norm, torch.ops.aten._native_batch_norm_le
                                                        "cudnn_batch_norm", "miopen_batch_norm")
                      if hasattr(torch, name))}
 _LINEAR_CROSS_ENTROPY = getattr(F, "linear_cross_entropy", None)     # (torch 2.14 and later)
+_PACK_PADDED_SEQUENCE = getattr(torch, "_pack_padded_sequence", None)
 _DATA_DESCRIPTOR = torch.Tensor.data
 # comparisons of two values, by the relation each tests (see _TraceMode._decide)
 _COMPARISONS = {torch.Tensor.__lt__: "<", torch.Tensor.lt: "<", torch.lt: "<", torch.less: "<",
@@ -670,6 +671,12 @@ class _TraceMode(TorchFunctionMode):
                 "(its kernel's outputs have data-dependent shapes), and its recursion unrolled over the time "
                 "steps takes minutes to export at 50 steps. Compute the loss outside the ORTModule, on the "
                 "log-probabilities it returns")
+        if func is _PACK_PADDED_SEQUENCE:
+            raise OrtNotImplemented(
+                "ORTModule: pack_padded_sequence (a PackedSequence for nn.RNN / nn.LSTM / nn.GRU) is not "
+                "supported: its batch sizes come from the values of the lengths, which one exported graph "
+                "cannot hold for every call. Run the recurrent layer on the padded batch (masking the padded "
+                "steps' outputs), or outside the ORTModule")
         if func is _LINEAR_CROSS_ENTROPY and kwargs.get("options") is not None:
             # the chunked path saves memory in eager (gradients made in the forward, a backward
             # that mutates them); the graph computes the same loss by the reference path
