@@ -470,7 +470,8 @@ def test_custom_autograd_functions_are_refused_rather_than_differentiated_wrongl
     """The exported graph holds a custom Function's forward operations, never its backward: its
     gradient would be the forward's derivative (before: 4x for the halved gradient, +1 for the
     reversal, silently; BLOOM's GeLUFunction gave its MLP zero gradients). Refused, naming the
-    Function; a Function applied to tensors that need no gradient runs as it is."""
+    Function (unless declared with ``differentiate_forward_of``, below); a Function applied to
+    tensors that need no gradient runs as it is."""
     torch = _torch()
     from ortagent.errors import OrtNotImplemented
     from ortagent.torch import ORTModule
@@ -499,6 +500,40 @@ def test_custom_autograd_functions_are_refused_rather_than_differentiated_wrongl
             return self.linear(x) * function.apply(mask.float())
 
     _compare(NoGradient, lambda step: (x, mask), lambda out: (out ** 2).mean())
+
+
+def test_a_function_declared_to_differentiate_its_forward_matches_eager():
+    """A custom Function whose backward is its forward's derivative, written to save memory
+    (SiLU saving only its input), declared with ``differentiate_forward_of``: ORTModule traces
+    its forward's operations and matches eager; the declaration takes Function classes only."""
+    torch = _torch()
+    from ortagent.errors import OrtInvalidType
+    from ortagent.torch import differentiate_forward_of
+
+    @differentiate_forward_of
+    class MemorySavingSiLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * torch.sigmoid(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            s = torch.sigmoid(x)
+            return grad * s * (1 + x * (1 - s))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.second(MemorySavingSiLU.apply(self.first(x)))
+
+    _compare(Model, lambda step: (torch.randn(4 + step, 6),), lambda out: out.square().mean(), steps=2)
+    with pytest.raises(OrtInvalidType):
+        differentiate_forward_of(torch.nn.Linear)
 
 
 def test_gradient_hooks_inside_the_wrapped_module_are_refused_and_hooks_outside_run():

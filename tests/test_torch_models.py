@@ -2,7 +2,7 @@
 weights (nothing downloaded): transformers' GPT-2 (its LM loss), BERT (a padded attention
 mask), Llama (grouped-query attention), Mixtral and Qwen2-MoE (sparse experts), T5, Mistral
 (its sliding-window cache), BART and OPT
-(their layerdrop draws), BLOOM (refused: a custom autograd.Function), BEiT (SDPA with a learned
+(their layerdrop draws), BLOOM (its custom GELU autograd.Function), BEiT (SDPA with a learned
 bias); torchvision's ResNet-18
 (BatchNorm in training) and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's
 ViT (stochastic depth).
@@ -256,19 +256,24 @@ def test_transformers_models_that_draw_for_layerdrop_train_beside_eager(family):
     _train(make, batch, lambda out: out.loss, len(shapes))
 
 
-def test_bloom_is_refused_for_its_custom_gelu_function():
-    """BLOOM's MLP applies a custom autograd.Function (GeLUFunction) whose backward the exported
-    graph cannot hold: refused, naming it (before, its weights got zero gradients silently)."""
-    torch = _torch()
+def test_bloom_with_its_custom_gelu_function():
+    """BLOOM's MLP applies a custom autograd.Function (GeLUFunction) whose backward is the exact
+    derivative of its tanh GELU: ortagent knows it (``differentiate_forward_of``) and traces its
+    forward's operations (refused before; before that, its weights got zero gradients
+    silently)."""
     transformers = pytest.importorskip("transformers")
-    from ortagent.errors import OrtNotImplemented
-    from ortagent.torch import ORTModule
 
-    config = transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=1, n_head=2)
-    model = ORTModule(transformers.BloomForCausalLM(config).train())
-    ids, _ = _tokens(0, 2, 8, 96)
-    with pytest.raises(OrtNotImplemented, match="GeLUFunction"):
-        model(input_ids=ids, labels=ids)
+    def make():
+        return transformers.BloomForCausalLM(transformers.BloomConfig(vocab_size=96, hidden_size=32, n_layer=2,
+                                                                      n_head=2))
+
+    shapes = [(2, 8), (2, 5), (3, 8)]
+
+    def batch(step):
+        ids, _ = _tokens(step, *shapes[step], 96)
+        return {"input_ids": ids, "labels": ids}
+
+    _train(make, batch, lambda out: out.loss, len(shapes))
 
 
 def test_bert_with_a_padded_attention_mask():

@@ -47,9 +47,10 @@ from torch import nn
 from . import _trees
 from ._export import IR_VERSION, OPSET, export
 from ._module import ORTModule
+from ._rewrites import differentiate_forward_of
 from ._threads import default_session_options
 
-__all__ = ["ORTModule", "default_session_options", "export_forward_model", "OPSET", "IR_VERSION"]
+__all__ = ["ORTModule", "default_session_options", "differentiate_forward_of", "export_forward_model", "OPSET", "IR_VERSION"]
 
 
 def export_forward_model(module: nn.Module, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -34,6 +34,7 @@ construction.
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 import threading
@@ -46,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ortagent.errors import OrtInvalidArgument, OrtNotImplemented
+from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 
 from ._losses import gaussian_nll_loss, multilabel_margin_loss, smoothed_or_soft_cross_entropy
 
@@ -450,6 +451,78 @@ def _install() -> None:
             original = getattr(F, name)
             _saved.append((F, name, original))
             setattr(F, name, rewrite(original))
+        function = torch.autograd.Function
+        _saved.append((function, "apply", function.__dict__.get("apply", _MISSING)))
+        function.apply = _function_apply(inspect.getattr_static(function, "apply"))
+
+
+# -- custom autograd.Functions whose backward is their forward's derivative -------------------------
+
+#: torch.autograd.Function subclasses declared to have their forward's derivative as their
+#: backward (:func:`differentiate_forward_of`): a trace runs their forward's operations with
+#: gradients on, so the exported graph differentiates them; any other custom Function that
+#: gets values needing a gradient is refused
+_FORWARD_DIFFERENTIATED: set[type] = set()
+_forward_differentiated_lock = threading.Lock()
+#: the same, known to ortagent by qualified name (their libraries are not imported for it):
+#: transformers' BLOOM GeLU, whose backward is the exact derivative of its tanh GELU
+_KNOWN_FORWARD_DIFFERENTIATED = frozenset({"transformers.models.bloom.modeling_bloom.GeLUFunction"})
+
+
+def _differentiates_forward(cls: type) -> bool:
+    return cls in _FORWARD_DIFFERENTIATED or f"{cls.__module__}.{cls.__qualname__}" in _KNOWN_FORWARD_DIFFERENTIATED
+
+
+def differentiate_forward_of(function: type) -> type:
+    """Declare that ``function`` (a ``torch.autograd.Function`` subclass) computes in its
+    ``backward`` exactly the derivative of its ``forward`` -- a Function written to save memory
+    or time, not to change the gradient -- so that ORTModule may trace its forward's operations
+    and differentiate them itself. ORTModule refuses every other custom Function applied to
+    values that need a gradient (a straight-through estimator or a gradient reversal must not be
+    differentiated through its forward). Returns ``function``, so it works as a decorator."""
+    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        raise OrtInvalidType(f"differentiate_forward_of takes a torch.autograd.Function subclass, got {function!r}")
+    with _forward_differentiated_lock:
+        _FORWARD_DIFFERENTIATED.add(function)
+    return function
+
+
+class _InlineContext:
+    """What a Function's forward may call on its ``ctx`` when ORTModule runs it inline: saving
+    and marking record nothing (the graph's own autodiff needs none of it)."""
+
+    def __init__(self, args: tuple) -> None:
+        self.needs_input_grad = tuple(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        self.materialize_grads = True
+
+    def save_for_backward(self, *tensors: Any) -> None:
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors: Any) -> None:
+        pass
+
+    def mark_dirty(self, *tensors: Any) -> None:
+        pass
+
+    def mark_non_differentiable(self, *tensors: Any) -> None:
+        pass
+
+    def set_materialize_grads(self, value: bool) -> None:
+        self.materialize_grads = value
+
+
+def _function_apply(original: Any) -> Any:
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if _current() is not None and _differentiates_forward(cls):
+            ctx = _InlineContext(args)
+            with torch.enable_grad():
+                if getattr(cls, "setup_context", None) is torch.autograd.function._SingleLevelFunction.setup_context:
+                    return cls.forward(ctx, *args, **kwargs)
+                output = cls.forward(*args, **kwargs)
+                cls.setup_context(ctx, args, output)
+                return output
+        return original.__get__(None, cls)(*args, **kwargs)
+    return classmethod(apply)
 
 
 def _uninstall() -> None:
