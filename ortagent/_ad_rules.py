@@ -307,7 +307,7 @@ def _cropped_rows_restored(ctx, node, gradients: list) -> list:
 
     if gradients[0] is None:
         return gradients
-    widths = _constant_pad_widths(ctx, node) if ctx.opset >= 11 else None
+    widths = _constant_pad_widths(ctx, node)      # (before opset 11 the pads are an attribute: None)
     if widths is None or min(widths[0] + widths[1]) >= 0:
         return gradients            # (onnx-ad's rule refuses pads that are not constants)
     if ctx.opset < 18:
@@ -327,16 +327,11 @@ def _copying_pad_reverse(ctx, node, grads, mode):
     one before)."""
     from onnx_ad._build import UnsupportedOperator
 
-    rank = ctx.rank(node.input[0])
-    pads = ctx.integers(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-    if pads is None:
-        raise UnsupportedOperator("Pad is differentiable only with constant pads")
-    axes = ctx.integers(node.input[3]) if len(node.input) > 3 and node.input[3] else list(range(rank))
-    if axes is None:
-        raise UnsupportedOperator("Pad is differentiable only with a constant 'axes' operand")
-    if any(p < 0 for p in pads):
+    widths = _constant_pad_widths(ctx, node)
+    if widths is None:
+        raise UnsupportedOperator("Pad is differentiable only with constant pads and a constant 'axes' operand")
+    if min(widths[0] + widths[1]) < 0:
         raise UnsupportedOperator("Pad with negative pads (cropping) is differentiated only in constant mode")
-    axes = [a % rank for a in axes]
     grad = ctx.full(grads[0], node.output[0])
 
     def cut(value, start, end, axis):
@@ -356,8 +351,8 @@ def _copying_pad_reverse(ctx, node, grads, mode):
             parts.append(cut(value, end, _INT64_MAX, axis))
         return parts[0] if len(parts) == 1 else ctx.b.op("Concat", parts, axis=axis, stem="pad_rows_joined")
 
-    for position in reversed(range(len(axes))):
-        axis, before, after = axes[position], pads[position], pads[len(axes) + position]
+    for axis in reversed(range(len(widths[0]))):       # (one-axis pads commute)
+        before, after = widths[0][axis], widths[1][axis]
         if not before and not after:
             continue
         head = cut(grad, 0, before, axis) if before else None
@@ -530,10 +525,10 @@ def _padded_average_pool_reverse(ctx, node, grads):
     at run time from the two extents, so they may be symbolic. ``W^T`` is then one MatMul per
     axis, whose cost does not grow with the kernel (a ConvTranspose with a kernel of ones did:
     HF EfficientNet's 1280-wide pool over a 2 x 2 map spread every value over 1280 x 1280
-    positions, 37 s a backward). ``1 / d`` is read off
-    the node itself: AveragePool of ones (one image of one channel, the node's own attributes,
-    so the divisor is onnxruntime's, whatever its rule for padding and overhang) divided by
-    the count of input elements in each window (the product of ``M``'s column sums)."""
+    positions, 37 s a backward). ``1 / d`` is read off the node itself: AveragePool of ones
+    (one image of one channel, the node's own attributes, so the divisor is onnxruntime's,
+    whatever its rule for padding and overhang) divided by the count of input elements in each
+    window (the product of ``M``'s column sums)."""
     from onnx_ad._build import UnsupportedOperator, attribute
 
     x, y = node.input[0], node.output[0]
@@ -556,8 +551,8 @@ def _padded_average_pool_reverse(ctx, node, grads):
         return ctx.b.constant(value, onnx.TensorProto.INT64, ())
 
     def extent(name, axis, stem):
-        return ctx.b.op("Squeeze", [ctx.b.op("Slice", [ctx.shape_of(name) if name == x else ctx.b.op("Shape", [name]),
-                                                       ctx.b.ints([axis]), ctx.b.ints([axis + 1])]), zero], stem=stem)
+        """The size of ``name`` along ``axis``, a 0-d tensor."""
+        return ctx.b.op("Gather", [ctx.shape_of(name), scalar(axis)], axis=0, stem=stem)
 
     def membership(axis):
         """M for spatial axis ``axis``: [input extent, output extent], x's element type."""

@@ -393,18 +393,17 @@ def _attention(original: Callable) -> Callable:
                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                   enable_gqa: bool = False) -> torch.Tensor:
         trace = _current()
-        if trace is None:
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, enable_gqa=enable_gqa)
-        if dropout_p <= 0:
-            # torch's kernels lay the result out as (batch, heads, L, E) or, its CPU flash kernel,
-            # as a transpose of (batch, L, heads, E); which one runs depends on grad mode and the
-            # mask, so torch.onnx's re-trace can pick another than the export did, and a
-            # `transpose(1, 2).contiguous().view(...)` that was a view under one layout fails
-            # under the other (transformers' BEiT). A contiguous copy (recorded: `contiguous()`
-            # of a contiguous tensor is not) has one layout in both, and is free in ONNX.
-            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                            scale=scale, enable_gqa=enable_gqa).clone(memory_format=torch.contiguous_format)
+        if trace is None or dropout_p <= 0:
+            result = original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                              scale=scale, enable_gqa=enable_gqa)
+            # under a trace: torch's kernels lay the result out as (batch, heads, L, E) or, its
+            # CPU flash kernel, as a transpose of (batch, L, heads, E); which one runs depends on
+            # grad mode and the mask, so torch.onnx's re-trace can pick another than the export
+            # did, and a `transpose(1, 2).contiguous().view(...)` that was a view under one
+            # layout fails under the other (transformers' BEiT). A contiguous copy (recorded:
+            # `contiguous()` of a contiguous tensor is not) has one layout in both, and is free
+            # in ONNX.
+            return result if trace is None else result.clone(memory_format=torch.contiguous_format)
         if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
             groups = query.shape[-3] // key.shape[-3]
             key = key.repeat_interleave(groups, dim=-3)

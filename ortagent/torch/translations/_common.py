@@ -56,6 +56,16 @@ def static_dims(x: Any, axes: Any, what: str) -> list[int]:
     return sizes
 
 
+def safe_softmax(x: Any, axis: int) -> Any:
+    """Softmax over ``axis`` that gives zeros to a slice whose values are all ``-inf`` (torch's
+    ``_safe_softmax``: an attention row that sees no key), with no NaN in its gradient either
+    (the slice's values are replaced before the Softmax)."""
+    hidden = op.Cast(op.ReduceMin(op.Cast(op.Equal(x, constant(x, float("-inf"))), to=FLOAT), ints([axis]),
+                                  keepdims=1), to=BOOL)
+    zero = constant(x, 0.0)
+    return op.Where(hidden, zero, op.Softmax(op.Where(hidden, zero, x), axis=axis))
+
+
 def as_double(x: Any) -> Any:
     return op.Cast(x, to=DOUBLE)
 

@@ -18,7 +18,7 @@ from onnxscript import opset18 as op
 
 from ortagent.errors import OrtNotImplemented
 
-from ._common import BOOL, INT64, constant, ints, rank, stop_gradient
+from ._common import INT64, constant, ints, rank, safe_softmax, stop_gradient
 
 
 def _repeat_heads(x: Any, times: int, n: int) -> Any:
@@ -81,19 +81,19 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     if is_causal:
         return op.MatMul(op.Softmax(scores, axis=-1), value)
     # (query, key and value of another rank than 4, which torchlib's translation refuses:
-    # timm's windowed attention (Twins, NesT, Hiera) passes 3-d or 5-d ones; torch's math)
-    if attn_mask is not None:
-        if getattr(attn_mask, "dtype", None) is not None and attn_mask.dtype.name == "BOOL":
-            scores = op.Where(attn_mask, scores, constant(scores, float("-inf")))
-        else:
-            scores = op.Add(scores, op.CastLike(attn_mask, scores))
-    # a row whose scores are all -inf attends to nothing: zeros, as torch's safe softmax
-    # (and no NaN from its softmax in the gradient either)
-    hidden = op.Cast(op.ReduceMin(op.Cast(op.Equal(scores, constant(scores, float("-inf"))), to=INT64),
-                                  ints([-1]), keepdims=1), to=BOOL)
-    zero = constant(scores, 0.0)
-    weights = op.Where(hidden, zero, op.Softmax(op.Where(hidden, zero, scores), axis=-1))
-    return op.MatMul(weights, value)
+    # timm's windowed attention (Twins, NesT, Hiera) passes 3-d or 5-d ones; torch's math, a
+    # row that sees no key attending to nothing)
+    return op.MatMul(safe_softmax(_masked(scores, attn_mask), -1), value)
+
+
+def _masked(scores: Any, attn_mask: Any) -> Any:
+    """``scores`` with SDPA's ``attn_mask`` applied: a boolean mask hides with ``-inf``, another
+    is added."""
+    if attn_mask is None:
+        return scores
+    if getattr(attn_mask, "dtype", None) is not None and attn_mask.dtype.name == "BOOL":
+        return op.Where(attn_mask, scores, constant(scores, float("-inf")))
+    return op.Add(scores, op.CastLike(attn_mask, scores))
 
 
 def flash_attention_for_cpu(query: Any, key: Any, value: Any, dropout_p: float = 0.0, is_causal: bool = False,
@@ -105,12 +105,7 @@ def flash_attention_for_cpu(query: Any, key: Any, value: Any, dropout_p: float =
     n = rank(query)
     if n != 4 or rank(key) != 4 or rank(value) != 4:
         raise OrtNotImplemented("_scaled_dot_product_flash_attention_for_cpu needs 4-d query, key and value")
-    scores = _scores(query, key, scale, is_causal, n)
-    if attn_mask is not None:
-        if getattr(attn_mask, "dtype", None) is not None and attn_mask.dtype.name == "BOOL":
-            scores = op.Where(attn_mask, scores, constant(scores, float("-inf")))
-        else:
-            scores = op.Add(scores, op.CastLike(attn_mask, scores))
+    scores = _masked(_scores(query, key, scale, is_causal, n), attn_mask)
     largest = stop_gradient(op.ReduceMax(scores, ints([-1]), keepdims=1))
     total = op.ReduceSum(op.Exp(op.Sub(scores, largest)), ints([-1]), keepdims=1)
     logsumexp = op.Squeeze(op.Add(largest, op.Log(total)), ints([-1]))

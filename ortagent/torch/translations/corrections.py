@@ -121,6 +121,8 @@ def translations() -> dict[Any, Callable]:
     import onnxscript
     from onnxscript import opset18 as op
 
+    from ._common import safe_softmax as _safe_softmax
+
     _register_stop_gradient_schema()
     marker = onnxscript.values.Opset(STOP_GRADIENT_DOMAIN, 1)
 
@@ -142,13 +144,7 @@ def translations() -> dict[Any, Callable]:
     def safe_softmax(x: Any, dim: int, dtype: Any = None) -> Any:
         if dtype is not None:
             x = op.Cast(x, to=_onnx_type(dtype))
-        axes = op.Constant(value_ints=[dim])
-        negative_infinity = op.CastLike(op.Constant(value_float=float("-inf")), x)
-        masked = op.Equal(x, negative_infinity)
-        all_masked = op.Cast(op.ReduceMin(op.Cast(masked, to=1), axes, keepdims=1), to=9)   # float, then bool
-        zero = op.CastLike(op.Constant(value_float=0.0), x)
-        safe = op.Where(all_masked, zero, x)
-        return op.Where(all_masked, zero, op.Softmax(safe, axis=dim))
+        return _safe_softmax(x, dim)
 
     def vector_norm(x: Any, ord: float = 2.0, dim: Any = None, keepdim: bool = False, dtype: Any = None) -> Any:
         if dtype is not None:

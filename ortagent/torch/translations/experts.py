@@ -19,7 +19,7 @@ from onnxscript import opset18 as op
 
 from ortagent.errors import OrtNotImplemented
 
-from ._common import INT64, ints, rank
+from ._common import INT64, constant, ints, rank
 
 
 def _grouped_product(input: Any, weight: Any, offs: Any) -> Any:
@@ -28,13 +28,13 @@ def _grouped_product(input: Any, weight: Any, offs: Any) -> Any:
                                 "weights (with offs)")
     ends = op.Cast(offs, to=INT64)                                           # (E,)
     starts = op.Concat(ints([0]), op.Slice(ends, ints([0]), ints([-1])), axis=0)
-    rows = op.Range(op.Constant(value_int=0), op.Squeeze(op.Slice(op.Shape(input), ints([0]), ints([1])), ints([0])),
+    rows = op.Range(op.Constant(value_int=0), op.Gather(op.Shape(input), op.Constant(value_int=0), axis=0),
                     op.Constant(value_int=1))                                # (S,)
     rows = op.Unsqueeze(rows, ints([0]))                                     # (1, S)
     member = op.And(op.GreaterOrEqual(rows, op.Unsqueeze(starts, ints([1]))),
                     op.Less(rows, op.Unsqueeze(ends, ints([1]))))            # (E, S)
     products = op.MatMul(input, weight)                                      # (E, S, N)
-    picked = op.Where(op.Unsqueeze(member, ints([2])), products, op.CastLike(op.Constant(value_float=0.0), products))
+    picked = op.Where(op.Unsqueeze(member, ints([2])), products, constant(products, 0.0))
     return op.ReduceSum(picked, ints([0]), keepdims=0)                       # (S, N)
 
 
