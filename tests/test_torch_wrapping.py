@@ -574,6 +574,76 @@ def test_retain_graph_backwards_and_autograd_grad_as_eager():
     assert state() is None                          # (freed with the graph)
 
 
+def test_what_the_loss_does_not_reach_keeps_no_gradient_as_eager():
+    """A head whose output the loss leaves unused, and an input that reaches only that head, get
+    no gradient (None), as eagerly: AdamW then leaves that head's weights alone (a zero gradient
+    would decay them and move its moments). A head used with a zero factor gets zeros, as eager's."""
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = torch.nn.Linear(3, 4)
+            self.first = torch.nn.Linear(4, 2)
+            self.second = torch.nn.Linear(4, 3)
+            self.side = torch.nn.Linear(2, 3)
+
+        def forward(self, x, extra):
+            hidden = torch.relu(self.trunk(x))
+            return self.first(hidden), self.second(hidden) + self.side(extra)
+
+    torch.manual_seed(0)
+    eager = TwoHeads()
+    model = ORTModule(copy.deepcopy(eager))
+    optimizers = {module: torch.optim.AdamW(module.parameters(), lr=0.1, weight_decay=0.5)
+                  for module in (eager, model)}
+    for losses in (lambda a, b: a.square().sum(),
+                   lambda a, b: a.sum() + 0.0 * b.sum(),
+                   lambda a, b: b.exp().sum()):
+        results = []
+        for module in (eager, model):
+            optimizers[module].zero_grad()
+            x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1)).requires_grad_()
+            extra = torch.randn(5, 2, generator=torch.Generator().manual_seed(2)).requires_grad_()
+            losses(*module(x, extra)).backward()
+            results.append((x.grad, extra.grad, [p.grad for p in module.parameters()]))
+            optimizers[module].step()
+        (x_grad, extra_grad, grads), (want_x, want_extra, want_grads) = results[1], results[0]
+        for got, want in zip((x_grad, extra_grad, *grads), (want_x, want_extra, *want_grads)):
+            assert (got is None) == (want is None)
+            if want is not None:
+                _close(got, want)
+    for got, want in zip(model.parameters(), eager.parameters()):
+        _close(got, want)
+
+
+def test_a_backward_that_creates_a_graph_is_refused_not_dropped():
+    """A backward with create_graph=True (a gradient penalty, a Hessian) raises OrtNotImplemented:
+    onnxruntime's gradients carry no graph, so the penalty's share of the gradient would be
+    lost without a word and a Hessian through the module would be zero. The module's first-order
+    gradients stay eager's, and the run is not spent by the refusal."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    eager = _net()
+    model = ORTModule(copy.deepcopy(eager))
+    slopes = []
+    for module in (eager, model):
+        x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        out = module(x).tanh().sum()
+        if module is model:
+            with pytest.raises(OrtNotImplemented, match="create_graph"):
+                torch.autograd.grad(out, x, create_graph=True)
+        slopes.append(torch.autograd.grad(out, x)[0])
+    _close(slopes[1], slopes[0])
+    with pytest.raises(OrtNotImplemented, match="create_graph"):
+        torch.autograd.functional.hessian(lambda v: model(v).tanh().sum(), torch.randn(2, 3))
+
+
 def test_in_place_changes_before_the_backward_meet_torch_s_check():
     """Between a forward and its backward, an in-place change of a tensor the backward reads
     (an input, or an output the backward reads again) raises torch's error, as eager's saved

@@ -165,6 +165,10 @@ class AgentPlan:
     #: the forward and the backward meets torch's own check, as an eager module's saved tensors do
     backward_reads: tuple[int, ...] = ()
     stashed_outputs: tuple[int, ...] = ()
+    #: for each gradient output, the module outputs (indices) whose gradients it is computed
+    #: from: one none of whose outputs gets a gradient in a backward is None there, as eager's
+    #: gradient of a tensor that the loss does not reach
+    gradient_sources: tuple[frozenset[int], ...] = ()
     #: the wall seconds the last forward and backward runs took (0.0: none yet), for
     #: :meth:`GraphRunner.before_run`
     run_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0], compare=False)
@@ -369,13 +373,15 @@ class GraphRunner:
                 non_differentiable = sorted(attr.ints)
         split = agent.split
         stash = set(split.stash_names)
+        differentiable = [index for index in range(len(fetches)) if index not in set(non_differentiable)]
         return AgentPlan(agent,
                          tuple(names.index(value.name) for value in graph.graph.input),
                          tuple(non_differentiable),
                          tuple(names.index(name) for name in (*input_gradients, *trainable)),
                          _gradient_views(graph, (*input_gradients, *trainable)),
                          tuple(names.index(name) for name in split.backward_graph_input_names),
-                         tuple(index for index, name in enumerate(split.module_output_names) if name in stash))
+                         tuple(index for index, name in enumerate(split.module_output_names) if name in stash),
+                         _gradient_sources(graph, yield_node, differentiable))
 
     def _cpu_kernels(self) -> bool:
         """Whether this device's training graphs use ortagent's CPU gradient kernels (a
@@ -420,6 +426,48 @@ class GraphRunner:
             plan.agent.close()
         if session is not None:
             session.close()
+
+
+def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int]) -> tuple:
+    """For each output of the training ``graph`` (a gradient), the module outputs whose
+    gradients (the ``yield_node``'s outputs, those of the ``differentiable`` module outputs in
+    order) it is computed from: each tensor carries its set of sources as a bit mask, passed on
+    from a node's inputs to its outputs until nothing changes (a node reading a name in a
+    subgraph reads it too). An empty set (a gradient computed from no output's: zeros) is kept
+    as it is."""
+    masks = {name: 1 << bit for bit, name in enumerate(yield_node.output)}
+    reads = [(tuple(node.input) + tuple(_subgraph_names(node)), tuple(node.output)) for node in graph.graph.node]
+    changed = True
+    while changed:                      # (one pass where the nodes are in order, as ONNX asks)
+        changed = False
+        for inputs, outputs in reads:
+            mask = 0
+            for name in inputs:
+                mask |= masks.get(name, 0)
+            if mask:
+                for name in outputs:
+                    merged = masks.get(name, 0) | mask
+                    if merged != masks.get(name, 0):
+                        masks[name] = merged
+                        changed = True
+    sources = []
+    for output in graph.graph.output:
+        mask = masks.get(output.name, 0)
+        sources.append(frozenset(differentiable[bit] for bit in range(len(differentiable)) if mask >> bit & 1))
+    return tuple(sources)
+
+
+def _subgraph_names(node: Any) -> list[str]:
+    """The names the subgraphs of ``node`` (If, Loop, Scan bodies, nested) read."""
+    names: list[str] = []
+    for attribute in node.attribute:
+        graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
+        for subgraph in graphs:
+            for inner in subgraph.node:
+                names.extend(inner.input)
+                names.extend(_subgraph_names(inner))
+            names.extend(output.name for output in subgraph.output)
+    return names
 
 
 def _gradient_views(graph: Any, differentiated: Sequence[str]) -> tuple:
@@ -518,13 +566,22 @@ class ORTFunction(torch.autograd.Function):
         ctx.plan = plan
         ctx.n_feeds = len(feeds)
         ctx.output_meta = [(r.shape, r.dtype, r.device) for r in results]
+        ctx.set_materialize_grads(False)    # (an output the loss does not reach: None, see backward)
         if plan.non_differentiable:
             ctx.mark_non_differentiable(*[results[i] for i in plan.non_differentiable])
         return results
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple:
+    def backward(ctx: Any, *grad_outputs: torch.Tensor | None) -> tuple:
+        if torch.is_grad_enabled():
+            # create_graph: eager's gradients would carry a graph of their own; onnxruntime's
+            # have none, so a loss built on them (a gradient penalty) would lose its share of the
+            # gradient without a word, and a Hessian through them would be zero
+            raise OrtNotImplemented(
+                "ORTModule: a backward with create_graph=True (for a gradient penalty, a Hessian or "
+                "Hessian-vector product, MAML's inner step, torch.autograd.functional.hessian) is not "
+                "supported: onnxruntime computes the gradients outside torch's autograd, so they cannot be "
+                "differentiated again; run this module eagerly for it")
         state = ctx.state
         if state is None:
             raise RunStateError("ORTModule: the backward of this forward already ran and freed what it kept; pass "
@@ -554,6 +611,10 @@ class ORTFunction(torch.autograd.Function):
             ctx.state = None                # (a retained run's stash goes with it)
         result: list = [None] * (2 + ctx.n_feeds)
         tensor = runner.to_torch
-        for feed_index, view, value in zip(plan.gradient_slots, plan.gradient_views, fetches):
+        unreached = {index for index, grad in enumerate(grad_outputs) if grad is None}
+        for feed_index, view, value, sources in zip(plan.gradient_slots, plan.gradient_views, fetches,
+                                                    plan.gradient_sources):
+            if sources and sources <= unreached:
+                continue                    # (the loss reaches none of its outputs: None, as eager)
             result[2 + feed_index] = tensor(value) if view is None else tensor(value).view(view)
         return tuple(result)
