@@ -575,9 +575,10 @@ def test_retain_graph_backwards_and_autograd_grad_as_eager():
 
 
 def test_what_the_loss_does_not_reach_keeps_no_gradient_as_eager():
-    """A head whose output the loss leaves unused, and an input that reaches only that head, get
-    no gradient (None), as eagerly: AdamW then leaves that head's weights alone (a zero gradient
-    would decay them and move its moments). A head used with a zero factor gets zeros, as eager's."""
+    """A head whose output the loss leaves unused, an input that reaches only that head, and a
+    submodule the forward never calls get no gradient (None), as eagerly: AdamW then leaves
+    their weights alone (a zero gradient would decay them and move their moments). A head used
+    with a zero factor gets zeros, as eager's."""
     import torch
 
     from ortagent.torch import ORTModule
@@ -589,6 +590,7 @@ def test_what_the_loss_does_not_reach_keeps_no_gradient_as_eager():
             self.first = torch.nn.Linear(4, 2)
             self.second = torch.nn.Linear(4, 3)
             self.side = torch.nn.Linear(2, 3)
+            self.spare = torch.nn.Linear(3, 3)      # (as BartForCausalLM's cross-attention)
 
         def forward(self, x, extra):
             hidden = torch.relu(self.trunk(x))

@@ -166,9 +166,11 @@ class AgentPlan:
     backward_reads: tuple[int, ...] = ()
     stashed_outputs: tuple[int, ...] = ()
     #: for each gradient output, the module outputs (indices) whose gradients it is computed
-    #: from: one none of whose outputs gets a gradient in a backward is None there, as eager's
-    #: gradient of a tensor that the loss does not reach
+    #: from, and those its input reaches in the forward: a gradient none of whose sources, or
+    #: none of whose reached outputs, gets a gradient in a backward is None there, as eager's
+    #: gradient of a tensor the loss does not reach (a parameter no output reaches: always)
     gradient_sources: tuple[frozenset[int], ...] = ()
+    gradient_reach: tuple[frozenset[int], ...] = ()
     #: the wall seconds the last forward and backward runs took (0.0: none yet), for
     #: :meth:`GraphRunner.before_run`
     run_seconds: list[float] = field(default_factory=lambda: [0.0, 0.0], compare=False)
@@ -381,7 +383,7 @@ class GraphRunner:
                          _gradient_views(graph, (*input_gradients, *trainable)),
                          tuple(names.index(name) for name in split.backward_graph_input_names),
                          tuple(index for index, name in enumerate(split.module_output_names) if name in stash),
-                         _gradient_sources(graph, yield_node, differentiable))
+                         *_gradient_sources(graph, yield_node, differentiable, (*input_gradients, *trainable)))
 
     def _cpu_kernels(self) -> bool:
         """Whether this device's training graphs use ortagent's CPU gradient kernels (a
@@ -428,17 +430,34 @@ class GraphRunner:
             session.close()
 
 
-def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int]) -> tuple:
-    """For each output of the training ``graph`` (a gradient), the module outputs whose
-    gradients (the ``yield_node``'s outputs, those of the ``differentiable`` module outputs in
-    order) it is computed from: each tensor carries its set of sources as a bit mask, passed on
-    from a node's inputs to its outputs until nothing changes (a node reading a name in a
-    subgraph reads it too). An empty set (a gradient computed from no output's: zeros) is kept
-    as it is."""
-    masks = {name: 1 << bit for bit, name in enumerate(yield_node.output)}
-    reads = [(tuple(node.input) + tuple(_subgraph_names(node)), tuple(node.output)) for node in graph.graph.node]
+def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int],
+                      differentiated: Sequence[str]) -> tuple[tuple[frozenset[int], ...], tuple[frozenset[int], ...]]:
+    """For each output of the training ``graph`` (the gradient of the input ``differentiated``
+    names at its place), the module outputs whose gradients it is computed from (the
+    ``yield_node``'s outputs: those of the ``differentiable`` module outputs, in order), and the
+    differentiable module outputs its input reaches in the forward. An empty set of sources (a
+    gradient computed from no output's: zeros) is kept as it is; an input that reaches no
+    differentiable output is not in any graph of the loss."""
+    reads = [(tuple(node.input) + tuple(_subgraph_names(node)), tuple(node.output)) for node in graph.graph.node
+             if node is not yield_node]
+    backward = _flow(reads, {name: 1 << bit for bit, name in enumerate(yield_node.output)})
+    forward = _flow(reads, {name: 1 << bit for bit, name in enumerate(differentiated)})
+    outputs = [forward.get(yield_node.input[index], 0) for index in differentiable]
+    sources, reach = [], []
+    for bit, output in enumerate(graph.graph.output):
+        mask = backward.get(output.name, 0)
+        sources.append(frozenset(differentiable[index] for index in range(len(differentiable)) if mask >> index & 1))
+        reach.append(frozenset(differentiable[index] for index, mask in enumerate(outputs) if mask >> bit & 1))
+    return tuple(sources), tuple(reach)
+
+
+def _flow(reads: Sequence[tuple[tuple[str, ...], tuple[str, ...]]], seeds: dict[str, int]) -> dict[str, int]:
+    """The bit masks of ``seeds`` passed on from each node's inputs to its outputs (``reads``:
+    the nodes' input and output names) until nothing changes: one pass where the nodes are in
+    order, as ONNX asks, and another that changes nothing."""
+    masks = dict(seeds)
     changed = True
-    while changed:                      # (one pass where the nodes are in order, as ONNX asks)
+    while changed:
         changed = False
         for inputs, outputs in reads:
             mask = 0
@@ -446,15 +465,11 @@ def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int]
                 mask |= masks.get(name, 0)
             if mask:
                 for name in outputs:
-                    merged = masks.get(name, 0) | mask
-                    if merged != masks.get(name, 0):
-                        masks[name] = merged
+                    before = masks.get(name, 0)
+                    if before | mask != before:
+                        masks[name] = before | mask
                         changed = True
-    sources = []
-    for output in graph.graph.output:
-        mask = masks.get(output.name, 0)
-        sources.append(frozenset(differentiable[bit] for bit in range(len(differentiable)) if mask >> bit & 1))
-    return tuple(sources)
+    return masks
 
 
 def _subgraph_names(node: Any) -> list[str]:
@@ -612,9 +627,9 @@ class ORTFunction(torch.autograd.Function):
         result: list = [None] * (2 + ctx.n_feeds)
         tensor = runner.to_torch
         unreached = {index for index, grad in enumerate(grad_outputs) if grad is None}
-        for feed_index, view, value, sources in zip(plan.gradient_slots, plan.gradient_views, fetches,
-                                                    plan.gradient_sources):
-            if sources and sources <= unreached:
-                continue                    # (the loss reaches none of its outputs: None, as eager)
+        for feed_index, view, value, sources, reach in zip(plan.gradient_slots, plan.gradient_views, fetches,
+                                                           plan.gradient_sources, plan.gradient_reach):
+            if reach <= unreached or (sources and sources <= unreached):
+                continue                    # (the loss does not reach the input: None, as eager)
             result[2 + feed_index] = tensor(value) if view is None else tensor(value).view(view)
         return tuple(result)
