@@ -646,6 +646,74 @@ def test_a_backward_that_creates_a_graph_is_refused_not_dropped():
         torch.autograd.functional.hessian(lambda v: model(v).tanh().sum(), torch.randn(2, 3))
 
 
+def test_a_forward_that_keeps_what_it_computes_is_refused_and_its_state_changes_warned():
+    """ORTModule runs the forward's Python only to export it: tensors that the forward or a
+    forward hook keeps outside its outputs (a hook's capture list, ``self.last = h``, a list
+    attribute) would hold the export's placeholders, so the call is refused with
+    OrtNotImplemented naming them, and an attribute set by the forward is put back. A plain
+    value the forward changes (a call counter) is warned of. Hooks that hand their captures
+    back through the forward's outputs (timm's feature hooks) and tensor attributes the forward
+    recomputes before use (hook-based weight_norm) match eager."""
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Net(torch.nn.Module):
+        def __init__(self, keep=None):
+            super().__init__()
+            self.body = torch.nn.Linear(3, 4)
+            self.head = torch.nn.Linear(4, 2)
+            self.keep = keep
+            self.last = None
+            self.norms = []
+            self.calls = 0
+            self.features = {}
+
+        def forward(self, x):
+            hidden = torch.tanh(self.body(x))
+            if self.keep == "attribute":
+                self.last = hidden.detach()
+            elif self.keep == "list":
+                self.norms.append(hidden.detach().norm())
+            elif self.keep == "count":
+                self.calls += 1
+            out = self.head(hidden)
+            return (out, self.features.pop("body")) if self.features else out
+
+    x = torch.randn(5, 3)
+    captured = []
+    hooked = Net()
+    hooked.body.register_forward_hook(lambda module, args, out: captured.append(out))
+    for model, where in ((hooked, "captured"), (Net("attribute"), "Net.last"), (Net("list"), "Net.norms[0]")):
+        wrapped = ORTModule(model)
+        with pytest.raises(OrtNotImplemented, match=r"keeps tensors it computes outside its outputs \(" +
+                           where.replace(".", r"\.").replace("[", r"\[")):
+            wrapped(x)
+        assert model.last is None
+    counting = ORTModule(Net("count"))
+    with pytest.warns(RuntimeWarning, match=r"changed Net\.calls while it was exported"):
+        counting(x)
+
+    def featured():
+        torch.manual_seed(0)
+        net = Net()
+        net.body.register_forward_hook(lambda module, args, out: net.features.update(body=out))
+        torch.nn.utils.weight_norm(net.head)
+        return net
+
+    eager, model = featured(), featured()
+    wrapped = ORTModule(model)
+    for module in (eager, wrapped):
+        out, feature = module(x)
+        (out.square().sum() + feature.sum()).backward()
+    from torch._subclasses.fake_tensor import is_fake
+
+    assert not is_fake(model.head.weight) and not model.head.weight.is_meta
+    for got, want in zip(model.parameters(), eager.parameters()):
+        _close(got.grad, want.grad)
+
+
 def test_in_place_changes_before_the_backward_meet_torch_s_check():
     """Between a forward and its backward, an in-place change of a tensor the backward reads
     (an input, or an output the backward reads again) raises torch's error, as eager's saved

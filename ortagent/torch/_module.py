@@ -21,6 +21,7 @@ from ._bridge import GraphRunner, ORTFunction, SessionConfig
 from ._cache import GraphStore, structure_key
 from ._export import Discovery, ExportedGraph, TraceFailure, ambient_autocast, discover, export, same_draws
 from ._rewrites import Site, draw_all
+from ._leftovers import Leftovers
 from ._state import ModuleTree, StateGuard, call_key, walk_module
 from .translations.corrections import CHECK_FAILED_INDEX
 
@@ -421,6 +422,7 @@ class ORTModule(nn.Module):
         # are then the ones eager would make from the same seed)
         store_key = structure_key(module, key, f"dynamic={dynamic}") if store is not None else ""
         found = store.find(store_key, [tuple(t.shape) for t in flat.tensors]) if store is not None else None
+        leftovers = Leftovers(walk_module(module).modules)
         if found is not None:
             entry_folder, layout, model = found
             state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
@@ -434,6 +436,7 @@ class ORTModule(nn.Module):
             # (a graph that baked tensors in is kept in memory only: another process's tensors
             # may hold other values under the same key)
             cache = store.store(store_key, exported) if store is not None and not exported.constants else None
+        leftovers.check(module, {id(submodule): name for name, submodule in module.named_modules()})
         self._export_count += 1
         if self._export_count == _MANY_EXPORTS:
             warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _module_base
 
-__all__ = ["ModuleTree", "StateGuard", "StateKey", "call_key", "walk_module"]
+__all__ = ["MODULE_INTERNALS", "NOT_PLAIN", "ModuleTree", "StateGuard", "StateKey", "call_key", "plain_key",
+           "walk_module"]
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
 _MISSING = object()
@@ -54,6 +55,11 @@ def _plain(value: Any) -> Any:
     return _MISSING
 
 
+#: what :func:`plain_key` gives a value that is not plain
+NOT_PLAIN = _MISSING
+plain_key = _plain
+
+
 def _is_plain_object(value: Any) -> bool:
     """An object whose attributes a forward may read as settings (a config): not a module,
     tensor, function, class or module object."""
@@ -62,7 +68,7 @@ def _is_plain_object(value: Any) -> bool:
     return hasattr(value, "__dict__") and isinstance(vars(value), dict)
 
 
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))     # nn.Module's own bookkeeping (hooks, training)
+MODULE_INTERNALS = frozenset(vars(nn.Module()))      # nn.Module's own bookkeeping (hooks, training)
 #: attributes of held objects that record the object's identity in this process, not a setting
 #: a forward reads: transformers' GenerationConfig keeps ``hash(self)``, which differs from one
 #: process to the next (str hashes are salted), so in the key it made every restarted job miss
@@ -116,7 +122,7 @@ class StateGuard:
                     visit(value, depth + 1, _IDENTITY_ATTRIBUTES)
 
         for submodule in module.modules():
-            visit(submodule, 0, _MODULE_INTERNALS)
+            visit(submodule, 0, MODULE_INTERNALS)
         self._readers = tuple((entries, names, operator.itemgetter(*names)) for entries, names in places.values())
         self._modules = tuple(module.modules())
         #: the classes of the tree's modules, in order: part of the export key (a submodule
