@@ -226,6 +226,42 @@ def test_mistral_returns_its_sliding_window_cache():
             _compare_tensor("values", mine.values, theirs.values)
 
 
+def test_a_cache_with_layers_the_forward_did_not_write_comes_back_as_eager_s():
+    """A DynamicCache made with more layers than the forward writes (AFMoE makes its cache from
+    its config's layer types, and a short model writes the first ones only) comes back with
+    the layers left empty as empty layers of their kinds (before: an AttributeError from the
+    bridge reading an empty layer's keys)."""
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+    from transformers.cache_utils import DynamicCache
+
+    from ortagent.torch import ORTModule
+
+    class Writes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.key = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            cache = DynamicCache(ddp_cache_data=[(None, None), (None, None, torch.tensor(3)), (None, None)])
+            keys = self.key(x).unsqueeze(1)
+            cache.update(keys, keys * 2, 0)
+            return keys.sum(), cache
+
+    x = torch.randn(2, 5, 4)
+    eager = Writes()
+    model = ORTModule(copy.deepcopy(eager))
+    (loss, got), (want_loss, want) = model(x), eager(x)
+    _compare_tensor("loss", loss, want_loss)
+    assert [(type(layer).__name__, layer.is_initialized) for layer in got.layers] == \
+        [(type(layer).__name__, layer.is_initialized) for layer in want.layers] == \
+        [("DynamicLayer", True), ("DynamicSlidingWindowLayer", False), ("DynamicLayer", False)]
+    assert got.layers[1].sliding_window == 3
+    assert got.get_seq_length() == want.get_seq_length() == 5
+    _compare_tensor("keys", got.layers[0].keys, want.layers[0].keys)
+    _compare_tensor("values", got.layers[0].values, want.layers[0].values)
+
+
 @pytest.mark.parametrize("family", ["bart", "opt"])
 def test_transformers_models_that_draw_for_layerdrop_train_beside_eager(family):
     """BART and OPT draw ``torch.rand([])`` per layer in training to skip it below their

@@ -57,7 +57,8 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
     """A DynamicCache's tensors, layer by layer, and a context naming each layer's kind:
     ``None`` for a full layer (keys, values), the window for a sliding-window layer (keys,
     values, and the count of tokens it has seen, an int64 scalar computed in the graph: its
-    keys keep only the last ``window - 1`` of them)."""
+    keys keep only the last ``window - 1`` of them), ``("empty", window or None)`` for a layer
+    not written to (no tensors)."""
     layers = getattr(cache, "layers", None)
     if layers is None:                          # transformers 4.x: key_cache / value_cache lists
         pairs = list(zip(cache.key_cache, cache.value_cache))
@@ -66,7 +67,11 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
     kinds: list[int | None] = []
     for layer in layers:
         kind = type(layer).__name__
-        if kind == "DynamicSlidingWindowLayer" and not getattr(layer, "record_past", False):
+        if kind in ("DynamicLayer", "DynamicSlidingWindowLayer") and not getattr(layer, "is_initialized", True):
+            # a layer the forward wrote nothing to (AFMoE's cache made from its config):
+            # rebuilt as one, of its kind
+            kinds.append(("empty", int(layer.sliding_window) if kind == "DynamicSlidingWindowLayer" else None))
+        elif kind == "DynamicSlidingWindowLayer" and not getattr(layer, "record_past", False):
             seen = layer.cumulative_length
             tensors += [layer.keys, layer.values,
                         torch.full((), seen, dtype=torch.int64, device=layer.keys.device)]
@@ -81,7 +86,7 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
 
 
 def _cache_tensor_count(kinds: tuple) -> int:
-    return sum(2 if window is None else 3 for window in kinds)
+    return sum(0 if isinstance(window, tuple) else 2 if window is None else 3 for window in kinds)
 
 
 def _dynamic_cache(tensors: list[torch.Tensor], kinds: tuple) -> Any:
@@ -89,7 +94,9 @@ def _dynamic_cache(tensors: list[torch.Tensor], kinds: tuple) -> Any:
 
     entries, seen, position = [], [], 0
     for window in kinds:
-        if window is None:
+        if isinstance(window, tuple):               # ("empty", its window or None)
+            entries.append((None, None) if window[1] is None else (None, None, torch.tensor(window[1])))
+        elif window is None:
             entries.append((tensors[position], tensors[position + 1]))
             position += 2
         else:
