@@ -805,6 +805,17 @@ def test_refusals_are_clear():
         ORTModule(UpdatesItsWeight())(x)
     with pytest.raises(OrtNotImplemented, match="neither a tensor"):
         ORTModule(_TakesAnything())(x, object())
+    # an ORTModule inside the module to wrap, there from the start or assigned later (before:
+    # a TraceFailure from torch's parameter swap, "cannot assign 'torch.FloatTensor'")
+    from ortagent.errors import OrtInvalidArgument
+
+    with pytest.raises(OrtInvalidArgument, match="holds an ORTModule at '1.0'"):
+        ORTModule(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(ORTModule(torch.nn.Linear(4, 4)))))
+    outer = ORTModule(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()))
+    outer(x)
+    outer.module[0] = ORTModule(outer.module[0])
+    with pytest.raises(OrtInvalidArgument, match="holds an ORTModule at '0'"):
+        outer(torch.randn(5, 4))                            # (a new shape: exported again)
     assert isinstance(OrtNotImplemented("x"), NotImplementedError)
     # the refusals left torch as it was: no patched forward, torch.nn.functional and torch._VF restored
     refused = ORTModule(DataDependentDraw())

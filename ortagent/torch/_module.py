@@ -114,6 +114,24 @@ class _FeedLayout:
                              for entry in exported.statistics))
 
 
+def _refuse_inner_wrappers(module: nn.Module) -> None:
+    """An ORTModule inside the module to wrap cannot be traced through (its parameters live in
+    the module it wraps): refused, naming where, rather than failing in torch's parameter swap."""
+    pending = [("", module)]
+    while pending:
+        path, current = pending.pop()
+        for name, child in current._modules.items():
+            if child is None:
+                continue
+            where = f"{path}.{name}" if path else name
+            if isinstance(child, ORTModule):
+                raise OrtInvalidArgument(
+                    f"ORTModule: {type(module).__name__} holds an ORTModule at {where!r}: wrap only the outermost "
+                    "module (the inner one's forward becomes part of the outer graph), after putting the module "
+                    "the inner ORTModule wraps (its .module) back in its place")
+            pending.append((where, child))
+
+
 def _check_outputs(traced: Sequence[torch.Tensor], produced: Sequence[torch.Tensor], name: str) -> None:
     """The first call's outputs have the shapes and dtypes the traced forward had at the same
     shapes (a complex result's: those of its real view): a translation that changed one would
@@ -216,6 +234,7 @@ class ORTModule(nn.Module):
             raise OrtInvalidArgument(f"ORTModule wraps a torch.nn.Module, got {type(module).__name__}")
         if isinstance(module, ORTModule):
             raise OrtInvalidArgument("the module is an ORTModule already")
+        _refuse_inner_wrappers(module)
         if isinstance(max_graphs, bool) or not isinstance(max_graphs, int):
             raise OrtInvalidType(f"max_graphs must be an int, got {type(max_graphs).__name__}")
         if max_graphs < 1:
@@ -413,6 +432,7 @@ class ORTModule(nn.Module):
 
     def _new_export(self, flat: _trees.Flat, key: tuple, dynamic: bool) -> _Export:
         module = self._original_module
+        _refuse_inner_wrappers(module)              # (one may have been assigned since)
         device = self._device(flat)
         self._config.check_kernels(device)
         # (the disk cache's key names the modules' classes and their code, not hooks' or an
