@@ -655,8 +655,9 @@ def test_a_forward_that_keeps_what_it_computes_is_refused_and_its_state_changes_
     attribute) would hold the export's placeholders, so the call is refused with
     OrtNotImplemented naming them, and an attribute set by the forward is put back. A plain
     value the forward changes (a call counter) is warned of. Hooks that hand their captures
-    back through the forward's outputs (timm's feature hooks) and tensor attributes the forward
-    recomputes before use (hook-based weight_norm) match eager."""
+    back through the forward's outputs (timm's feature hooks), tensor attributes the forward
+    recomputes before use (hook-based weight_norm) and a dict the forward fills as a cache
+    (timm's LeViT in eval mode) match eager, at a second shape too."""
     import torch
 
     from ortagent.errors import OrtNotImplemented
@@ -697,6 +698,28 @@ def test_a_forward_that_keeps_what_it_computes_is_refused_and_its_state_changes_
     counting = ORTModule(Net("count"))
     with pytest.warns(RuntimeWarning, match=r"changed Net\.calls while it was exported"):
         counting(x)
+
+    class Cached(torch.nn.Module):
+        """Fills a dict attribute as a cache in eval mode (timm's LeViT: attention biases by device)."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+            self.bias = torch.nn.Parameter(torch.randn(2))
+            self.cache = {}
+
+        def forward(self, x):
+            if self.training:
+                return self.fc(x) + self.bias.exp()
+            if x.device.type not in self.cache:
+                self.cache[x.device.type] = self.bias.exp()
+            return self.fc(x) + self.cache[x.device.type]
+
+    eager = Cached().eval()
+    model = ORTModule(copy.deepcopy(eager))
+    for rows in (5, 7):                     # (the second shape exports again: the cache is traced anew)
+        _close(model(torch.ones(rows, 3)), eager(torch.ones(rows, 3)))
+    assert model.cache == {}
 
     def featured():
         torch.manual_seed(0)

@@ -8,8 +8,9 @@ state (``self.calls += 1``) changes it per export, not per call. :class:`Leftove
 the modules' attributes before an export; :meth:`Leftovers.check` after it refuses the first
 kind (naming where the placeholder was found) and warns of the second. A tensor attribute
 the forward replaces (torch's hook-based ``weight_norm`` and ``spectral_norm`` compute the
-weight anew before each use), or a list of tensors whose items it replaces (an LSTM's
-``_flat_weights``, which follow its parameters), gets its values from before the export back.
+weight anew before each use), a list of tensors whose items it replaces (an LSTM's
+``_flat_weights``, which follow its parameters), or a dict it fills as a cache (LeViT's
+attention biases in eval mode) gets its values from before the export back.
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ class Leftovers:
         self._lists = [{name: list(value) for name, value in attributes.items()
                         if isinstance(value, list) and value and all(isinstance(item, torch.Tensor) for item in value)}
                        for attributes in self._attributes]
+        # (the entries of dicts, which a forward may fill as a cache: timm's LeViT keeps its
+        # attention biases by device in eval mode)
+        self._dicts = [{name: dict(value) for name, value in attributes.items() if type(value) is dict}
+                       for attributes in self._attributes]
 
     def check(self, root: nn.Module, names: dict[int, str]) -> None:
         """Refuse placeholders kept by the forward or its hooks (the module attributes that held
@@ -116,7 +121,8 @@ class Leftovers:
         ``names``: the modules' qualified names by id."""
         kept: list[str] = []
         changed: list[str] = []
-        for module, before, plain, lists in zip(self._modules, self._attributes, self._plain, self._lists):
+        for module, before, plain, lists, dicts in zip(self._modules, self._attributes, self._plain, self._lists,
+                                                       self._dicts):
             owner = names.get(id(module)) or type(module).__name__
             entries = vars(module)
             for name, value in list(entries.items()):
@@ -131,6 +137,13 @@ class Leftovers:
                         # weight_norm / spectral_norm / prune hooks, a WeightDrop): its value
                         # before the export is put back
                         entries[name] = previous
+                        continue
+                    entries_before = dicts.get(name)
+                    if entries_before is not None and value is previous:
+                        # a dict the forward fills as a cache: its entries from before put back
+                        # (the graph computes what an entry held; the next trace fills it again)
+                        value.clear()
+                        value.update(entries_before)
                         continue
                     items = lists.get(name)
                     if items is not None and isinstance(value, list) and len(value) == len(items) and \
