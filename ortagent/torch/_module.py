@@ -481,7 +481,9 @@ class ORTModule(nn.Module):
         state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
         device = self._device(flat)
         with _EXPORT_LOCK, _own_saved_tensor_hooks():
+            leftovers = Leftovers(walk_module(module).modules)
             found: Discovery = discover(module, flat, state, device, not self._exact_grads)
+            leftovers.check(module, {id(submodule): name for name, submodule in module.named_modules()})
         if not same_draws(found.sites, entry.exported.sites):
             raise OrtInvalidArgument(f"ORTModule: at input shapes {list(shapes)} the forward of "
                                      f"{type(module).__name__} makes other random draws than at the shapes it "
