@@ -81,7 +81,8 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
             kinds.append(None)
         else:
             raise OrtNotImplemented(f"ORTModule: a DynamicCache with {kind} layers is not returned by the bridge "
-                                    "(DynamicLayer and DynamicSlidingWindowLayer caches are)")
+                                    "(DynamicLayer and DynamicSlidingWindowLayer caches are); a training step "
+                                    "needs no cache: call the model with use_cache=False")
     return tensors, tuple(kinds)
 
 
