@@ -383,8 +383,7 @@ class GraphRunner:
                          _gradient_views(graph, (*input_gradients, *trainable)),
                          tuple(names.index(name) for name in split.backward_graph_input_names),
                          tuple(index for index, name in enumerate(split.module_output_names) if name in stash),
-                         *_gradient_sources(graph, yield_node, differentiable, (*input_gradients, *trainable),
-                                            self.exported.model))
+                         *_gradient_sources(graph, yield_node, differentiable, (*input_gradients, *trainable)))
 
     def _cpu_kernels(self) -> bool:
         """Whether this device's training graphs use ortagent's CPU gradient kernels (a
@@ -432,58 +431,26 @@ class GraphRunner:
 
 
 def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int],
-                      differentiated: Sequence[str], forward_model: Any
-                      ) -> tuple[tuple[frozenset[int], ...], tuple[frozenset[int], ...]]:
+                      differentiated: Sequence[str]) -> tuple[tuple[frozenset[int], ...], tuple[frozenset[int], ...]]:
     """For each output of the training ``graph`` (the gradient of the input ``differentiated``
     names at its place), the module outputs whose gradients it is computed from (the
     ``yield_node``'s outputs: those of the ``differentiable`` module outputs, in order), and the
     differentiable module outputs its input reaches in the forward. An input that reaches no
-    differentiable output is not in any graph of the loss; a gradient computed from no output's
-    (zeros) is given as zeros where the input reaches an output through values torch
-    differentiates in the exported ``forward`` model (say ``round(p)``, whose derivative torch
-    takes as zero), as no set (so None) where it does not (``x > p``, ``p.detach()``)."""
+    differentiable output is not in any graph of the loss. A gradient computed from no output's
+    (zeros by construction) stays zeros when its input reaches an output: whether torch gives
+    None there (``x > p``, ``p.detach()``) or zeros (``round(p)``, ``copysign``'s sign operand,
+    a nearest ``grid_sample``'s grid) does not show in the ONNX graph."""
     reads = [(tuple(node.input) + tuple(_subgraph_names(node)), tuple(node.output)) for node in graph.graph.node
              if node is not yield_node]
     backward = _flow(reads, {name: 1 << bit for bit, name in enumerate(yield_node.output)})
     forward = _flow(reads, {name: 1 << bit for bit, name in enumerate(differentiated)})
     outputs = [forward.get(yield_node.input[index], 0) for index in differentiable]
-    in_torch = _differentiable_reach(forward_model, differentiated, [yield_node.input[index] for index in differentiable])
     sources, reach = [], []
     for bit, output in enumerate(graph.graph.output):
         mask = backward.get(output.name, 0)
         sources.append(frozenset(differentiable[index] for index in range(len(differentiable)) if mask >> index & 1))
-        reached = [outputs, in_torch][not mask]
-        reach.append(frozenset(differentiable[index] for index, mask in enumerate(reached) if mask >> bit & 1))
+        reach.append(frozenset(differentiable[index] for index, mask in enumerate(outputs) if mask >> bit & 1))
     return tuple(sources), tuple(reach)
-
-
-#: operators whose outputs carry no gradient in torch (comparisons, logic, indices, shapes, draws)
-_NO_GRADIENT_OPS = frozenset({
-    "Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf",
-    "ArgMax", "ArgMin", "Shape", "Size", "NonZero", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
-    "BitwiseNot", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial", "EyeLike"})
-_FLOAT_TYPES = frozenset({1, 10, 11, 14, 15, 16})          # float, float16, double, complex64/128, bfloat16
-
-
-def _differentiable_reach(model: Any, differentiated: Sequence[str], module_outputs: Sequence[str]) -> list[int]:
-    """For each module output of the exported forward ``model``, the bit mask of the
-    ``differentiated`` inputs it depends on through values torch differentiates: not through a
-    comparison, an index, a shape, an integer or boolean value or a StopGradient (a detach)."""
-    from ._export import STOP_GRADIENT_DOMAIN
-
-    graph = model.graph
-    types = {value.name: value.type.tensor_type.elem_type for value in (*graph.value_info, *graph.output)
-             if value.type.HasField("tensor_type")}
-    reads = []
-    for node in graph.node:
-        if node.op_type in _NO_GRADIENT_OPS or node.domain == STOP_GRADIENT_DOMAIN:
-            continue
-        if node.op_type == "Cast" and any(a.name == "to" and a.i not in _FLOAT_TYPES for a in node.attribute):
-            continue
-        outputs = tuple(name for name in node.output if types.get(name, 1) in _FLOAT_TYPES)
-        reads.append((tuple(node.input) + tuple(_subgraph_names(node)), outputs))
-    masks = _flow(reads, {name: 1 << bit for bit, name in enumerate(differentiated)})
-    return [masks.get(name, 0) for name in module_outputs]
 
 
 def _flow(reads: Sequence[tuple[tuple[str, ...], tuple[str, ...]]], seeds: dict[str, int]) -> dict[str, int]:
