@@ -762,16 +762,6 @@ def test_refusals_are_clear():
         def forward(self, x):
             return self.fc(x) * torch.bernoulli(torch.sigmoid(x))
 
-    class UpdatesItsWeight(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            with torch.no_grad():
-                self.fc.weight.mul_(0.5)
-            return self.fc(x)
-
     class BranchesOnAValue(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -801,8 +791,6 @@ def test_refusals_are_clear():
 
     with pytest.raises(OrtNotImplemented, match="pack_padded_sequence"):     # (was torch.export's TypeError)
         ORTModule(Packs())(torch.randn(3, 6, 4), torch.tensor([6, 3, 4]))
-    with pytest.raises(OrtNotImplemented, match="in-place updates of parameters"):
-        ORTModule(UpdatesItsWeight())(x)
     with pytest.raises(OrtNotImplemented, match="neither a tensor"):
         ORTModule(_TakesAnything())(x, object())
     # an ORTModule inside the module to wrap, there from the start or assigned later (before:
@@ -1710,6 +1698,56 @@ def _update_under_no_grad(kind):
     return function
 
 
+def test_parameters_updated_in_place_by_the_forward_match_eager():
+    """A forward that updates a parameter in place outside autograd (Gemma 3n clamps its AltUp
+    coefficients with ``weight.data.clamp_``; ``weight.mul_`` under no_grad) leaves the
+    parameter with the new value and takes the gradient at it, not through the update, as
+    eager does: over optimizer steps, in training and eval (before: refused)."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    class Updates(torch.nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.head = torch.nn.Linear(4, 2)
+            self.how = how
+
+        def forward(self, x):
+            hidden = torch.tanh(self.fc(x))
+            if self.how == "data":
+                self.head.weight.data.clamp_(-0.2, 0.2)
+            else:
+                with torch.no_grad():
+                    self.head.weight.mul_(0.5)
+            return self.head(hidden), self.head.weight
+
+    for how in ("data", "no_grad"):
+        torch.manual_seed(0)
+        eager = Updates(how)
+        model = ORTModule(copy.deepcopy(eager))
+        optimizers = [torch.optim.SGD(module.parameters(), lr=0.1) for module in (eager, model)]
+        for step in range(3):
+            x = torch.randn(5, 4, generator=torch.Generator().manual_seed(step))
+            results = []
+            for module, optimizer in zip((eager, model), optimizers):
+                optimizer.zero_grad()
+                out, weight = module(x)
+                (out.square().sum() + weight.sum()).backward()
+                # (eager returns the parameter itself, which the step then updates)
+                results.append([out, weight.detach().clone(), *(p.grad for p in module.parameters())])
+                optimizer.step()
+            for got, want in zip(results[1], results[0]):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for got, want in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        eager.eval()
+        model.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(model(x)[0], eager(x)[0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model.head.weight, eager.head.weight, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ["mul_", "imul", "setitem", "clamp_", "clamp_ of large values", "view", "detach_",
                                   "detach_ with grad"])
 def test_in_place_updates_under_no_grad_keep_torch_s_gradient(kind):
@@ -1732,11 +1770,10 @@ def test_updates_through_data_reach_the_tensor():
     """``t.data.op_(...)`` changes ``t`` in eager. The trace's ``.data`` was a new value, so the
     update changed nothing the graph read (a weight clipped through ``.data`` in the forward:
     outputs and gradients of the unclipped weight, silently, and the parameter left as it was).
-    A buffer's update now reaches the buffer (copied back after the run, as eager's); a
-    parameter's is refused, as any in-place update of a parameter in the forward."""
+    A buffer's update now reaches the buffer (copied back after the run, as eager's), and so
+    does a parameter's, whose gradient is taken at the clipped value (the clip is outside
+    autograd, as eager's); before, it was refused."""
     torch = _torch()
-    from ortagent.errors import OrtNotImplemented
-    from ortagent.torch import ORTModule
 
     class Counted(torch.nn.Module):
         def __init__(self):
@@ -1761,8 +1798,9 @@ def test_updates_through_data_reach_the_tensor():
             self.linear.weight.data.clamp_(-0.1, 0.1)
             return self.linear(x)
 
-    with pytest.raises(OrtNotImplemented, match="updates 'linear.weight' in place"):
-        ORTModule(Clipped())(x)
+    eager, bridged, errors = _compare(Clipped, lambda step: (x,), lambda out: (out ** 2).mean(), steps=3)
+    assert bridged.module.linear.weight.abs().max() <= 0.1
+    assert torch.equal(eager.linear.weight, bridged.module.linear.weight)
 
 
 def test_a_gradient_inside_the_forward_is_refused_with_its_reason():

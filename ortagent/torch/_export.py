@@ -20,6 +20,7 @@ meets any refusal early; it runs again for each new input shape to find the draw
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import importlib.util
 import warnings
@@ -709,13 +710,12 @@ def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: li
                                     "which the bridge cannot apply")
         index = placeholders.index(spec.target)
         name = input_names[index]
-        if name in param_names:
-            raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place in its forward; "
-                                    "in-place updates of parameters are not supported")
         source = _translated_name(program.exported_program.graph, spec.arg.name, produced)
         if source not in produced or name not in types:
             raise OrtNotImplemented(f"ORTModule: the module updates '{name}' in place, and the exported "
                                     "graph lost the new value")
+        if name in param_names:
+            _updated_parameter_without_gradient(model, name, source)
         target = f"updated_{index}"
         graph.node.append(helper.make_node("Identity", [source], [target], name=f"ortagent_{target}"))
         value = graph.output.add()
@@ -723,6 +723,39 @@ def _mutation_outputs(program: Any, model: Any, input_names: list[str], flat: li
         value.type.CopyFrom(types[name])
         mutated.append(index)
     return mutated
+
+
+def _updated_parameter_without_gradient(model: Any, parameter: str, updated: str) -> None:
+    """A parameter the forward updates in place (``weight.data.clamp_(...)``, as Gemma 3n's
+    AltUp coefficients; ``weight.mul_(s)`` under no_grad) is, for eager's autograd, the leaf
+    with its new value: the gradient is taken at the new value, and not through the update.
+    The nodes that read ``updated`` (the new value) read ``parameter + StopGradient(updated -
+    parameter)`` instead: the same value (exactly, where the update kept an entry), whose
+    derivative with respect to the parameter is the identity."""
+    from onnx import helper
+
+    graph = model.graph
+    difference, stopped, value = (f"ortagent_{kind}_{parameter}".replace(".", "_")
+                                  for kind in ("update", "update_stopped", "updated"))
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name == updated:
+                node.input[position] = value
+    for output in graph.output:             # (returned as it is: the returned value is the new one)
+        if output.name == updated:
+            graph.node.append(helper.make_node("Identity", [value], [updated + "_returned"]))
+            output.name = updated + "_returned"
+    added = [helper.make_node("Sub", [updated, parameter], [difference], name=difference),
+             helper.make_node("StopGradient", [difference], [stopped], name=stopped, domain=STOP_GRADIENT_DOMAIN),
+             helper.make_node("Add", [parameter, stopped], [value], name=value)]
+    nodes = list(graph.node)
+    after = next(index for index, node in enumerate(nodes) if updated in node.output) + 1
+    nodes[after:after] = added              # (right after the update: before every node reading it)
+    kept = [copy.deepcopy(node) for node in nodes]      # (protobuf: copies outlive the cleared field)
+    del graph.node[:]
+    graph.node.extend(kept)
+    if not any(entry.domain == STOP_GRADIENT_DOMAIN for entry in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(STOP_GRADIENT_DOMAIN, 1))
 
 
 def _check_exported(model: Any, training: bool) -> None:

@@ -606,9 +606,16 @@ class ORTModule(nn.Module):
         layout = entry.layout
         sites = self._sites_for(entry, flat)
         everything = [*flat.tensors, *tree.state]
+        updated_parameters: list[tuple[int, torch.Tensor]] = []
         for index in exported.mutated:
-            if everything[index].requires_grad:
-                raise OrtNotImplemented(f"ORTModule: the forward updates {_input_name(exported, index)} in place, "
+            name = _input_name(exported, index)
+            if index >= exported.n_user and exported.state_names[index - exported.n_user] in exported.param_names:
+                # the graph reads the value before the update: a copy (whose gradient reaches the
+                # parameter) keeps it while the parameter takes the new one after the run
+                updated_parameters.append((index, everything[index]))
+                everything[index] = everything[index].clone()
+            elif everything[index].requires_grad:
+                raise OrtNotImplemented(f"ORTModule: the forward updates {name} in place, "
                                         "and it requires grad; in-place updates of tensors that require grad are "
                                         "not supported")
         if sites:
@@ -639,6 +646,9 @@ class ORTModule(nn.Module):
         if check:
             _check_outputs(entry.outputs.tensors, outputs[:n_out], type(module).__name__)
         if exported.mutated:
+            if updated_parameters:
+                for index, parameter in updated_parameters:
+                    everything[index] = parameter.data      # (as .data's update: no version bump)
             with torch.no_grad():
                 for index, value in zip(exported.mutated, outputs[n_out + n_stats:]):
                     everything[index].copy_(value)
