@@ -376,6 +376,36 @@ def _copying_pad_reverse(ctx, node, grads, mode):
     return [grad] + [None] * (len(node.input) - 1)
 
 
+def _concat_reverse_or_measured(static_rule):
+    """Concat's reverse where an operand's extent along the axis is not declared (a size that
+    depends on values, as the tokens a mixture-of-experts layer routes to an expert: JetMoE):
+    each operand's gradient is sliced between offsets summed from the operands' extents,
+    measured with Shape at run time."""
+    def reverse(ctx, node, grads):
+        from onnx_ad._build import UnsupportedOperator
+
+        try:
+            return static_rule(ctx, node, grads)
+        except UnsupportedOperator as refusal:
+            if "concatenated extent" not in str(refusal) or ctx.opset < 10:
+                raise
+        axis = next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "axis")
+        axis %= ctx.rank(node.output[0])
+        seeded = ctx.full(grads[0], node.output[0])
+        begin, contributions = ctx.b.ints([0]), []
+        for name in node.input:
+            shape = ctx.shapes.shape(name)
+            extent = ctx.b.ints([shape[axis]]) if shape is not None and isinstance(shape[axis], int) else \
+                ctx.b.op("Gather", [ctx.shape_of(name), ctx.b.ints([axis])], axis=0, stem="concat_extent")
+            end = ctx.b.op("Add", [begin, extent], stem="concat_end")
+            contributions.append(ctx.b.op("Slice", [seeded, begin, end, ctx.b.ints([axis])], stem="concat_part"))
+            begin = end
+        return contributions
+
+    reverse.__wrapped__ = static_rule
+    return reverse
+
+
 def _slice_reverse_or_symbolic(static_rule):
     def reverse(ctx, node, grads):
         from onnx_ad._build import UnsupportedOperator
@@ -1276,6 +1306,7 @@ def _register() -> None:
             if forward is not None:
                 rules.FORWARD[op_type] = forward
         rules.REVERSE["Slice"] = _slice_reverse_or_symbolic(rules.REVERSE["Slice"])
+        rules.REVERSE["Concat"] = _concat_reverse_or_measured(rules.REVERSE["Concat"])
         rules.REVERSE["Pad"] = _pad_reverse_or_copying(rules.REVERSE["Pad"])
         rules.REVERSE["Pow"] = _pow_reverse_or_integer(rules.REVERSE["Pow"])
         rules.REVERSE["AveragePool"] = _average_pool_reverse_or_padded(rules.REVERSE["AveragePool"])

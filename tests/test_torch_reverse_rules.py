@@ -702,3 +702,19 @@ def test_empty_selections_and_empty_batches_match_eager():
             for mine, theirs in zip(bridged.module.parameters(), mlp.parameters()):
                 torch.testing.assert_close(mine.grad, theirs.grad, rtol=RTOL, atol=ATOL)
                 mine.grad = theirs.grad = None
+
+
+# -- Concat of operands whose extent depends on values ---------------------------------------------
+
+def test_concatenation_of_rows_chosen_by_value():
+    """``torch.cat`` of rows a mask selects (a mixture-of-experts layer's tokens for one expert:
+    JetMoE) has no declared extent on the joined axis even at static shapes: the reverse slices
+    each operand's gradient at offsets measured with Shape when the graph runs (before: refused,
+    'Concat is differentiable in reverse only where the concatenated extent ... is declared')."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, generator=generator)
+    y = torch.randn(2, 3, generator=generator)
+    _check(lambda x, y: torch.cat([(x * 2)[x[:, 0] > 0], y.tanh(), x[x[:, 1] < 0.5] ** 2], dim=0), x, y)
+    _check(lambda x, y: torch.cat([y.t(), x[x[:, 0] > 0].t()], dim=1), x, y)
