@@ -143,9 +143,10 @@ def test_complex128_from_float64_and_inference():
 
 
 @pytest.mark.parametrize("function", ["view_as_complex", "polar", "fft", "irfftn", "hfft", "fft2_padded",
-                                      "ihfft2_padded", "pad", "conj_physical"])
+                                      "ihfft2_padded", "pad", "conj_physical", "unsqueeze"])
 def test_complex_ops_of_inputs_match_eager(function):
-    """Input gradients through complex-valued ops and the multi-axis inverse onesided DFT."""
+    """Input gradients through complex-valued ops and the multi-axis inverse onesided DFT; a
+    complex unsqueeze, which failed in torch.onnx (Llama 4's rotary embedding)."""
     import torch
 
     from ortagent.torch import ORTModule
@@ -161,6 +162,11 @@ def test_complex_ops_of_inputs_match_eager(function):
         "ihfft2_padded": lambda a, b: torch.fft.ihfft2(a - b, s=(6, 5)),
         "pad": lambda a, b: torch.nn.functional.pad(torch.fft.fft(a + b), (1, 2, 0, 1)),
         "conj_physical": lambda a, b: torch.conj_physical(torch.fft.rfft(a)) * torch.fft.rfft(b),
+        # Llama 4's rotary embedding: complex frequencies unsqueezed to broadcast over the heads
+        # (torch.onnx has no complex unsqueeze: written through the real view)
+        "unsqueeze": lambda a, b: torch.view_as_real(
+            torch.view_as_complex(torch.stack([a, b], -1)).unsqueeze(0).unsqueeze(-2) *
+            torch.polar(torch.ones(4, 1, 4), b.unsqueeze(1))).flatten(-2),
     }
 
     class Wrapped(torch.nn.Module):

@@ -2,10 +2,12 @@
 
 torch.onnx (torchlib) writes a complex tensor as a real one with a trailing axis of 2 and has
 complex translations of the FFTs and of ``view_as_real``/``view_as_complex``, but none of
-``constant_pad_nd`` and ``_conj_physical`` on complex inputs: torch's 2-d and n-d FFTs with
+``constant_pad_nd``, ``_conj_physical`` and ``unsqueeze`` on complex inputs (Llama 4 unsqueezes
+its complex rotary frequencies over the heads): torch's 2-d and n-d FFTs with
 a size ``s`` larger than the input pad the complex spectrum between transforms, and ``ihfft2``
 / ``ihfftn`` conjugate it. :func:`decompose_complex` writes both through the real view (a pad
-that leaves the (real, imaginary) axis alone; the imaginary part negated), after decomposing
+that leaves the (real, imaginary) axis alone; the imaginary part negated; an axis inserted
+before it), after decomposing
 the FFT operators in which they hide (and ``F.pad`` of a complex tensor, which is one). A program without them is returned unchanged, so no
 other model's export changes.
 """
@@ -37,7 +39,15 @@ def _complex_conj(x: torch.Tensor) -> Any:
     return torch.view_as_complex(torch.stack([parts[..., 0], -parts[..., 1]], -1))
 
 
-_REWRITES = {_aten.constant_pad_nd.default: _complex_pad, _aten._conj_physical.default: _complex_conj}
+def _complex_unsqueeze(x: torch.Tensor, dim: int) -> Any:
+    if not x.is_complex():
+        return NotImplemented
+    dim = dim if dim >= 0 else dim + x.dim() + 1       # (of the complex tensor's rank + 1)
+    return torch.view_as_complex(_aten.unsqueeze.default(torch.view_as_real(x), dim))
+
+
+_REWRITES = {_aten.constant_pad_nd.default: _complex_pad, _aten._conj_physical.default: _complex_conj,
+             _aten.unsqueeze.default: _complex_unsqueeze}
 
 
 def _is_complex(node: Any) -> bool:
