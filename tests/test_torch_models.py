@@ -262,6 +262,56 @@ def test_a_cache_with_layers_the_forward_did_not_write_comes_back_as_eager_s():
     _compare_tensor("values", got.layers[0].values, want.layers[0].values)
 
 
+def test_a_hybrid_model_s_cache_of_linear_attention_layers_comes_back_as_eager_s():
+    """Hybrid models (Qwen3.5, Qwen3-Next, Nemotron-H; Falcon-H1 and Jamba with an attention
+    part) return a DynamicCache of linear-attention layers, their convolution and recurrent
+    states: it comes back with eager's layer classes, states, flags and keys (before: refused,
+    unless the model was called with use_cache=False)."""
+    torch = _torch()
+    pytest.importorskip("transformers")
+    from transformers import cache_utils
+
+    from ortagent.torch import ORTModule
+
+    class Hybrid(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(4, 4, 3, padding=2)
+            self.key = torch.nn.Linear(4, 4)
+
+        def forward(self, x):                               # x: batch, 4, time
+            cache = cache_utils.DynamicCache()
+            cache.layers = [cache_utils.LinearAttentionLayer(),
+                            cache_utils.LinearAttentionAndFullAttentionLayer(number_of_states=2)]
+            mixed = self.conv(x)[..., :x.shape[-1]]
+            cache.layers[0].update_conv_state(x, conv_kernel_size=3)
+            cache.layers[0].update_recurrent_state(mixed.tanh().sum(-1))
+            cache.layers[1].update_conv_state(mixed, state_idx=1, conv_kernel_size=3)
+            keys = self.key(mixed.transpose(1, 2)).unsqueeze(1)
+            cache.update(keys, keys * 2, 1)
+            return mixed.square().mean() + keys.sum(), cache
+
+    x = torch.randn(2, 4, 6)
+    eager = Hybrid()
+    model = ORTModule(copy.deepcopy(eager))
+    (loss, got), (want_loss, want) = model(x), eager(x)
+    _compare_tensor("loss", loss, want_loss)
+    assert [type(layer).__name__ for layer in got.layers] == [type(layer).__name__ for layer in want.layers]
+    for mine, theirs in zip(got.layers, want.layers):
+        for attribute in ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state",
+                          "conv_kernel_size"):
+            assert getattr(mine, attribute) == getattr(theirs, attribute), attribute
+        for attribute in ("conv_states", "recurrent_states"):
+            for index, value in getattr(theirs, attribute).items():
+                if value is None:
+                    assert getattr(mine, attribute)[index] is None
+                else:
+                    _compare_tensor(attribute, getattr(mine, attribute)[index], value)
+    _compare_tensor("keys", got.layers[1].keys, want.layers[1].keys)
+    assert got.get_seq_length(1) == want.get_seq_length(1) == 6
+    loss.backward()
+
+
 @pytest.mark.parametrize("family", ["bart", "opt"])
 def test_transformers_models_that_draw_for_layerdrop_train_beside_eager(family):
     """BART and OPT draw ``torch.rand([])`` per layer in training to skip it below their

@@ -58,7 +58,8 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
     ``None`` for a full layer (keys, values), the window for a sliding-window layer (keys,
     values, and the count of tokens it has seen, an int64 scalar computed in the graph: its
     keys keep only the last ``window - 1`` of them), ``("empty", window or None)`` for a layer
-    not written to (no tensors)."""
+    not written to (no tensors), a ``("linear", ...)`` tuple for a hybrid model's
+    linear-attention layer (:func:`_linear_layer_tensors`)."""
     layers = getattr(cache, "layers", None)
     if layers is None:                          # transformers 4.x: key_cache / value_cache lists
         pairs = list(zip(cache.key_cache, cache.value_cache))
@@ -79,23 +80,80 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
         elif kind == "DynamicLayer":
             tensors += [layer.keys, layer.values]
             kinds.append(None)
+        elif kind in _LINEAR_LAYERS and not getattr(layer, "record_past", False):
+            kinds.append(_linear_layer_tensors(layer, kind, tensors))
         else:
             raise OrtNotImplemented(f"ORTModule: a DynamicCache with {kind} layers is not returned by the bridge "
-                                    "(DynamicLayer and DynamicSlidingWindowLayer caches are); a training step "
+                                    "(DynamicLayer, DynamicSlidingWindowLayer and linear-attention caches are); a training step "
                                     "needs no cache: call the model with use_cache=False")
     return tensors, tuple(kinds)
 
 
+#: the layers of hybrid models' caches (Qwen3.5, Qwen3-Next, Nemotron-H: a linear-attention
+#: layer's convolution and recurrent states; Falcon-H1, Jamba: with a full-attention part)
+_LINEAR_LAYERS = ("LinearAttentionLayer", "LinearAttentionAndFullAttentionLayer")
+_STATE_FLAGS = {"conv_states": "is_conv_states_initialized", "recurrent_states": "is_recurrent_states_initialized"}
+
+
+def _linear_layer_tensors(layer: Any, kind: str, tensors: list[torch.Tensor]) -> tuple:
+    """Append a linear-attention layer's states (and its attention part's keys and values) to
+    ``tensors``; return its context: ``("linear", class name, number of states, the (attribute,
+    index) of each state appended, the kernel sizes, the previous-state flags, whether keys and
+    values follow)``."""
+    states = []
+    for attribute in _STATE_FLAGS:
+        for index, value in sorted(getattr(layer, attribute).items()):
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+                states.append((attribute, index))
+    attention = kind == "LinearAttentionAndFullAttentionLayer" and bool(getattr(layer, "is_initialized", False))
+    if attention:
+        tensors += [layer.keys, layer.values]
+    return ("linear", kind, int(layer.number_of_states), tuple(states),
+            tuple(sorted(layer.conv_kernel_size.items())), tuple(sorted(layer.has_previous_state.items())), attention)
+
+
+def _linear_layer(context: tuple, tensors: list[torch.Tensor]) -> Any:
+    from transformers import cache_utils
+
+    _, kind, count, states, kernels, previous, attention = context
+    layer = getattr(cache_utils, kind)(number_of_states=count)
+    for (attribute, index), value in zip(states, tensors):
+        getattr(layer, attribute)[index] = value
+        getattr(layer, _STATE_FLAGS[attribute])[index] = True
+        if layer.device is None:
+            layer.dtype, layer.device = value.dtype, value.device
+    layer.conv_kernel_size.update(kernels)
+    layer.has_previous_state.update(previous)
+    if attention:
+        keys, values = tensors[len(states):len(states) + 2]
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return layer
+
+
+def _layer_tensor_count(window: Any) -> int:
+    if isinstance(window, tuple):
+        return len(window[3]) + 2 * window[6] if window[0] == "linear" else 0
+    return 2 if window is None else 3
+
+
 def _cache_tensor_count(kinds: tuple) -> int:
-    return sum(0 if isinstance(window, tuple) else 2 if window is None else 3 for window in kinds)
+    return sum(map(_layer_tensor_count, kinds))
 
 
 def _dynamic_cache(tensors: list[torch.Tensor], kinds: tuple) -> Any:
     from transformers.cache_utils import DynamicCache
 
-    entries, seen, position = [], [], 0
+    entries, seen, linear, position = [], [], [], 0
     for window in kinds:
-        if isinstance(window, tuple):               # ("empty", its window or None)
+        if isinstance(window, tuple) and window[0] == "linear":
+            # (an empty layer in its place, replaced below)
+            count = _layer_tensor_count(window)
+            linear.append((len(entries), _linear_layer(window, tensors[position:position + count])))
+            entries.append((None, None))
+            position += count
+        elif isinstance(window, tuple):             # ("empty", its window or None)
             entries.append((None, None) if window[1] is None else (None, None, torch.tensor(window[1])))
         elif window is None:
             entries.append((tensors[position], tensors[position + 1]))
@@ -107,6 +165,8 @@ def _dynamic_cache(tensors: list[torch.Tensor], kinds: tuple) -> Any:
     cache = DynamicCache(entries) if entries else DynamicCache()
     for index, count in seen:           # (the window holds the last tokens; the count is of all of them)
         cache.layers[index].cumulative_length = count
+    for index, layer in linear:
+        cache.layers[index] = layer
     return cache
 
 
