@@ -375,7 +375,7 @@ class GraphRunner:
                 non_differentiable = sorted(attr.ints)
         split = agent.split
         stash = set(split.stash_names)
-        differentiable = [index for index in range(len(fetches)) if index not in set(non_differentiable)]
+        differentiable = [index for index in range(len(fetches)) if index not in non_differentiable]
         return AgentPlan(agent,
                          tuple(names.index(value.name) for value in graph.graph.input),
                          tuple(non_differentiable),
@@ -440,8 +440,9 @@ def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int]
     (zeros by construction) stays zeros when its input reaches an output: whether torch gives
     None there (``x > p``, ``p.detach()``) or zeros (``round(p)``, ``copysign``'s sign operand,
     a nearest ``grid_sample``'s grid) does not show in the ONNX graph."""
-    reads = [(tuple(node.input) + tuple(_subgraph_names(node)), tuple(node.output)) for node in graph.graph.node
-             if node is not yield_node]
+    from ortagent._onnx_graph import consumed_names
+
+    reads = [(tuple(consumed_names(node)), tuple(node.output)) for node in graph.graph.node if node is not yield_node]
     backward = _flow(reads, {name: 1 << bit for bit, name in enumerate(yield_node.output)})
     forward = _flow(reads, {name: 1 << bit for bit, name in enumerate(differentiated)})
     outputs = [forward.get(yield_node.input[index], 0) for index in differentiable]
@@ -472,19 +473,6 @@ def _flow(reads: Sequence[tuple[tuple[str, ...], tuple[str, ...]]], seeds: dict[
                         masks[name] = before | mask
                         changed = True
     return masks
-
-
-def _subgraph_names(node: Any) -> list[str]:
-    """The names the subgraphs of ``node`` (If, Loop, Scan bodies, nested) read."""
-    names: list[str] = []
-    for attribute in node.attribute:
-        graphs = [attribute.g] if attribute.HasField("g") else list(attribute.graphs)
-        for subgraph in graphs:
-            for inner in subgraph.node:
-                names.extend(inner.input)
-                names.extend(_subgraph_names(inner))
-            names.extend(output.name for output in subgraph.output)
-    return names
 
 
 def _gradient_views(graph: Any, differentiated: Sequence[str]) -> tuple:

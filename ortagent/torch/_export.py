@@ -20,7 +20,6 @@ meets any refusal early; it runs again for each new input shape to find the draw
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import importlib.util
 import warnings
@@ -751,9 +750,8 @@ def _updated_parameter_without_gradient(model: Any, parameter: str, updated: str
     nodes = list(graph.node)
     after = next(index for index, node in enumerate(nodes) if updated in node.output) + 1
     nodes[after:after] = added              # (right after the update: before every node reading it)
-    kept = [copy.deepcopy(node) for node in nodes]      # (protobuf: copies outlive the cleared field)
     del graph.node[:]
-    graph.node.extend(kept)
+    graph.node.extend(nodes)
     if not any(entry.domain == STOP_GRADIENT_DOMAIN for entry in model.opset_import):
         model.opset_import.append(helper.make_opsetid(STOP_GRADIENT_DOMAIN, 1))
 

@@ -115,10 +115,11 @@ class Leftovers:
         self._dicts = [{name: dict(value) for name, value in attributes.items() if type(value) is dict}
                        for attributes in self._attributes]
 
-    def check(self, root: nn.Module, names: dict[int, str]) -> None:
-        """Refuse placeholders kept by the forward or its hooks (the module attributes that held
-        another value put back first, a new one removed), and warn of changed plain values.
-        ``names``: the modules' qualified names by id."""
+    def check(self, root: nn.Module) -> None:
+        """Refuse placeholders kept by the forward of ``root`` or its hooks (the module
+        attributes that held another value put back first, a new one removed), and warn of
+        changed plain values."""
+        names = {id(submodule): name for name, submodule in root.named_modules()}
         kept: list[str] = []
         changed: list[str] = []
         for module, before, plain, lists, dicts in zip(self._modules, self._attributes, self._plain, self._lists,
@@ -165,12 +166,13 @@ class Leftovers:
             for table in _HOOK_TABLES:
                 for hook in list(vars(module)[table].values()):
                     for holder, value in _hook_holders(hook):
-                        kept.extend(f"{holder} (of a {table[1:-1].replace('_', ' ')} on {owner})"
-                                    for _ in _found(value, holder))
+                        kept.extend(f"{place} (of a {table[1:-1].replace('_', ' ')} on {owner})"
+                                    for place in _found(value, holder))
         for table in _GLOBAL_HOOK_TABLES:
             for hook in list((getattr(_module_base, table, None) or {}).values()):
                 for holder, value in _hook_holders(hook):
-                    kept.extend(f"{holder} (of a global {table[8:-1].replace('_', ' ')})" for _ in _found(value, holder))
+                    kept.extend(f"{place} (of a global {table[8:-1].replace('_', ' ')})"
+                                for place in _found(value, holder))
         if kept:
             shown = ", ".join(dict.fromkeys(kept[:6])) + (", ..." if len(kept) > 6 else "")
             raise OrtNotImplemented(

@@ -456,7 +456,7 @@ class ORTModule(nn.Module):
             # (a graph that baked tensors in is kept in memory only: another process's tensors
             # may hold other values under the same key)
             cache = store.store(store_key, exported) if store is not None and not exported.constants else None
-        leftovers.check(module, {id(submodule): name for name, submodule in module.named_modules()})
+        leftovers.check(module)
         self._export_count += 1
         if self._export_count == _MANY_EXPORTS:
             warnings.warn(f"ORTModule has exported {self._export_count} graphs for {type(module).__name__}: each "
@@ -483,7 +483,7 @@ class ORTModule(nn.Module):
         with _EXPORT_LOCK, _own_saved_tensor_hooks():
             leftovers = Leftovers(walk_module(module).modules)
             found: Discovery = discover(module, flat, state, device, not self._exact_grads)
-            leftovers.check(module, {id(submodule): name for name, submodule in module.named_modules()})
+            leftovers.check(module)
         if not same_draws(found.sites, entry.exported.sites):
             raise OrtInvalidArgument(f"ORTModule: at input shapes {list(shapes)} the forward of "
                                      f"{type(module).__name__} makes other random draws than at the shapes it "
@@ -608,14 +608,13 @@ class ORTModule(nn.Module):
         everything = [*flat.tensors, *tree.state]
         updated_parameters: list[tuple[int, torch.Tensor]] = []
         for index in exported.mutated:
-            name = _input_name(exported, index)
             if index >= exported.n_user and exported.state_names[index - exported.n_user] in exported.param_names:
                 # the graph reads the value before the update: a copy (whose gradient reaches the
                 # parameter) keeps it while the parameter takes the new one after the run
                 updated_parameters.append((index, everything[index]))
                 everything[index] = everything[index].clone()
             elif everything[index].requires_grad:
-                raise OrtNotImplemented(f"ORTModule: the forward updates {name} in place, "
+                raise OrtNotImplemented(f"ORTModule: the forward updates {_input_name(exported, index)} in place, "
                                         "and it requires grad; in-place updates of tensors that require grad are "
                                         "not supported")
         if sites:
@@ -646,9 +645,8 @@ class ORTModule(nn.Module):
         if check:
             _check_outputs(entry.outputs.tensors, outputs[:n_out], type(module).__name__)
         if exported.mutated:
-            if updated_parameters:
-                for index, parameter in updated_parameters:
-                    everything[index] = parameter.data      # (as .data's update: no version bump)
+            for index, parameter in updated_parameters:
+                everything[index] = parameter.data          # (as .data's update: no version bump)
             with torch.no_grad():
                 for index, value in zip(exported.mutated, outputs[n_out + n_stats:]):
                     everything[index].copy_(value)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -57,21 +57,21 @@ def _dynamic_cache_tensors(cache: Any) -> tuple[list[torch.Tensor], Any]:
     """A DynamicCache's tensors, layer by layer, and a context naming each layer's kind:
     ``None`` for a full layer (keys, values), the window for a sliding-window layer (keys,
     values, and the count of tokens it has seen, an int64 scalar computed in the graph: its
-    keys keep only the last ``window - 1`` of them), ``("empty", window or None)`` for a layer
-    not written to (no tensors), a ``("linear", ...)`` tuple for a hybrid model's
-    linear-attention layer (:func:`_linear_layer_tensors`)."""
+    keys keep only the last ``window - 1`` of them), an :class:`_EmptyLayer` for a layer not
+    written to (no tensors), a :class:`_LinearLayer` for a hybrid model's linear-attention
+    layer."""
     layers = getattr(cache, "layers", None)
     if layers is None:                          # transformers 4.x: key_cache / value_cache lists
         pairs = list(zip(cache.key_cache, cache.value_cache))
         return [tensor for pair in pairs for tensor in pair], (None,) * len(pairs)
     tensors: list[torch.Tensor] = []
-    kinds: list[int | None] = []
+    kinds: list[Any] = []
     for layer in layers:
         kind = type(layer).__name__
         if kind in ("DynamicLayer", "DynamicSlidingWindowLayer") and not getattr(layer, "is_initialized", True):
             # a layer the forward wrote nothing to (AFMoE's cache made from its config):
             # rebuilt as one, of its kind
-            kinds.append(("empty", int(layer.sliding_window) if kind == "DynamicSlidingWindowLayer" else None))
+            kinds.append(_EmptyLayer(int(layer.sliding_window) if kind == "DynamicSlidingWindowLayer" else None))
         elif kind == "DynamicSlidingWindowLayer" and not getattr(layer, "record_past", False):
             seen = layer.cumulative_length
             tensors += [layer.keys, layer.values,
@@ -95,11 +95,34 @@ _LINEAR_LAYERS = ("LinearAttentionLayer", "LinearAttentionAndFullAttentionLayer"
 _STATE_FLAGS = {"conv_states": "is_conv_states_initialized", "recurrent_states": "is_recurrent_states_initialized"}
 
 
-def _linear_layer_tensors(layer: Any, kind: str, tensors: list[torch.Tensor]) -> tuple:
+class _EmptyLayer(NamedTuple):
+    """A cache layer the forward wrote nothing to: its window (None: a full layer)."""
+
+    window: int | None
+
+    tensor_count = 0
+
+
+class _LinearLayer(NamedTuple):
+    """A linear-attention cache layer: its class's name, number of states, the (attribute,
+    index) of each state among its tensors, kernel sizes, previous-state flags, and whether
+    the attention part's keys and values follow the states."""
+
+    kind: str
+    states_count: int
+    states: tuple[tuple[str, int], ...]
+    kernels: tuple
+    previous: tuple
+    attention: bool
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.states) + 2 * self.attention
+
+
+def _linear_layer_tensors(layer: Any, kind: str, tensors: list[torch.Tensor]) -> _LinearLayer:
     """Append a linear-attention layer's states (and its attention part's keys and values) to
-    ``tensors``; return its context: ``("linear", class name, number of states, the (attribute,
-    index) of each state appended, the kernel sizes, the previous-state flags, whether keys and
-    values follow)``."""
+    ``tensors``; return its context."""
     states = []
     for attribute in _STATE_FLAGS:
         for index, value in sorted(getattr(layer, attribute).items()):
@@ -109,32 +132,31 @@ def _linear_layer_tensors(layer: Any, kind: str, tensors: list[torch.Tensor]) ->
     attention = kind == "LinearAttentionAndFullAttentionLayer" and bool(getattr(layer, "is_initialized", False))
     if attention:
         tensors += [layer.keys, layer.values]
-    return ("linear", kind, int(layer.number_of_states), tuple(states),
-            tuple(sorted(layer.conv_kernel_size.items())), tuple(sorted(layer.has_previous_state.items())), attention)
+    return _LinearLayer(kind, int(layer.number_of_states), tuple(states), tuple(sorted(layer.conv_kernel_size.items())),
+                        tuple(sorted(layer.has_previous_state.items())), attention)
 
 
-def _linear_layer(context: tuple, tensors: list[torch.Tensor]) -> Any:
+def _linear_layer(context: _LinearLayer, tensors: list[torch.Tensor]) -> Any:
     from transformers import cache_utils
 
-    _, kind, count, states, kernels, previous, attention = context
-    layer = getattr(cache_utils, kind)(number_of_states=count)
-    for (attribute, index), value in zip(states, tensors):
+    layer = getattr(cache_utils, context.kind)(number_of_states=context.states_count)
+    for (attribute, index), value in zip(context.states, tensors):
         getattr(layer, attribute)[index] = value
         getattr(layer, _STATE_FLAGS[attribute])[index] = True
         if layer.device is None:
             layer.dtype, layer.device = value.dtype, value.device
-    layer.conv_kernel_size.update(kernels)
-    layer.has_previous_state.update(previous)
-    if attention:
-        keys, values = tensors[len(states):len(states) + 2]
+    layer.conv_kernel_size.update(context.kernels)
+    layer.has_previous_state.update(context.previous)
+    if context.attention:
+        keys, values = tensors[len(context.states):context.tensor_count]
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
     return layer
 
 
 def _layer_tensor_count(window: Any) -> int:
-    if isinstance(window, tuple):
-        return len(window[3]) + 2 * window[6] if window[0] == "linear" else 0
+    if isinstance(window, (_EmptyLayer, _LinearLayer)):
+        return window.tensor_count
     return 2 if window is None else 3
 
 
@@ -147,14 +169,13 @@ def _dynamic_cache(tensors: list[torch.Tensor], kinds: tuple) -> Any:
 
     entries, seen, linear, position = [], [], [], 0
     for window in kinds:
-        if isinstance(window, tuple) and window[0] == "linear":
+        if isinstance(window, _LinearLayer):
             # (an empty layer in its place, replaced below)
-            count = _layer_tensor_count(window)
-            linear.append((len(entries), _linear_layer(window, tensors[position:position + count])))
+            linear.append((len(entries), _linear_layer(window, tensors[position:position + window.tensor_count])))
             entries.append((None, None))
-            position += count
-        elif isinstance(window, tuple):             # ("empty", its window or None)
-            entries.append((None, None) if window[1] is None else (None, None, torch.tensor(window[1])))
+            position += window.tensor_count
+        elif isinstance(window, _EmptyLayer):
+            entries.append((None, None) if window.window is None else (None, None, torch.tensor(window.window)))
         elif window is None:
             entries.append((tensors[position], tensors[position + 1]))
             position += 2
