@@ -1028,6 +1028,39 @@ def test_static_exports_one_for_each_shape():
         ORTModule(_mlp(), dynamic="auto")
 
 
+def test_a_second_shape_the_exporter_cannot_make_symbolic_exports_static(monkeypatch):
+    """A second batch size where torch.export cannot trace symbolic dimensions (AlexNet's
+    feature stack ends in an AdaptiveAvgPool2d whose size it cannot solve for): the static
+    retry traces the call's shapes (torch.export marks the tensors a failed symbolic try traced,
+    which made the retry fail the same way when it reused them), and later shapes of that
+    signature are traced static without trying symbolic dimensions again."""
+    torch = _torch()
+    nn = torch.nn
+    from ortagent.torch import _export
+
+    traces = []
+    trace = _export._torch_export
+
+    def counted(*args):
+        traces.append(args[-1] is not None)
+        return trace(*args)
+
+    monkeypatch.setattr(_export, "_torch_export", counted)
+
+    def alexnet_like():
+        return nn.Sequential(nn.Conv2d(3, 4, 11, 4, 2), nn.MaxPool2d(3, 2), nn.Conv2d(4, 4, 5, padding=2),
+                             nn.MaxPool2d(3, 2), nn.Conv2d(4, 4, 3, padding=1), nn.MaxPool2d(3, 2),
+                             nn.AdaptiveAvgPool2d(6), nn.Flatten(), nn.Linear(144, 10))
+
+    batches = [2, 3, 1]
+    eager, bridged, errors = _compare(alexnet_like, lambda step: (torch.randn(batches[step], 3, 64, 64),), _ce,
+                                      steps=len(batches))
+    assert bridged.exported_graphs == 3
+    assert not any(entry.exported.guard.symbolic for entries in bridged._exports.values() for entry in entries)
+    assert traces == [False, True, False, False]       # (the symbolic try only once)
+    assert errors["grad"] < 1e-5
+
+
 @pytest.mark.parametrize("dynamic, failing, exports, kinds", [
     (None, "static", 2, [True]),        # the first export, at static shapes, fails: symbolic
     (None, "symbolic", 1, [False]),

@@ -434,11 +434,14 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
     input_names = [f"input_{i}" for i in range(len(inputs.tensors))] + list(state) + \
         [f"draw_{i}" for i in range(len(draws))]
     graded = _graded(inputs, state, set(params), all_graded)
-    flat = [_traced(t, grad) for t, grad in zip([*inputs.tensors, *state.values()], graded)] + draws
     n_user = len(inputs.tensors)
     program = None
     failure: Exception | None = None
     for symbolic in ((True, False) if dynamic else (False,)):
+        # (fresh aliases for each try: torch.export marks the tensors it traced with symbolic
+        # dimensions, and a static retry on the same objects would trace them symbolic again)
+        flat = [_traced(t, grad) for t, grad in zip([*inputs.tensors, *state.values()], graded)] + \
+            [draw.detach() for draw in draws]
         functional = _Functional(module, inputs, list(state), "export")
         dynamic_shapes = None
         if symbolic:

@@ -256,6 +256,8 @@ class ORTModule(nn.Module):
         self._exports: OrderedDict[tuple, list[_Export]] = OrderedDict()
         self._export_count = 0
         self._exact_grads = False
+        # signatures whose symbolic export torch.export failed (their later shapes go static at once)
+        self._static_signatures: set[tuple] = set()
         self._state_guard: StateGuard | None = None
         # the wrapped module's docstring (the forward's signature and docstring: _BoundForward)
         self.__doc__ = module.__doc__
@@ -379,8 +381,11 @@ class ORTModule(nn.Module):
             # (by default, symbolic once a second shape shows the shapes vary: an export with
             # symbolic dimensions traces several times slower than one at static shapes)
             dynamic = self._dynamic if self._dynamic is not None else bool(entries)
+            dynamic = dynamic and key not in self._static_signatures
             try:
                 entry = self._new_export(flat, key, dynamic=dynamic)
+                if dynamic and not entry.exported.guard.symbolic:
+                    self._static_signatures.add(key)
             except TraceFailure:
                 if self._exact_grads:
                     raise
