@@ -84,6 +84,27 @@ def test_adaptive_pools_with_uneven_windows(case):
     _assert_same(function, torch.randn(shape))
 
 
+@pytest.mark.parametrize("case", ["no_bias", "no_bias_unbatched", "bias_groups_dilation", "same_padding"])
+def test_conv3d_with_and_without_bias(case):
+    """A Conv3d with ``bias=False`` (every convolution of torchvision's video ResNets):
+    torch.onnx's translation gave onnxruntime a bias it refuses."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(2)
+    weight = torch.randn(4, 3, 3, 5, 5)
+    grouped = torch.randn(6, 2, 3, 3, 3)
+    function, inputs = {
+        "no_bias": (lambda x, w: F.conv3d(x, w, stride=(1, 2, 2), padding=(1, 2, 2)),
+                    (torch.randn(2, 3, 4, 9, 9), weight)),
+        "no_bias_unbatched": (lambda x, w: F.conv3d(x, w, padding=1), (torch.randn(3, 4, 7, 6), weight)),
+        "bias_groups_dilation": (lambda x, w, b: F.conv3d(x, w, b, padding=(0, 2, 1), dilation=(1, 2, 1), groups=2),
+                                 (torch.randn(2, 4, 5, 8, 7), grouped, torch.randn(6))),
+        "same_padding": (lambda x, w: F.conv3d(x, w, padding="same"), (torch.randn(2, 3, 4, 9, 9), weight)),
+    }[case]
+    _assert_same(function, *inputs)
+
+
 # -- reductions and scans -------------------------------------------------------------------------
 
 def test_amax_amin_aminmax_of_0d_tensors_and_ties():

@@ -29,6 +29,9 @@ database (tests/torch_sweep.py):
   above ``1 - eps``; torch.onnx clamps the other way round, which differs where ``eps > 0.5``
   (the interval is empty: torch gives ``logit(eps)`` below ``eps``, torch.onnx ``logit(1 -
   eps)`` everywhere).
+* ``aten.conv3d`` without a bias: torch.onnx's translation feeds Conv a zero bias of shape
+  ``[out_channels, 2]``, which onnxruntime refuses (every Conv3d with ``bias=False``: the video
+  ResNets); here Conv gets no bias.
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
   (:mod:`._rewrites`); ``ortagent::check_nonnegative``: its input, in a graph whose run fails
   where an entry is negative (a Gather far out of range), for checks eager makes on values.
@@ -216,6 +219,19 @@ def translations() -> dict[Any, Callable]:
                    cudnn_enable: bool = True) -> Any:
         return native_layer_norm(x, normalized_shape, weight, bias, eps)[0]
 
+    def conv3d(x: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
+               groups: int = 1) -> Any:
+        def triple(value: Any) -> list[int]:
+            return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)] * 3
+
+        unbatched = len(x.shape) == 4                  # (C, D, H, W): torch's conv3d takes it
+        if unbatched:
+            x = op.Unsqueeze(x, op.Constant(value_ints=[0]))
+        operands = (x, weight) if bias is None else (x, weight, bias)
+        y = op.Conv(*operands, strides=triple(stride), pads=triple(padding) * 2, dilations=triple(dilation),
+                    group=int(groups))
+        return op.Squeeze(y, op.Constant(value_ints=[0])) if unbatched else y
+
     def check_nonnegative(x: Any) -> Any:
         # a Gather from a one-element constant at index 0, or far out of range where an entry
         # of x is negative: onnxruntime then fails the run (ONNX has no assertion)
@@ -238,6 +254,7 @@ def translations() -> dict[Any, Callable]:
     return {
         torch.ops.ortagent.check_nonnegative.default: check_nonnegative,
         aten.logit.default: logit,
+        aten.conv3d.default: conv3d,
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         torch.ops.ortagent.batch_norm_training.default: batch_norm_training,
