@@ -575,11 +575,12 @@ def test_retain_graph_backwards_and_autograd_grad_as_eager():
 
 
 def test_what_the_loss_does_not_reach_keeps_no_gradient_as_eager():
-    """A head whose output the loss leaves unused, an input that reaches only that head, and a
-    submodule the forward never calls get no gradient (None), as eagerly: AdamW then leaves
-    their weights alone (a zero gradient would decay them and move their moments). A head used
-    with a zero factor, and a parameter the forward rounds (whose derivative torch takes as
-    zero), get zeros, as eager's."""
+    """A head whose output the loss leaves unused, an input that reaches only that head, a
+    submodule the forward never calls, and parameters the forward reads only through a
+    comparison or ``detach()`` get no gradient (None), as eagerly: AdamW then leaves their
+    weights alone (a zero gradient would decay them and move their moments). A head used with a
+    zero factor, a parameter the forward rounds (whose derivative torch takes as zero) and
+    ``copysign``'s sign operand get zeros, as eager's."""
     import torch
 
     from ortagent.torch import ORTModule
@@ -593,9 +594,13 @@ def test_what_the_loss_does_not_reach_keeps_no_gradient_as_eager():
             self.side = torch.nn.Linear(2, 3)
             self.spare = torch.nn.Linear(3, 3)      # (as BartForCausalLM's cross-attention)
             self.steps = torch.nn.Parameter(torch.full((4,), 2.2))
+            self.threshold = torch.nn.Parameter(torch.full((4,), 0.1))
+            self.gain = torch.nn.Parameter(torch.full((4,), 1.5))
+            self.sign = torch.nn.Parameter(torch.tensor([1.0, -1.0, 1.0, -1.0]))
 
         def forward(self, x, extra):
             hidden = torch.relu(self.trunk(x)) * self.steps.round()
+            hidden = hidden * (hidden > self.threshold) * self.gain.detach() + torch.copysign(hidden, self.sign)
             return self.first(hidden), self.second(hidden) + self.side(extra)
 
     torch.manual_seed(0)

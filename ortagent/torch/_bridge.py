@@ -383,7 +383,8 @@ class GraphRunner:
                          _gradient_views(graph, (*input_gradients, *trainable)),
                          tuple(names.index(name) for name in split.backward_graph_input_names),
                          tuple(index for index, name in enumerate(split.module_output_names) if name in stash),
-                         *_gradient_sources(graph, yield_node, differentiable, (*input_gradients, *trainable)))
+                         *_gradient_sources(graph, yield_node, differentiable, (*input_gradients, *trainable),
+                                            self.exported.autograd_reach))
 
     def _cpu_kernels(self) -> bool:
         """Whether this device's training graphs use ortagent's CPU gradient kernels (a
@@ -430,27 +431,32 @@ class GraphRunner:
             session.close()
 
 
-def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int],
-                      differentiated: Sequence[str]) -> tuple[tuple[frozenset[int], ...], tuple[frozenset[int], ...]]:
+def _gradient_sources(graph: Any, yield_node: Any, differentiable: Sequence[int], differentiated: Sequence[str],
+                      autograd_reach: Sequence[tuple[str, frozenset[int]]] | None = None,
+                      ) -> tuple[tuple[frozenset[int], ...], tuple[frozenset[int], ...]]:
     """For each output of the training ``graph`` (the gradient of the input ``differentiated``
     names at its place), the module outputs whose gradients it is computed from (the
     ``yield_node``'s outputs: those of the ``differentiable`` module outputs, in order), and the
     differentiable module outputs its input reaches in the forward. An input that reaches no
-    differentiable output is not in any graph of the loss. A gradient computed from no output's
-    (zeros by construction) stays zeros when its input reaches an output: whether torch gives
-    None there (``x > p``, ``p.detach()``) or zeros (``round(p)``, ``copysign``'s sign operand,
-    a nearest ``grid_sample``'s grid) does not show in the ONNX graph."""
+    differentiable output is not in any graph of the loss. The ONNX graph does not show whether
+    torch differentiates a path: ``x > p`` and ``p.detach()`` reach an output there, where torch
+    gives ``p`` None, and ``round(p)``, ``copysign``'s sign operand or a nearest ``grid_sample``'s
+    grid do too, where torch gives zeros; ``autograd_reach`` (the outputs whose autograd graph
+    held each input when the forward ran eagerly, by name) tells them apart."""
     from ortagent._onnx_graph import consumed_names
 
     reads = [(tuple(consumed_names(node)), tuple(node.output)) for node in graph.graph.node if node is not yield_node]
     backward = _flow(reads, {name: 1 << bit for bit, name in enumerate(yield_node.output)})
     forward = _flow(reads, {name: 1 << bit for bit, name in enumerate(differentiated)})
     outputs = [forward.get(yield_node.input[index], 0) for index in differentiable]
+    held = dict(autograd_reach) if autograd_reach is not None else {}
     sources, reach = [], []
     for bit, output in enumerate(graph.graph.output):
         mask = backward.get(output.name, 0)
         sources.append(frozenset(differentiable[index] for index in range(len(differentiable)) if mask >> index & 1))
-        reach.append(frozenset(differentiable[index] for index, mask in enumerate(outputs) if mask >> bit & 1))
+        reached = frozenset(differentiable[index] for index, mask in enumerate(outputs) if mask >> bit & 1)
+        name = differentiated[bit]
+        reach.append(reached & held[name] if name in held else reached)
     return tuple(sources), tuple(reach)
 
 

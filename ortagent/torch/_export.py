@@ -176,6 +176,10 @@ class ExportedGraph:
     guard: ShapeGuard
 
     detached_outputs: tuple[int, ...] = ()
+    #: for each user input and state tensor (by input name), the outputs whose autograd graph
+    #: held it when the forward ran: one torch takes no derivative through (``x > p``,
+    #: ``p.detach()``) is in none, where the ONNX graph still shows a path
+    autograd_reach: tuple[tuple[str, frozenset[int]], ...] | None = None
     #: the tensors the graph holds as constants: tensor attributes of the module (not parameters
     #: or buffers) and others the forward read, baked in at their values of the export
     constants: tuple[BakedTensor, ...] = ()
@@ -209,6 +213,8 @@ class Discovery:
     outputs: _trees.Flat
     statistics: tuple[BatchStatistics, ...]
     counters: tuple[str, ...]
+    #: see :attr:`ExportedGraph.autograd_reach`
+    autograd_reach: tuple[tuple[str, frozenset[int]], ...] = ()
 
 
 def same_draws(a: Sequence[Site], b: Sequence[Site]) -> bool:
@@ -369,9 +375,10 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
     for kind in ("meta", "copy") if not ambient_autocast() else ("copy",):
         functional = _Functional(module, inputs, list(state), "discover", generator,
                                  stand_in_device="meta" if kind == "meta" else device)
+        leaves = [_traced(tensor, grad, kind) for tensor, grad in zip(flat, graded)]
         try:
             with _generator_kept(generator), torch.enable_grad():
-                functional(*[_traced(tensor, grad, kind) for tensor, grad in zip(flat, graded)])
+                functional(*leaves)
         except (OrtNotImplemented, OrtInvalidArgument):
             raise
         except Exception as exc:
@@ -387,8 +394,49 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
             # channels-last input: contiguous on meta, channels-last from mkldnn; Segformer's
             # decode head): the draws' layouts come from a run on copies of the real tensors
             continue
-        return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters))
+        names = _input_names(len(inputs.tensors), state)
+        reach = autograd_reach(functional.outputs.tensors, leaves)
+        return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters),
+                         tuple(zip(names, reach)))
     raise AssertionError("unreachable")
+
+
+def _input_names(n_user: int, state: dict[str, torch.Tensor]) -> list[str]:
+    """The graph's names of the call's tensors and the module's state, in order."""
+    return [f"input_{i}" for i in range(n_user)] + list(state)
+
+
+def autograd_reach(outputs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> list[frozenset[int]]:
+    """For each of ``leaves``, the indices of the ``outputs`` whose autograd graph holds it:
+    the tensors whose gradient torch leaves None when the loss reads only the other outputs.
+    One walk over the graph, each node's leaves as a bit mask."""
+    bits = {id(leaf): 1 << index for index, leaf in enumerate(leaves) if leaf.requires_grad}
+    masks: dict[Any, int] = {}
+
+    def mask_of(root: Any) -> int:
+        stack = [(root, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if node in masks:
+                continue
+            variable = getattr(node, "variable", None)         # an AccumulateGrad: a leaf
+            if variable is not None:
+                masks[node] = bits.get(id(variable), 0)
+                continue
+            following = [edge[0] for edge in node.next_functions if edge[0] is not None]
+            if expanded:
+                mask = 0
+                for child in following:
+                    mask |= masks[child]
+                masks[node] = mask
+                continue
+            stack.append((node, True))
+            stack.extend((child, False) for child in following if child not in masks)
+        return masks[root]
+
+    reached = [mask_of(out.grad_fn) if out.grad_fn is not None else bits.get(id(out), 0) for out in outputs]
+    return [frozenset(index for index, mask in enumerate(reached) if mask & bit)
+            for bit in (1 << position for position in range(len(leaves)))]
 
 
 def _refuse_backward_hooks(module: nn.Module) -> None:
@@ -431,7 +479,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
     discovery = discover(module, inputs, state, device, all_graded)
     sites = discovery.sites
     draws = [layout.empty(device).zero_().add_(1) for site in sites for layout in _site_layouts(site)]
-    input_names = [f"input_{i}" for i in range(len(inputs.tensors))] + list(state) + \
+    input_names = _input_names(len(inputs.tensors), state) + \
         [f"draw_{i}" for i in range(len(draws))]
     graded = _graded(inputs, state, set(params), all_graded)
     n_user = len(inputs.tensors)
@@ -491,6 +539,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
         mutated=tuple(mutated),
         guard=_guard(model, input_names, n_user, dict(exported_program.range_constraints)),
         detached_outputs=discovery.outputs.detached,
+        autograd_reach=discovery.autograd_reach,
         constants=_baked_tensors(exported_program, module),
     )
     return exported, discovery

@@ -8,7 +8,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -453,7 +453,8 @@ class ORTModule(nn.Module):
             state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
             with _own_saved_tensor_hooks():
                 discovery = discover(module, flat, state, device, not self._exact_grads)
-            exported = GraphStore.exported(layout, model, discovery.sites)
+            exported = replace(GraphStore.exported(layout, model, discovery.sites),
+                               autograd_reach=discovery.autograd_reach)
             cache = entry_folder
         else:
             with _own_saved_tensor_hooks():
