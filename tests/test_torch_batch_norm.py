@@ -98,3 +98,43 @@ def test_running_statistics_of_a_norm_run_twice_and_of_several_momenta():
             model(x).square().sum().backward()
         for (name, b_eager), b_bridged in zip(eager.named_buffers(), bridged.buffers()):
             torch.testing.assert_close(b_bridged, b_eager, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+
+
+def test_a_buffer_the_forward_returns_comes_back_updated_and_as_itself():
+    """A forward that returns buffers as they are (a BatchNorm's running mean, which ORTModule
+    updates after the run; a counter and an average it updates in the graph): each comes back
+    as eager's does, the buffer itself after the step's update (before: the running mean came
+    back as a copy of its value before the update), in training and in eval mode."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(3)
+            self.register_buffer("calls", torch.zeros(()))
+            self.register_buffer("average", torch.zeros(3))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            with torch.no_grad():
+                self.average.mul_(0.9).add_(0.1 * x.mean(0))
+            return self.norm(x), self.norm.running_mean, self.calls, self.average
+
+    torch.manual_seed(0)
+    eager = Net()
+    bridged = ORTModule(copy.deepcopy(eager))
+    for step, training in enumerate((True, True, False)):
+        x = torch.randn(4 + step, 3, generator=torch.Generator().manual_seed(step)) * 2 + 1
+        results = []
+        for model in (eager, bridged):
+            model.train(training)
+            out = model(x)
+            if training:
+                out[0].square().sum().backward()
+            results.append(out)
+        (want, *want_buffers), (got, *got_buffers) = results
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for name, value, expected in zip(("running_mean", "calls", "average"), got_buffers, want_buffers):
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+        module = bridged.module
+        assert got_buffers[0] is module.norm.running_mean and got_buffers[1] is module.calls
+        assert got_buffers[2] is module.average

@@ -215,6 +215,9 @@ class Discovery:
     counters: tuple[str, ...]
     #: see :attr:`ExportedGraph.autograd_reach`
     autograd_reach: tuple[tuple[str, frozenset[int]], ...] = ()
+    #: outputs that are a buffer of the module as it is (``return out, self.bn.running_mean``):
+    #: (output index, position among the call's tensors and the state)
+    buffer_outputs: tuple[tuple[int, int], ...] = ()
 
 
 def same_draws(a: Sequence[Site], b: Sequence[Site]) -> bool:
@@ -368,7 +371,8 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
     copies of the real tensors (in-place updates in the forward touch nothing of the caller's)."""
     _refuse_backward_hooks(module)
     flat = [*inputs.tensors, *state.values()]
-    graded = _graded(inputs, state, {name for name, _ in module.named_parameters()}, all_graded)
+    graded_names = {name for name, _ in module.named_parameters()}
+    graded = _graded(inputs, state, graded_names, all_graded)
     generator = default_generator(device)
     # (autocast casts only tensors of its own device type: under it, meta tensors would give
     # the outputs the wrong dtype)
@@ -396,8 +400,12 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
             continue
         names = _input_names(len(inputs.tensors), state)
         reach = autograd_reach(functional.outputs.tensors, leaves)
+        buffers = {id(leaf): position for position, (leaf, name) in enumerate(zip(leaves, names))
+                   if position >= len(inputs.tensors) and name not in graded_names}
+        buffer_outputs = tuple((index, buffers[id(out)]) for index, out in enumerate(functional.outputs.tensors)
+                               if id(out) in buffers)
         return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters),
-                         tuple(zip(names, reach)))
+                         tuple(zip(names, reach)), buffer_outputs)
     raise AssertionError("unreachable")
 
 

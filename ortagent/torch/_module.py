@@ -61,6 +61,9 @@ class _Export:
     exported: ExportedGraph
     runner: GraphRunner
     outputs: _trees.Flat
+    #: outputs that are a buffer as it is (:attr:`Discovery.buffer_outputs`): the buffer itself
+    #: comes back, after the run's updates, as eager returns it
+    buffer_outputs: tuple[tuple[int, int], ...] = ()
     sites: OrderedDict[tuple, tuple[Site, ...]] = field(default_factory=OrderedDict)
     checked: bool = False           # a first call ran (see ORTModule._call's check)
     _layout: _FeedLayout | None = None
@@ -470,7 +473,7 @@ class ORTModule(nn.Module):
                           "value of the module (a number, flag or string its forward may read) or shape the "
                           "earlier exports do not accept exports anew", RuntimeWarning, stacklevel=4)
         runner = GraphRunner(exported, self._config, device, cache)
-        entry = _Export(exported, runner, discovery.outputs)
+        entry = _Export(exported, runner, discovery.outputs, discovery.buffer_outputs)
         entry.sites[tuple(tuple(t.shape) for t in flat.tensors)] = discovery.sites
         return entry
 
@@ -661,7 +664,10 @@ class ORTModule(nn.Module):
                 torch._foreach_add_([everything[position] for position in layout.counters], 1)
         if n_stats:
             self._update_running_stats(entry, tree, everything, outputs[n_out:n_out + n_stats])
-        return entry.outputs.rebuild(_trees.complex_results(entry.outputs.tensors, outputs[:n_out]))
+        results = _trees.complex_results(entry.outputs.tensors, outputs[:n_out])
+        for index, position in entry.buffer_outputs:
+            results[index] = everything[position]
+        return entry.outputs.rebuild(results)
 
     def _update_running_stats(self, entry: _Export, tree: ModuleTree, everything: list[torch.Tensor],
                               stats: Sequence[torch.Tensor]) -> None:
