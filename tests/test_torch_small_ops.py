@@ -292,3 +292,60 @@ def test_gaussian_nll_loss_keeps_torch_s_check_on_a_negative_variance():
     # the first call of a graph fails so too (not as a graph onnxruntime cannot run)
     with pytest.raises(ValueError, match="var has negative entry"):
         ORTModule(torch.nn.GaussianNLLLoss())(x, target, negative)
+
+
+def test_a_tensor_check_of_the_forward_is_kept_in_the_graph():
+    """``torch._check_tensor_all`` in the forward (transformers' ``torch_compilable_check``:
+    a vision-language model's image tokens against its image features) exported, where
+    torch.onnx had no translation of the assertion's ``_is_all_true`` (LLaVA was refused). The
+    graph keeps the check: an input that fails it, at a shape the export already serves (no
+    trace runs then), stops the run with a ValueError as eager raises, and the next call works."""
+    import copy
+
+    import torch
+
+    from ortagent.torch import ORTModule
+
+    class Placeholders(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.project = torch.nn.Linear(3, 4)
+
+        def forward(self, ids, features):
+            mask = ids == 9
+            torch._check_tensor_all(mask.sum() == features.shape[0] * features.shape[1])
+            hidden = self.embed(ids).masked_scatter(mask.unsqueeze(-1), self.project(features))
+            return hidden.tanh()
+
+    torch.manual_seed(0)
+    eager = Placeholders()
+    model = ORTModule(copy.deepcopy(eager))
+
+    def inputs(batch, length, placeholders):
+        ids = torch.randint(0, 9, (batch, length), generator=torch.Generator().manual_seed(length))
+        ids[:, 1:1 + placeholders] = 9
+        return ids, torch.randn(batch, placeholders, 3, requires_grad=True)
+
+    for batch, length, placeholders in ((2, 7, 3), (3, 9, 2), (2, 7, 3)):
+        ids, features = inputs(batch, length, placeholders)
+        results = []
+        for module in (eager, model):
+            given = features.detach().clone().requires_grad_()
+            out = module(ids, given)
+            out.square().sum().backward()
+            results.append((out, given.grad, [p.grad.clone() for p in module.parameters()]))
+            module.zero_grad()
+        (want, want_grad, want_params), (got, got_grad, got_params) = results
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_grad, want_grad)
+        for a, b in zip(got_params, want_params):
+            torch.testing.assert_close(a, b)
+    ids, features = inputs(2, 7, 3)
+    ids[0, 1] = 0                                   # one placeholder short
+    with pytest.raises(RuntimeError):
+        eager(ids, features)
+    with pytest.raises(ValueError, match="torch._check_tensor_all"):
+        model(ids, features)
+    ids, features = inputs(2, 7, 3)
+    torch.testing.assert_close(model(ids, features), eager(ids, features))

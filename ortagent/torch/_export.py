@@ -24,7 +24,7 @@ import gc
 import importlib.util
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -39,7 +39,7 @@ from ._complex import decompose_complex
 from ._registry import exporter_core, translation_registry, with_late_translations
 from .translations import late_translations, translation_table
 from .translations.linalg import without_error_checks
-from ._rewrites import BatchStatistics, Layout, Site, Trace, default_generator, tracing
+from ._rewrites import BatchStatistics, Layout, Site, Trace, check_all_true, default_generator, tracing
 
 __all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "TraceFailure", "discover", "export",
            "same_draws", "inference_model", "STOP_GRADIENT_DOMAIN"]
@@ -264,8 +264,26 @@ class _Functional(nn.Module):
                 regions.enter_context(torch.autocast(device, dtype=dtype))
             result = torch.func.functional_call(self.target[0], state, tuple(args), dict(kwargs))
         self.trace = trace
-        self.outputs = _trees.flatten(result, "the forward's result", caches=True)
+        self.outputs = with_checks(_trees.flatten(result, "the forward's result", caches=True), trace.checks)
         return (*self.outputs.tensors, *trace.statistic_values)
+
+
+def with_checks(outputs: _trees.Flat, checks: Sequence[torch.Tensor]) -> _trees.Flat:
+    """``outputs`` with the first that is a number tensor (not a cache's) passed through
+    ``ortagent::check_all_true`` over the forward's ``torch._check_tensor_all`` conditions:
+    the graph's run fails where one is false, as eager raises (torch.onnx would drop them)."""
+    if not checks:
+        return outputs
+    tensors = list(outputs.tensors)
+    index = next((i for i, t in enumerate(tensors) if i not in outputs.detached and t.dtype != torch.bool
+                  and not t.is_complex()), None)
+    if index is None:
+        raise OrtNotImplemented("ORTModule: the forward checks a condition on tensor values "
+                                "(torch._check_tensor_all) and returns no number tensor that the exported "
+                                "graph could make its check on")
+    condition = torch.stack(list(checks)).all() if len(checks) > 1 else checks[0]
+    tensors[index] = check_all_true(tensors[index], condition)
+    return replace(outputs, tensors=tuple(tensors))
 
 
 @contextlib.contextmanager

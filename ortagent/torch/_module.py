@@ -23,7 +23,7 @@ from ._export import Discovery, ExportedGraph, TraceFailure, ambient_autocast, d
 from ._rewrites import Site, draw_all
 from ._leftovers import Leftovers
 from ._state import ModuleTree, StateGuard, call_key, walk_module
-from .translations.corrections import CHECK_FAILED_INDEX
+from .translations.corrections import CHECK_FAILED_INDEX, CONDITION_FAILED_INDEX
 
 
 __all__ = ["ORTModule"]
@@ -643,6 +643,12 @@ class ORTModule(nn.Module):
             else:
                 outputs = runner.run_inference(feeds)
         except OrtInvalidArgument as exc:
+            if f"idx={CONDITION_FAILED_INDEX}" in str(exc):
+                raise FailedValueCheck(
+                    f"ORTModule: a condition the forward of {type(module).__name__} checks on values "
+                    "(torch._check_tensor_all; transformers' torch_compilable_check, e.g. that the image tokens "
+                    "match the image features) is false for this input, where eager raises; the graph's check "
+                    "stopped the run") from exc
             if f"idx={CHECK_FAILED_INDEX}" not in str(exc):
                 raise
             raise FailedValueCheck(

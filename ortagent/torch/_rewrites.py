@@ -126,6 +126,8 @@ class Trace:
     statistics: list[BatchStatistics] = field(default_factory=list)
     statistic_values: list[torch.Tensor] = field(default_factory=list)
     counters: list[str] = field(default_factory=list)
+    # the conditions an export's forward checks with torch._check_tensor_all (see _TraceMode)
+    checks: list[torch.Tensor] = field(default_factory=list)
     next_supplied: int = 0
     # uniform draws of the forward (id -> (the tensor, its version then, low, high)) and the
     # comparisons of one with a number inside its range (id -> the result): see _decide
@@ -629,6 +631,24 @@ def _check_nonnegative_fake(x: torch.Tensor) -> torch.Tensor:
 check_nonnegative.register_autograd(lambda ctx, grad: grad)
 
 
+@torch.library.custom_op("ortagent::check_all_true", mutates_args=())
+def check_all_true(x: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+    """``x`` unchanged, in a graph whose run fails where ``condition`` (a boolean scalar) is
+    false: the conditions the forward checks with ``torch._check_tensor_all``, which the graph
+    keeps (torch.onnx drops the exported program's runtime assertions)."""
+    if not bool(condition):
+        raise ValueError("ortagent::check_all_true: a false condition")
+    return x.clone()
+
+
+@check_all_true.register_fake
+def _check_all_true_fake(x: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+check_all_true.register_autograd(lambda ctx, grad: (grad, None))
+
+
 # in-place random methods whose result depends only on the tensor's layout and scalar arguments
 _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.normal_, torch.Tensor.random_,
                    torch.Tensor.exponential_, torch.Tensor.geometric_, torch.Tensor.log_normal_,
@@ -710,6 +730,15 @@ class _TraceMode(TorchFunctionMode):
             return drawn
         if func in _COMPARISONS and len(args) == 2 and not kwargs:
             return self._decide(func, args)
+        if func is torch.Tensor._is_all_true and (self.trace.phase == "export" or args[0].device.type == "meta"):
+            # torch._check_tensor_all (transformers' torch_compilable_check: a VLM's image tokens
+            # against its image features): the exported program would assert it on an unbacked
+            # value that torch.onnx cannot translate and drops; the condition is kept for the
+            # graph to check (_export.with_checks) and the trace goes on as if it held (so does a
+            # discovery on meta tensors, which has no values to check)
+            if self.trace.phase == "export":
+                self.trace.checks.append(args[0].all())
+            return torch.tensor(True)
         if func in _AUTOGRAD_CALLS:
             raise OrtNotImplemented(
                 f"ORTModule: the forward calls {_AUTOGRAD_CALLS[func]} (a gradient inside the forward: a gradient "

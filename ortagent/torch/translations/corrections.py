@@ -32,6 +32,8 @@ database (tests/torch_sweep.py):
 * ``aten.conv3d`` without a bias: torch.onnx's translation feeds Conv a zero bias of shape
   ``[out_channels, 2]``, which onnxruntime refuses (every Conv3d with ``bias=False``: the video
   ResNets); here Conv gets no bias.
+* ``ortagent::check_all_true``: its first input, in a graph whose run fails where its
+  condition is false (the forward's ``torch._check_tensor_all`` checks, see :mod:`._rewrites`).
 * ``ortagent::stop_gradient``: the StopGradient marker of ortagent's domain
   (:mod:`._rewrites`); ``ortagent::check_nonnegative``: its input, in a graph whose run fails
   where an entry is negative (a Gather far out of range), for checks eager makes on values.
@@ -49,11 +51,13 @@ import torch
 
 from ortagent._ad_rules import DOMAIN as STOP_GRADIENT_DOMAIN
 
-__all__ = ["translations", "CHECK_FAILED_INDEX"]
+__all__ = ["translations", "CHECK_FAILED_INDEX", "CONDITION_FAILED_INDEX"]
 
 # the index a failed ``ortagent::check_nonnegative`` gathers at: onnxruntime's error names it,
 # which tells that failure from any other (ortagent.torch._module words it for the user)
 CHECK_FAILED_INDEX = 2 ** 40
+# and a failed ``ortagent::check_all_true``'s
+CONDITION_FAILED_INDEX = 2 ** 41
 
 _registered = False
 
@@ -232,6 +236,13 @@ def translations() -> dict[Any, Callable]:
                     group=int(groups))
         return op.Squeeze(y, op.Constant(value_ints=[0])) if unbatched else y
 
+    def check_all_true(x: Any, condition: Any) -> Any:
+        # as check_nonnegative: a Gather at index 0, or far out of range where the condition is false
+        failed = op.Cast(op.Not(op.Cast(condition, to=9)), to=7)
+        index = op.Mul(failed, op.Constant(value_int=CONDITION_FAILED_INDEX))
+        zero = op.Gather(op.CastLike(op.Constant(value_floats=[0.0]), x), index, axis=0)
+        return op.Add(x, zero)
+
     def check_nonnegative(x: Any) -> Any:
         # a Gather from a one-element constant at index 0, or far out of range where an entry
         # of x is negative: onnxruntime then fails the run (ONNX has no assertion)
@@ -255,6 +266,7 @@ def translations() -> dict[Any, Callable]:
         torch.ops.ortagent.check_nonnegative.default: check_nonnegative,
         aten.logit.default: logit,
         aten.conv3d.default: conv3d,
+        torch.ops.ortagent.check_all_true.default: check_all_true,
         aten.scatter_reduce.two: scatter_reduce,
         torch.ops.ortagent.stop_gradient.default: stop_gradient,
         torch.ops.ortagent.batch_norm_training.default: batch_norm_training,
