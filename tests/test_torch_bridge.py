@@ -1648,6 +1648,37 @@ def test_a_failed_export_gives_the_collector_back():
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_a_forward_that_raises_on_one_call_keeps_the_exports():
+    """A call whose own arguments make the forward raise while it is traced (eager raises on
+    them too) is refused, and the exports made before stay: the next call reuses them (before,
+    the refusal cleared every export and kept tracing each call's exact requires_grad)."""
+    torch = _torch()
+    from ortagent.torch import ORTModule, _export
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x, scale):
+            if scale < 0:
+                raise ValueError("a negative scale")
+            return self.linear(x) * scale
+
+    model = ORTModule(Scaled())
+    x = torch.randn(5, 4)
+    model(x, 1.0).sum().backward()
+    model(x, 2.0).sum().backward()
+    assert model.exported_graphs == 2
+    with pytest.raises(ValueError):
+        Scaled()(x, -1.0)
+    with pytest.raises(_export.TraceFailure, match="a negative scale"):
+        model(x, -1.0)
+    assert not model._exact_grads and sum(len(entries) for entries in model._exports.values()) == 2
+    torch.testing.assert_close(model(x, 2.0), model.module(x, 2.0))
+    assert model.exported_graphs == 2
+
+
 def test_graph_builds_pause_the_collector(monkeypatch):
     """The training graph's build and the sessions' creation run with the collector paused, as
     exports do, and leave it on."""

@@ -394,10 +394,18 @@ class ORTModule(nn.Module):
                     raise
                 # the forward refuses some input marked as requiring grad: from now on, trace
                 # with each call's own requires_grad settings (and tell exports apart by them)
+                kept = self._exports.copy()
                 self._exact_grads = True
                 self._exports.clear()
                 key = self._signature(flat, tree)
-                entry = self._new_export(flat, key, dynamic=bool(self._dynamic))
+                try:
+                    entry = self._new_export(flat, key, dynamic=bool(self._dynamic))
+                except TraceFailure:
+                    # it fails either way (this call's input, say): the exports stay as they were
+                    self._exact_grads = False
+                    self._exports.clear()
+                    self._exports.update(kept)
+                    raise
             self._exports.setdefault(key, []).append(entry)
             self._evict()
             return entry
