@@ -3,7 +3,7 @@ weights (nothing downloaded): transformers' GPT-2 (its LM loss), BERT (a padded 
 mask), Llama (grouped-query attention), Mixtral and Qwen2-MoE (sparse experts), T5, Mistral
 (its sliding-window cache), BART and OPT
 (their layerdrop draws), BLOOM (its custom GELU autograd.Function), BEiT (SDPA with a learned
-bias); torchvision's ResNet-18
+bias), LLaVA (a vision-language model and its check of the image tokens); torchvision's ResNet-18
 (BatchNorm in training) and MobileNetV3 (depthwise convolutions, squeeze-excitation); timm's
 ViT (stochastic depth).
 
@@ -403,6 +403,45 @@ def test_llama_with_grouped_query_attention():
         return {"input_ids": ids, "labels": ids}
 
     _train(make, batch, lambda out: out.loss, len(shapes))
+
+
+def test_llava_vision_language_model_and_its_image_token_check():
+    """LLaVA (a CLIP vision tower, a projector, a Llama text model), whose image features take
+    the image tokens' places after transformers' check that their counts agree
+    (torch_compilable_check: torch._check_tensor_all under export, which torch.onnx could not
+    translate, so it was refused): it trains beside eager over changing batch sizes and text
+    lengths, and an input with an image token short stops the run with a ValueError, as eager
+    raises (the graph keeps the check)."""
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+    image_token, patches = 100, 16
+
+    def make():
+        vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, image_size=32, patch_size=8)
+        text = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        max_position_embeddings=128)
+        config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token,
+                                          vision_feature_layer=-1)
+        return transformers.LlavaForConditionalGeneration(config)
+
+    shapes = [(2, 6), (3, 9), (2, 4)]
+
+    def batch(step, images=patches):
+        ids, generator = _tokens(step, shapes[step][0], shapes[step][1] + patches, 99)
+        ids[:, 1:1 + images] = image_token
+        pixels = torch.randn(shapes[step][0], 3, 32, 32, generator=generator)
+        return {"input_ids": ids, "pixel_values": pixels, "labels": ids}
+
+    # (the first call sets state its second call's key sees, as BERT's: two exports)
+    model = _train(make, batch, lambda out: out.loss, len(shapes), exports=2)
+    short = batch(0, images=patches - 1)
+    with pytest.raises(ValueError, match="image tokens"):
+        model.module(**short)
+    with pytest.raises(ValueError, match="torch._check_tensor_all"):
+        model(**short)
+    torch.testing.assert_close(model(**batch(0)).loss, model.module(**batch(0)).loss)
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
