@@ -441,6 +441,13 @@ def test_llava_vision_language_model_and_its_image_token_check():
         model.module(**short)
     with pytest.raises(ValueError, match="torch._check_tensor_all"):
         model(**short)
+    # at a shape no export serves yet (one sample): a ValueError too, and that shape's export
+    # then serves a good input
+    unseen, good = ({key: value[:1] for key, value in batch(1, images=images).items()}
+                    for images in (patches - 1, patches))
+    with pytest.raises(ValueError, match="image tokens"):
+        model(**unseen)
+    torch.testing.assert_close(model(**good).loss, model.module(**good).loss)
     torch.testing.assert_close(model(**batch(0)).loss, model.module(**batch(0)).loss)
 
 

@@ -41,8 +41,8 @@ from .translations import late_translations, translation_table
 from .translations.linalg import without_error_checks
 from ._rewrites import BatchStatistics, Layout, Site, Trace, check_all_true, default_generator, tracing
 
-__all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "TraceFailure", "discover", "export",
-           "same_draws", "inference_model", "STOP_GRADIENT_DOMAIN"]
+__all__ = ["OPSET", "IR_VERSION", "ShapeGuard", "ExportedGraph", "Discovery", "TraceFailure", "RejectedInput",
+           "discover", "export", "same_draws", "inference_model", "STOP_GRADIENT_DOMAIN"]
 
 #: the default-domain opset and IR version of exported graphs (onnxruntime 1.31 rejects IR 14)
 OPSET = 18
@@ -334,6 +334,14 @@ class TraceFailure(OrtNotImplemented):
     """The forward raised (not an ortagent refusal) while the bridge traced it."""
 
 
+class RejectedInput(TraceFailure, OrtInvalidArgument):
+    """The forward raised ValueError on the call's own values while the bridge ran it on copies
+    of them (as eager raises on them: an image token count that does not match the images'):
+    a ValueError to the caller, and a TraceFailure to ORTModule's retry."""
+
+    default_code = OrtInvalidArgument.default_code
+
+
 @contextlib.contextmanager
 def collector_paused() -> Any:
     """Keep Python's garbage collector out of the block: the objects alive when it starts are
@@ -405,8 +413,9 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
             raise
         except Exception as exc:
             if kind == "copy":
-                raise TraceFailure(f"ORTModule: the forward of {type(module).__name__} fails when the bridge "
-                                   f"traces it: {type(exc).__name__}: {exc}") from exc
+                failure = RejectedInput if isinstance(exc, ValueError) else TraceFailure
+                raise failure(f"ORTModule: the forward of {type(module).__name__} fails when the bridge "
+                              f"traces it: {type(exc).__name__}: {exc}") from exc
             continue
         assert functional.trace is not None and functional.outputs is not None
         trace = functional.trace
