@@ -397,8 +397,8 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
     copies of the real tensors (in-place updates in the forward touch nothing of the caller's)."""
     _refuse_backward_hooks(module)
     flat = [*inputs.tensors, *state.values()]
-    graded_names = {name for name, _ in module.named_parameters()}
-    graded = _graded(inputs, state, graded_names, all_graded)
+    param_names = {name for name, _ in module.named_parameters()}
+    graded = _graded(inputs, state, param_names, all_graded)
     generator = default_generator(device)
     # (autocast casts only tensors of its own device type: under it, meta tensors would give
     # the outputs the wrong dtype)
@@ -428,7 +428,7 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
         names = _input_names(len(inputs.tensors), state)
         reach = autograd_reach(functional.outputs.tensors, leaves)
         buffers = {id(leaf): position for position, (leaf, name) in enumerate(zip(leaves, names))
-                   if position >= len(inputs.tensors) and name not in graded_names}
+                   if position >= len(inputs.tensors) and name not in param_names}
         buffer_outputs = tuple((index, buffers[id(out)]) for index, out in enumerate(functional.outputs.tensors)
                                if id(out) in buffers)
         return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters),

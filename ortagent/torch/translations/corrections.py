@@ -236,21 +236,21 @@ def translations() -> dict[Any, Callable]:
                     group=int(groups))
         return op.Squeeze(y, op.Constant(value_ints=[0])) if unbatched else y
 
-    def check_all_true(x: Any, condition: Any) -> Any:
-        # as check_nonnegative: a Gather at index 0, or far out of range where the condition is false
-        failed = op.Cast(op.Not(op.Cast(condition, to=9)), to=7)
-        index = op.Mul(failed, op.Constant(value_int=CONDITION_FAILED_INDEX))
+    def failing_where(x: Any, failed: Any, failed_index: int) -> Any:
+        # x plus a Gather from a one-element constant at index 0, or far out of range (at
+        # failed_index, which onnxruntime's error then names) where ``failed`` (an int64 0 or 1)
+        # is 1: the run fails there (ONNX has no assertion)
+        index = op.Mul(failed, op.Constant(value_int=failed_index))
         zero = op.Gather(op.CastLike(op.Constant(value_floats=[0.0]), x), index, axis=0)
         return op.Add(x, zero)
 
+    def check_all_true(x: Any, condition: Any) -> Any:
+        return failing_where(x, op.Cast(op.Not(op.Cast(condition, to=9)), to=7), CONDITION_FAILED_INDEX)
+
     def check_nonnegative(x: Any) -> Any:
-        # a Gather from a one-element constant at index 0, or far out of range where an entry
-        # of x is negative: onnxruntime then fails the run (ONNX has no assertion)
         negative = op.ReduceMax(op.Cast(op.Less(x, op.CastLike(op.Constant(value_float=0.0), x)), to=7),
                                 keepdims=0)
-        index = op.Mul(negative, op.Constant(value_int=CHECK_FAILED_INDEX))
-        zero = op.Gather(op.CastLike(op.Constant(value_floats=[0.0]), x), index, axis=0)
-        return op.Add(x, zero)
+        return failing_where(x, negative, CHECK_FAILED_INDEX)
 
     def logit(x: Any, eps: float | None = None) -> Any:
         one = op.CastLike(op.Constant(value_float=1.0), x)
