@@ -127,6 +127,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, ValueInfoProto
 
+from ._ctc import CTC_LOSS, CTC_LOSS_GRAD, ctc_loss_grad_nodes, ctc_loss_nodes, ctc_loss_reverse
 from ._onnx_graph import NameAllocator, all_value_names, constant_values, walk_graphs
 from .errors import OrtNotImplemented
 
@@ -139,7 +140,7 @@ CONVOLUTION = "Convolution"
 CONVOLUTION_TRANSPOSE = "ConvolutionTranspose"
 BATCH_NORM_TRAINING = "BatchNormTraining"
 GELU = "ErfGelu"        # x * cdf(x), written as torch's exporter writes it (see _collapse_gelus)
-_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE, BATCH_NORM_TRAINING, GELU}
+_PRIVATE = {STOP_GRADIENT, CONVOLUTION, CONVOLUTION_TRANSPOSE, BATCH_NORM_TRAINING, GELU, CTC_LOSS, CTC_LOSS_GRAD}
 # ortagent's CPU gradient kernels (include/ortagent/cpu_kernels.h), emitted only on request
 # (see differentiating); a session runs them once SessionOptions.add_cpu_training_kernels() was called
 CPU_KERNELS_DOMAIN = "ai.ortagent.cpu"
@@ -1298,7 +1299,8 @@ def _register() -> None:
                                           (CONVOLUTION, _convolution_reverse, None),
                                           (CONVOLUTION_TRANSPOSE, _convolution_transpose_reverse, None),
                                           (BATCH_NORM_TRAINING, _batch_norm_training_reverse, None),
-                                          (GELU, _gelu_reverse, None)):
+                                          (GELU, _gelu_reverse, None),
+                                          (CTC_LOSS, ctc_loss_reverse, None)):
             if op_type in rules.REVERSE or op_type in rules.FORWARD:
                 raise RuntimeError(f"onnx-ad defines a rule for {op_type} itself; ortagent's private "
                                    "operator of that name would shadow it")
@@ -1477,6 +1479,12 @@ def prepare(model: ModelProto, cpu_kernels: bool = False) -> None:
             for output, like in zip(node.output, (node.input[0], node.input[1], node.input[1])):
                 if output:
                     _declare(model, output, known.get(like))
+        elif node.domain == DOMAIN and node.op_type == CTC_LOSS and node.input[0] in known:
+            # the per-sample losses [N] and the forward variables [T, N, L], of the log probabilities' type
+            element_type = known[node.input[0]].type.tensor_type.elem_type
+            for output, rank in zip(node.output, (1, 3)):
+                if output:
+                    _declare(model, output, onnx.helper.make_tensor_value_info(output, element_type, [None] * rank))
     for _ in range(8):      # a chain of markers needs one round per link
         known = _known_types(model)
         added = False
@@ -1527,6 +1535,9 @@ def _declare(model: ModelProto, name: str, source: ValueInfoProto | None) -> boo
 
 
 _STANDARD = {STOP_GRADIENT: "Identity", CONVOLUTION: "Conv", CONVOLUTION_TRANSPOSE: "ConvTranspose"}
+# the private operators finish() writes as several standard nodes each
+_CTC_LOWERINGS = {CTC_LOSS: ctc_loss_nodes, CTC_LOSS_GRAD: ctc_loss_grad_nodes}
+_LOWERED = {BATCH_NORM_TRAINING, *_CTC_LOWERINGS}
 
 
 def finish(model: ModelProto, element_types: dict[str, int] | None = None, cpu_kernels: bool = False) -> None:
@@ -1548,7 +1559,7 @@ def finish(model: ModelProto, element_types: dict[str, int] | None = None, cpu_k
             graph.node.extend(rewritten)
             if not any(entry.domain == _MS_DOMAIN for entry in model.opset_import):
                 model.opset_import.append(onnx.helper.make_opsetid(_MS_DOMAIN, 1))
-        if any(node.domain == DOMAIN and node.op_type == BATCH_NORM_TRAINING for node in graph.node):
+        if any(node.domain == DOMAIN and node.op_type in _LOWERED for node in graph.node):
             types = dict(element_types or {})
             types.update((value.name, value.type.tensor_type.elem_type)
                          for value in [*graph.input, *graph.value_info, *graph.output]
@@ -1556,8 +1567,12 @@ def finish(model: ModelProto, element_types: dict[str, int] | None = None, cpu_k
             types.update((init.name, init.data_type) for init in graph.initializer)
             expanded = []
             for node in graph.node:
-                if node.domain != DOMAIN or node.op_type != BATCH_NORM_TRAINING:
+                if node.domain != DOMAIN or node.op_type not in _LOWERED:
                     expanded.append(node)
+                elif node.op_type in _CTC_LOWERINGS:
+                    operand = node.input[0 if node.op_type == CTC_LOSS else 1]
+                    expanded.extend(_CTC_LOWERINGS[node.op_type](node, types.get(operand, onnx.TensorProto.FLOAT),
+                                                                 opset))
                 elif cpu_kernels and _fusable_batch_norm(node, types.get(node.input[0]), graph is model.graph):
                     expanded.append(onnx.helper.make_node("BatchNormTraining", node.input[:3], node.output[:3],
                                                          name=node.name, domain=CPU_KERNELS_DOMAIN,

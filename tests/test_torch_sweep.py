@@ -54,6 +54,8 @@ OPS_FIXED += ["nn.functional.unfold", "nn.functional.pad.circular", "nn.function
               "mode", "_segment_reduce.lengths", "_segment_reduce.offsets", "nn.functional.gaussian_nll_loss",
               "grid_sampler_3d"]
 MODULES_FIXED += ["CircularPad2d", "GaussianNLLLoss"]
+# translated as ortagent's private CTCLoss operator (ortagent/_ctc.py)
+OPS_FIXED += ["nn.functional.ctc_loss"]
 # ties and bounds differentiated as torch does (ortagent/_ad_rules.py's Clip, Max and Min rules,
 # ortagent/torch/translations/extrema.py; tests/test_torch_ties.py feeds the ties themselves)
 OPS_FIXED += ["clamp", "clamp_min", "clamp_max", "nn.functional.hardtanh", "nn.functional.relu6", "maximum",

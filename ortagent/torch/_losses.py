@@ -6,7 +6,11 @@ the tracing thread only):
   probability targets (torch.onnx's graph gave another loss, or an invalid node);
 * :func:`gaussian_nll_loss`: torch's shape checks at the trace, its check for a negative
   variance in the graph;
-* :func:`multilabel_margin_loss`: a single sample's unreduced loss is 0-d, as torch's.
+* :func:`multilabel_margin_loss`: a single sample's unreduced loss is 0-d, as torch's;
+* :func:`ctc_loss`: torch's CTC loss, which torch.onnx cannot translate, as one
+  ``ortagent::ctc_loss`` node per call (the per-sample loss; torch's reductions around it), which
+  ortagent's translation writes as its private CTCLoss operator (see :mod:`ortagent._ctc`),
+  with torch's argument checks at the trace and its checks of the lengths' values in the graph.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["smoothed_or_soft_cross_entropy", "gaussian_nll_loss", "multilabel_margin_loss"]
+__all__ = ["smoothed_or_soft_cross_entropy", "gaussian_nll_loss", "multilabel_margin_loss", "ctc_loss", "ctc_nll"]
 
 
 def smoothed_or_soft_cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
@@ -105,3 +109,98 @@ def multilabel_margin_loss(input: torch.Tensor, target: torch.Tensor, size_avera
         return loss.reshape(())
     return F.multilabel_margin_loss(input, target, reduction=reduction)
 
+
+
+@torch.library.custom_op("ortagent::ctc_loss", mutates_args=())
+def ctc_nll(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+            target_lengths: torch.Tensor, blank: int, zero_infinity: bool) -> torch.Tensor:
+    """torch's CTC loss of each sample (``reduction="none"``): ``log_probs`` ``[T, N, C]``,
+    targets padded ``[N, S]`` or concatenated, lengths as tensors. One node in the exported
+    graph; its gradient is torch's."""
+    return torch.ops.aten.ctc_loss.Tensor(log_probs, targets, input_lengths, target_lengths, blank, 0,
+                                          zero_infinity)
+
+
+@ctc_nll.register_fake
+def _ctc_nll_fake(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity):
+    return log_probs.new_empty(log_probs.shape[1])
+
+
+def _ctc_nll_setup(ctx, inputs, output) -> None:
+    log_probs, targets, input_lengths, target_lengths, blank, zero_infinity = inputs
+    ctx.save_for_backward(log_probs, targets, input_lengths, target_lengths)
+    ctx.blank, ctx.zero_infinity = blank, zero_infinity
+
+
+def _ctc_nll_backward(ctx, grad):
+    log_probs, targets, input_lengths, target_lengths = ctx.saved_tensors
+    with torch.enable_grad():
+        leaf = log_probs.detach().requires_grad_()
+        nll = torch.ops.aten.ctc_loss.Tensor(leaf, targets, input_lengths, target_lengths, ctx.blank, 0,
+                                             ctx.zero_infinity)
+        (grad_log_probs,) = torch.autograd.grad(nll, leaf, grad)
+    return grad_log_probs, None, None, None, None, None
+
+
+ctc_nll.register_autograd(_ctc_nll_backward, setup_context=_ctc_nll_setup)
+
+_CTC_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}     # torch.ctc_loss's integer reductions
+
+
+def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any, target_lengths: Any,
+             blank: int = 0, reduction: Any = "mean", zero_infinity: bool = False) -> torch.Tensor:
+    """``F.ctc_loss`` (and ``torch.ctc_loss``, whose reduction is a number) as torch computes
+    it: the per-sample losses of :func:`ctc_nll`, divided by the target lengths (at least 1) and
+    averaged over the batch (``mean``), summed (``sum``) or kept (``none``). An unbatched call
+    (``log_probs`` ``[T, C]``) gives a 0-d loss. Lengths may be tensors or sequences of ints.
+    The checks torch makes on shapes and arguments raise here, at the trace; those on the
+    lengths' values (input lengths at most ``T``, target lengths within the padded targets or
+    adding up to the concatenated ones, none negative) are made by the graph, whose run then fails (:func:`._rewrites.check_all_true`)."""
+    from ._rewrites import check_all_true
+
+    if isinstance(reduction, int) and not isinstance(reduction, bool):
+        if reduction not in _CTC_REDUCTIONS:
+            raise ValueError(f"{reduction} is not a valid value for reduction")
+        reduction = _CTC_REDUCTIONS[reduction]
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    if log_probs.dim() not in (2, 3):
+        raise RuntimeError(f"ctc_loss: log_probs must be 2-D (unbatched) or 3-D, got {log_probs.dim()}-D")
+    if not log_probs.is_floating_point():
+        raise RuntimeError(f"ctc_loss: log_probs must be floating point, got {log_probs.dtype}")
+    unbatched = log_probs.dim() == 2
+    classes = log_probs.shape[-1]
+    if not 0 <= blank < classes:
+        raise RuntimeError(f"ctc_loss: blank must be in label range [0, {classes}), got {blank}")
+
+    def lengths(value: Any, what: str) -> torch.Tensor:
+        if not isinstance(value, torch.Tensor):
+            value = torch.tensor(value, dtype=torch.long)
+        elif value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+            raise RuntimeError(f"ctc_loss: {what} must be integers, got {value.dtype}")
+        return value.reshape(1) if unbatched else value
+
+    input_lengths = lengths(input_lengths, "input_lengths")
+    target_lengths = lengths(target_lengths, "target_lengths")
+    if unbatched:       # (its targets, 1-D, read as one concatenated sequence: its length is checked)
+        log_probs = log_probs.unsqueeze(1)
+    batch = log_probs.shape[1]
+    if input_lengths.shape != (batch,) or target_lengths.shape != (batch,):
+        raise RuntimeError(f"ctc_loss: input_lengths and target_lengths must have one entry per sample ({batch}), "
+                           f"got shapes {tuple(input_lengths.shape)} and {tuple(target_lengths.shape)}")
+    if targets.dim() not in (1, 2) or (targets.dim() == 2 and targets.shape[0] != batch):
+        raise RuntimeError(f"ctc_loss: targets must be [{batch}, S] (padded) or 1-D (concatenated), "
+                           f"got shape {tuple(targets.shape)}")
+    if targets.dim() == 2:
+        fit = (target_lengths <= targets.shape[1]).all()
+    else:
+        fit = target_lengths.sum() == targets.shape[0]          # (torch's check: exactly)
+    valid = ((input_lengths >= 0).all() & (input_lengths <= log_probs.shape[0]).all()
+             & (target_lengths >= 0).all() & fit)
+    log_probs = check_all_true(log_probs, valid)
+    nll = ctc_nll(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
+    if reduction == "mean":
+        return (nll / target_lengths.clamp(min=1).to(nll.dtype)).mean()
+    if reduction == "sum":
+        return nll.sum()
+    return nll.reshape(()) if unbatched else nll

@@ -654,9 +654,10 @@ class ORTModule(nn.Module):
             if f"idx={CONDITION_FAILED_INDEX}" in str(exc):
                 raise FailedValueCheck(
                     f"ORTModule: a condition the forward of {type(module).__name__} checks on values "
-                    "(torch._check_tensor_all; transformers' torch_compilable_check, e.g. that the image tokens "
-                    "match the image features) is false for this input, where eager raises; the graph's check "
-                    "stopped the run") from exc
+                    "(torch._check_tensor_all, as transformers' torch_compilable_check that the image tokens "
+                    "match the image features; or ctc_loss's lengths: input lengths at most the log "
+                    "probabilities' length, target lengths within the targets, none negative) is false for "
+                    "this input, where eager raises; the graph's check stopped the run") from exc
             if f"idx={CHECK_FAILED_INDEX}" not in str(exc):
                 raise
             raise FailedValueCheck(

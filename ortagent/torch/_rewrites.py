@@ -49,7 +49,7 @@ from torch.overrides import TorchFunctionMode
 
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 
-from ._losses import gaussian_nll_loss, multilabel_margin_loss, smoothed_or_soft_cross_entropy
+from ._losses import ctc_loss, gaussian_nll_loss, multilabel_margin_loss, smoothed_or_soft_cross_entropy
 
 __all__ = ["Layout", "Site", "Trace", "tracing", "draw", "draw_all", "stop_gradient", "batch_norm_training",
            "BatchStatistics", "default_generator"]
@@ -766,12 +766,8 @@ class _TraceMode(TorchFunctionMode):
             return gaussian_nll_loss(*args, **kwargs)
         if func is F.multilabel_margin_loss:
             return multilabel_margin_loss(*args, **kwargs)
-        if func is F.ctc_loss:
-            raise OrtNotImplemented(
-                "ORTModule: ctc_loss (nn.CTCLoss) is not supported: torch's ONNX exporter cannot translate it "
-                "(its kernel's outputs have data-dependent shapes), and its recursion unrolled over the time "
-                "steps takes minutes to export at 50 steps. Compute the loss outside the ORTModule, on the "
-                "log-probabilities it returns")
+        if func is F.ctc_loss or func is torch.ctc_loss:
+            return ctc_loss(*args, **kwargs)
         if func is _PACK_PADDED_SEQUENCE:
             raise OrtNotImplemented(
                 "ORTModule: pack_padded_sequence (a PackedSequence for nn.RNN / nn.LSTM / nn.GRU) is not "

@@ -34,10 +34,11 @@ __all__ = ["translation_table", "late_translations"]
 
 def translation_table() -> dict[Any, Callable]:
     """Every translation of every family, keyed by aten operator overload."""
-    from . import attention, corrections, distances, elementwise, pooling, reductions, scans, selection, special
+    from . import attention, corrections, ctc, distances, elementwise, pooling, reductions, scans, selection, special
 
     table: dict[Any, Callable] = {}
-    for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances):
+    for family in (corrections, elementwise, pooling, reductions, scans, selection, special, attention, distances,
+                   ctc):
         table.update(family.translations())
     from . import linalg
     table.update(linalg.translations())
