@@ -1957,3 +1957,74 @@ def test_values_written_under_no_grad_carry_no_gradient():
 
     x = torch.randn(3, 4)
     _compare(Written, lambda step: (x,), lambda out: out.sum(), steps=2)
+
+
+def test_a_python_branch_on_a_tensor_value_is_taken_and_checked_by_the_graph():
+    """``if labels.max() >= 10: raise`` (transformers' CTC heads) and a branch on the values the
+    forward computes: the export takes each as the discovery saw it (before: refused, a
+    data-dependent decision), and the graph checks the condition: an input that would take a
+    branch the other way stops the run (FailedValueCheck, a ValueError), never runs the branch
+    the graph holds; the graph serves the inputs that agree afterwards."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+    from ortagent.torch._module import FailedValueCheck
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x, labels):
+            if labels.max() >= 10:
+                raise ValueError("labels past the classes")
+            y = self.linear(x)
+            if (y.abs() > 100).any():
+                y = y.clamp(-100, 100)
+            return (y * labels.unsqueeze(1)).sum()
+
+    torch.manual_seed(0)
+    eager = Head()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(2, 4)
+    for labels in (torch.tensor([1, 2]), torch.tensor([9, 0])):
+        got, want = wrapped(x, labels), eager(x, labels)
+        got.backward()
+        want.backward()
+        _close(got, want, "loss")
+        for a, e in zip(wrapped.parameters(), eager.parameters()):
+            _close(a.grad, e.grad, "gradient")
+    with pytest.raises(ValueError, match="labels past"):
+        eager(x, torch.tensor([3, 10]))
+    with pytest.raises(FailedValueCheck, match="Python branch on a tensor's value"):
+        wrapped(x, torch.tensor([3, 10]))
+    with pytest.raises(FailedValueCheck):
+        wrapped(x * 1000, torch.tensor([1, 2]))      # eager clamps: the graph does not hold that branch
+    _close(wrapped(x, torch.tensor([4, 5])), eager(x, torch.tensor([4, 5])), "loss")
+    assert wrapped.exported_graphs == 1
+
+
+def test_tensors_made_from_numpy_arrays():
+    """A NumPy array made the same way at each call is a constant of the graph; one drawn from
+    NumPy's generator in the forward (which one graph would hold for every call) is refused
+    with its reason, where before the graph silently kept the first draw."""
+    torch = _torch()
+    import numpy as np
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Scaled(torch.nn.Module):
+        def __init__(self, draw):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3)
+            self.draw = draw
+
+        def forward(self, x):
+            scale = np.random.rand(3) if self.draw else np.arange(1, 4) / 2
+            return self.linear(x) * torch.tensor(scale, dtype=x.dtype)
+
+    x = torch.randn(2, 3)
+    fixed = Scaled(False)
+    _close(ORTModule(copy.deepcopy(fixed))(x), fixed(x), "output")
+    with pytest.raises(OrtNotImplemented, match="NumPy array .* changed between two runs"):
+        ORTModule(Scaled(True))(x)

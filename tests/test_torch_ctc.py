@@ -277,3 +277,56 @@ def test_ctc_loss_keeps_torch_s_checks_on_the_lengths():
         Loss(blank=5)(log_probs, targets, *good)
     with pytest.raises((OrtError, RuntimeError), match="blank must be in label range"):
         ORTModule(Loss(blank=5))(log_probs, targets, *good)
+
+
+def test_wav2vec2_ctc_with_spec_augment_trains_beside_eager():
+    """transformers' Wav2Vec2ForCTC given labels (padded with -100; the head concatenates them
+    with masked_select, checks ``labels.max() < vocab_size`` in Python and takes the CTC loss)
+    and SpecAugment on (its time and feature spans drawn from NumPy's generator in the forward,
+    which the bridge now draws before each run as eager's forward would): the losses and every
+    gradient match eager under the same NumPy seed, over two input lengths. Before, the label
+    check refused the model, and without labels the graph kept the spans of its export for
+    every call. A label past the vocabulary stops the run as eager raises."""
+    import copy
+
+    import torch
+
+    from ortagent.torch import ORTModule
+    from ortagent.torch._module import FailedValueCheck
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=32,
+        conv_dim=(32, 32, 32), conv_stride=(5, 4, 4), conv_kernel=(10, 4, 4), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, hidden_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0,
+        layerdrop=0.0, final_dropout=0.0, mask_time_prob=0.3, mask_time_length=2, mask_feature_prob=0.2,
+        mask_feature_length=4, ctc_zero_infinity=True)
+    eager = transformers.Wav2Vec2ForCTC(config).train()
+    inner = copy.deepcopy(eager)
+    wrapped = ORTModule(inner)
+    for step, samples in enumerate((1600, 2400, 1600)):
+        generator = torch.Generator().manual_seed(step)
+        audio = torch.randn(2, samples, generator=generator)
+        labels = torch.randint(1, 32, (2, 5), generator=generator)
+        labels[1, 3:] = -100
+        losses = []
+        for module in (wrapped, eager):
+            np.random.seed(step)
+            torch.manual_seed(step)
+            module.zero_grad()
+            loss = module(audio, labels=labels).loss
+            loss.backward()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-4)
+        for (name, e), a in zip(eager.named_parameters(), inner.parameters()):
+            if e.grad is None:
+                assert a.grad is None, name
+                continue
+            scale = float(e.grad.abs().max())
+            assert float((a.grad - e.grad).abs().max()) <= 1e-4 * max(scale, 1e-3), name
+    labels[0, 0] = 32
+    with pytest.raises(ValueError, match="Label values must be"):
+        eager(audio[:, :1600], labels=labels)
+    with pytest.raises(FailedValueCheck):
+        wrapped(audio[:, :1600], labels=labels)

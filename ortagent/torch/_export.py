@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.util
+import logging
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -218,6 +220,10 @@ class Discovery:
     #: outputs that are a buffer of the module as it is (``return out, self.bn.running_mean``):
     #: (output index, position among the call's tensors and the state)
     buffer_outputs: tuple[tuple[int, int], ...] = ()
+    #: the Python branches on tensor values the forward took (see :attr:`.Trace.decisions`)
+    decisions: tuple[tuple[tuple[str, int], bool], ...] = ()
+    #: the NumPy arrays the forward made tensors of (see :attr:`.Trace.host_constants`)
+    host_constants: tuple[Any, ...] = ()
 
 
 def same_draws(a: Sequence[Site], b: Sequence[Site]) -> bool:
@@ -238,8 +244,9 @@ class _Functional(nn.Module):
     """The wrapped module as a function of (user tensors, parameters and buffers, draws)."""
 
     def __init__(self, module: nn.Module, inputs: _trees.Flat, state_names: Sequence[str], phase: str,
-                 generator: Any = None, stand_in_device: Any = "meta") -> None:
+                 generator: Any = None, stand_in_device: Any = "meta", seen: Discovery | None = None) -> None:
         super().__init__()
+        self.seen = seen            # (an export's: what the discovery saw of the values)
         self.generator = generator
         self.stand_in_device = stand_in_device
         self.target = [module]          # a list: not a submodule, so nothing of it is lifted
@@ -258,6 +265,9 @@ class _Functional(nn.Module):
                       generator=self.generator,
                       start_seed=None if self.generator is None else self.generator.initial_seed(),
                       stand_in_device=self.stand_in_device)
+        if self.seen is not None:
+            trace.decisions = list(self.seen.decisions)
+            trace.host_constants = list(self.seen.host_constants)
         args, kwargs = self.inputs.rebuild(flat[:n_user])
         with _state_slots_kept(self.target[0]), tracing(trace), contextlib.ExitStack() as regions:
             for device, dtype in self.autocast:
@@ -270,8 +280,9 @@ class _Functional(nn.Module):
 
 def with_checks(outputs: _trees.Flat, checks: Sequence[torch.Tensor]) -> _trees.Flat:
     """``outputs`` with the first that is a number tensor (not a cache's) passed through
-    ``ortagent::check_all_true`` over the forward's ``torch._check_tensor_all`` conditions:
-    the graph's run fails where one is false, as eager raises (torch.onnx would drop them)."""
+    ``ortagent::check_all_true`` over the forward's ``torch._check_tensor_all`` conditions
+    (torch.onnx would drop them) and those of its Python branches on tensor values: the graph's
+    run fails where one is false, where eager raises or would take the other branch."""
     if not checks:
         return outputs
     tensors = list(outputs.tensors)
@@ -279,8 +290,8 @@ def with_checks(outputs: _trees.Flat, checks: Sequence[torch.Tensor]) -> _trees.
                   and not t.is_complex()), None)
     if index is None:
         raise OrtNotImplemented("ORTModule: the forward checks a condition on tensor values "
-                                "(torch._check_tensor_all) and returns no number tensor that the exported "
-                                "graph could make its check on")
+                                "(torch._check_tensor_all, or a Python branch on a tensor's value) and returns "
+                                "no number tensor that the exported graph could make its check on")
     condition = torch.stack(list(checks)).all() if len(checks) > 1 else checks[0]
     tensors[index] = check_all_true(tensors[index], condition)
     return replace(outputs, tensors=tuple(tensors))
@@ -371,6 +382,29 @@ def collector_paused() -> Any:
         gc.unfreeze()
 
 
+class _UnbackedNoise(logging.Filter):
+    """Drops torch.export's warning, in the exporting thread, that it found no user code for
+    the unknown value of a branch the trace decided (see :meth:`._rewrites._TraceMode._branch`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread or not str(record.msg).startswith("Unable to find user code")
+
+
+@contextlib.contextmanager
+def _unbacked_noise_dropped() -> Any:
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    noise = _UnbackedNoise()
+    logger.addFilter(noise)
+    try:
+        yield
+    finally:
+        logger.removeFilter(noise)
+
+
 @contextlib.contextmanager
 def _generator_kept(generator: Any) -> Any:
     """A trace runs the forward's own seeding (``torch.manual_seed`` in the forward) for real:
@@ -432,7 +466,8 @@ def discover(module: nn.Module, inputs: _trees.Flat, state: dict[str, torch.Tens
         buffer_outputs = tuple((index, buffers[id(out)]) for index, out in enumerate(functional.outputs.tensors)
                                if id(out) in buffers)
         return Discovery(tuple(trace.sites), functional.outputs, tuple(trace.statistics), tuple(trace.counters),
-                         tuple(zip(names, reach)), buffer_outputs)
+                         tuple(zip(names, reach)), buffer_outputs, tuple(trace.decisions),
+                         tuple(trace.host_constants))
     raise AssertionError("unreachable")
 
 
@@ -513,7 +548,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
     device = next((t.device for t in (*inputs.tensors, *state.values())), torch.device("cpu"))
     discovery = discover(module, inputs, state, device, all_graded)
     sites = discovery.sites
-    draws = [layout.empty(device).zero_().add_(1) for site in sites for layout in _site_layouts(site)]
+    draws = [layout.empty(device).fill_(1) for site in sites for layout in _site_layouts(site)]
     input_names = _input_names(len(inputs.tensors), state) + \
         [f"draw_{i}" for i in range(len(draws))]
     graded = _graded(inputs, state, set(params), all_graded)
@@ -525,7 +560,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
         # dimensions, and a static retry on the same objects would trace them symbolic again)
         flat = [_traced(t, grad) for t, grad in zip([*inputs.tensors, *state.values()], graded)] + \
             [draw.detach() for draw in draws]
-        functional = _Functional(module, inputs, list(state), "export")
+        functional = _Functional(module, inputs, list(state), "export", seen=discovery)
         dynamic_shapes = None
         if symbolic:
             auto = torch.export.Dim.AUTO
@@ -533,7 +568,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
                 {axis: auto for axis in range(t.dim())} if (i < n_user or i >= n_user + len(state)) and t.dim() else None
                 for i, t in enumerate(flat)),)
         try:
-            with _generator_kept(default_generator(device)):
+            with _generator_kept(default_generator(device)), _unbacked_noise_dropped():
                 program, exported_program = _torch_export(functional, flat, input_names, opset, dynamic_shapes)
             break
         except (OrtNotImplemented, OrtInvalidArgument):

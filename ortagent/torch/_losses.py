@@ -155,7 +155,8 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
     (``log_probs`` ``[T, C]``) gives a 0-d loss. Lengths may be tensors or sequences of ints.
     The checks torch makes on shapes and arguments raise here, at the trace; those on the
     lengths' values (input lengths at most ``T``, target lengths within the padded targets or
-    adding up to the concatenated ones, none negative) are made by the graph, whose run then fails (:func:`._rewrites.check_all_true`)."""
+    adding up to the concatenated ones, none negative) and on the labels within them (each a
+    class, which eager does not check) are made by the graph, whose run then fails (:func:`._rewrites.check_all_true`)."""
     from ._rewrites import check_all_true
 
     if isinstance(reduction, int) and not isinstance(reduction, bool):
@@ -193,10 +194,15 @@ def ctc_loss(log_probs: torch.Tensor, targets: torch.Tensor, input_lengths: Any,
                            f"got shape {tuple(targets.shape)}")
     if targets.dim() == 2:
         fit = (target_lengths <= targets.shape[1]).all()
+        read = torch.arange(targets.shape[1], device=targets.device) < target_lengths.unsqueeze(1)
     else:
         fit = target_lengths.sum() == targets.shape[0]          # (torch's check: exactly)
+        read = torch.ones_like(targets, dtype=torch.bool)
+    # (eager reads a label outside the classes from wherever it points; the graph's gather
+    # would fail the run with onnxruntime's message: checked here, before the loss)
+    labels = ((targets >= 0) & (targets < classes)) | ~read
     valid = ((input_lengths >= 0).all() & (input_lengths <= log_probs.shape[0]).all()
-             & (target_lengths >= 0).all() & fit)
+             & (target_lengths >= 0).all() & fit & labels.all())
     log_probs = check_all_true(log_probs, valid)
     nll = ctc_nll(log_probs, targets, input_lengths, target_lengths, blank, zero_infinity)
     if reduction == "mean":

@@ -653,11 +653,13 @@ class ORTModule(nn.Module):
         except OrtInvalidArgument as exc:
             if f"idx={CONDITION_FAILED_INDEX}" in str(exc):
                 raise FailedValueCheck(
-                    f"ORTModule: a condition the forward of {type(module).__name__} checks on values "
-                    "(torch._check_tensor_all, as transformers' torch_compilable_check that the image tokens "
-                    "match the image features; or ctc_loss's lengths: input lengths at most the log "
-                    "probabilities' length, target lengths within the targets, none negative) is false for "
-                    "this input, where eager raises; the graph's check stopped the run") from exc
+                    f"ORTModule: a condition the forward of {type(module).__name__} checks on values is "
+                    "false for this input, where eager raises or takes another branch: torch._check_tensor_all "
+                    "(transformers' torch_compilable_check that the image tokens match the image features), "
+                    "ctc_loss's lengths and labels (input lengths at most the log probabilities' length, target "
+                    "lengths within the targets, none negative, labels within the classes), or a Python branch on a tensor's value, which the "
+                    "graph holds as the export took it (transformers' CTC heads: `if labels.max() >= "
+                    "vocab_size: raise ValueError`); the graph's check stopped the run") from exc
             if f"idx={CHECK_FAILED_INDEX}" not in str(exc):
                 raise
             raise FailedValueCheck(

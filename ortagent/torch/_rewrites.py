@@ -39,10 +39,12 @@ import math
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -126,8 +128,19 @@ class Trace:
     statistics: list[BatchStatistics] = field(default_factory=list)
     statistic_values: list[torch.Tensor] = field(default_factory=list)
     counters: list[str] = field(default_factory=list)
-    # the conditions an export's forward checks with torch._check_tensor_all (see _TraceMode)
+    # the conditions an export's forward checks with torch._check_tensor_all, and those of the
+    # Python branches it takes on tensor values (see _TraceMode)
     checks: list[torch.Tensor] = field(default_factory=list)
+    # the Python branches on tensor values a discovery saw, in call order: (the forward's
+    # line, the outcome); an export is given a discovery's and takes them in order (decide)
+    decisions: list[tuple[tuple[str, int], bool]] = field(default_factory=list)
+    next_decision: int = 0
+    # the tensors the forward makes from NumPy arrays (torch.tensor(array), ...): a
+    # discovery's copies of the arrays, which an export is given and compares its own with
+    host_constants: list[Any] = field(default_factory=list)
+    next_host_constant: int = 0
+    # id -> tensor of the host draws' tensors (see _host_draw)
+    host_draws: dict[int, torch.Tensor] = field(default_factory=dict)
     next_supplied: int = 0
     # uniform draws of the forward (id -> (the tensor, its version then, low, high)) and the
     # comparisons of one with a number inside its range (id -> the result): see _decide
@@ -135,6 +148,15 @@ class Trace:
     random_choices: dict[int, Any] = field(default_factory=dict)
     # the trace's ``t.data`` values (id -> (the value, t)): an update of one updates t
     data_aliases: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+
+    def decide(self, line: tuple[str, int]) -> bool | None:
+        """The outcome the discovery saw of the next branch on a tensor value made at ``line``
+        (the branches between, whose values the export knows, are passed), or None."""
+        for index in range(self.next_decision, len(self.decisions)):
+            if self.decisions[index][0] == line:
+                self.next_decision = index + 1
+                return self.decisions[index][1]
+        return None
 
     def site(self, site: Site) -> list[torch.Tensor] | None:
         """Record ``site`` (discovery: None, the caller computes a stand-in), or return the
@@ -207,6 +229,9 @@ def draw(site: Site, device: torch.device, generator: Any = None) -> list[torch.
     if kind == "factory":           # torch.rand(3, 4), ...
         function, args, kwargs = params
         return [function(*args, **{**kwargs, "device": device, "generator": generator})]
+    if kind == "host":              # a NumPy draw of the forward's library (see _host_draw)
+        function, args, kwargs = params
+        return [torch.as_tensor(function(*args, **kwargs)).to(device=device, dtype=site.layouts[0].dtype)]
     raise AssertionError(f"unknown site kind {kind!r}")
 
 
@@ -455,6 +480,58 @@ def _install() -> None:
         function = torch.autograd.Function
         _saved.append((function, "apply", function.__dict__.get("apply", _MISSING)))
         function.apply = _function_apply(inspect.getattr_static(function, "apply"))
+        for module in [m for name, m in list(sys.modules.items()) if name.startswith(_HOST_DRAW_MODULES)]:
+            for name in _HOST_DRAWS:
+                original = getattr(module, name, None)
+                if callable(original):
+                    _saved.append((module, name, original))
+                    setattr(module, name, _host_draw(original))
+
+
+# -- NumPy draws of the libraries: transformers' SpecAugment -------------------------------------------
+
+#: functions of other libraries that draw from NumPy's global generator, with the module names
+#: they are found under: transformers' SpecAugment spans (wav2vec2 and the speech models that
+#: copy it), drawn in training where mask_time_prob or mask_feature_prob is above 0
+_HOST_DRAWS = ("_compute_mask_indices",)
+_HOST_DRAW_MODULES = ("transformers.models.",)
+
+
+def _host_draw(original: Callable) -> Callable:
+    """``original`` (a NumPy draw, see _HOST_DRAWS) made a site in the tracing thread: the
+    bridge calls it before each run, as eager's forward would (the same draws from NumPy's
+    generator, in the same order), and feeds its array to the graph; the trace gets the array
+    as a tensor, which ``torch.tensor`` passes through (_TraceMode). Its arguments must be
+    known before the run (shapes and numbers, no tensor)."""
+    def host_draw(*args: Any, **kwargs: Any) -> Any:
+        trace = _current()
+        if trace is None:
+            return original(*args, **kwargs)
+        if any(True for _ in _tensors_in((*args, *kwargs.values()))):
+            raise OrtNotImplemented(
+                f"ORTModule: the forward draws {original.__module__}.{original.__name__} from NumPy's generator "
+                "with a tensor argument (SpecAugment's spans given an attention mask computed in the forward); "
+                "the bridge makes such draws before the run, from arguments known then. Call the model without "
+                "attention_mask, pass the mask indices in yourself (mask_time_indices), or set "
+                "config.mask_time_prob = config.mask_feature_prob = 0")
+        if trace.phase == "export":
+            drawn = trace.site(Site("host", (), (original, args, kwargs)))
+            assert drawn is not None
+            tensor = drawn[0]
+        else:
+            state = np.random.get_state()       # (a trace draws nothing of the caller's stream)
+            try:
+                tensor = torch.as_tensor(original(*args, **kwargs))
+            finally:
+                np.random.set_state(state)
+            site = Site("host", (Layout.of(tensor),), (original, tuple(args), dict(kwargs)))
+            trace.site(site)
+            tensor = tensor.to(trace.stand_in_device)
+        trace.host_draws[id(tensor)] = tensor
+        return tensor
+
+    host_draw.__wrapped__ = original         # type: ignore[attr-defined]
+    return host_draw
 
 
 # -- custom autograd.Functions whose backward is their forward's derivative -------------------------
@@ -655,6 +732,8 @@ _RANDOM_METHODS = {torch.Tensor.bernoulli_, torch.Tensor.uniform_, torch.Tensor.
                    torch.Tensor.cauchy_}
 _RANDOM_LIKE = {torch.rand_like, torch.randn_like, torch.randint_like}
 _RANDOM_FACTORIES = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.normal}
+# tensors made from data (torch.from_numpy is not seen by a function mode)
+_FROM_DATA = {torch.tensor, torch.as_tensor, torch.asarray}
 # fractional max pooling draws its samples inside torch's function: drawn before the call
 # (spatial dims by function)
 _FRACTIONAL_POOLS = {F.fractional_max_pool2d: 2, F.fractional_max_pool2d_with_indices: 2, F._fractional_max_pool2d: 2,
@@ -724,6 +803,8 @@ class _TraceMode(TorchFunctionMode):
         if args and isinstance(args[0], torch.Tensor) and _updates_in_place(func) \
                 and self.trace.data_aliases.get(id(args[0]), (None,))[0] is args[0] and func not in _METADATA_UPDATES:
             return self._update_through_data(func, args, kwargs)
+        if func in _FROM_DATA and args:
+            return self._from_data(func, args, kwargs)
         if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
             drawn = self._draw(func, args, kwargs)
             self._note_uniform(func, args, kwargs, drawn)
@@ -806,6 +887,8 @@ class _TraceMode(TorchFunctionMode):
             # nn.Transformer*'s is_causal detection compares the mask's values with a causal
             # mask; its answer only picks a kernel, so the mask as given is applied instead
             return False
+        if func is torch.Tensor.__bool__ and len(args) == 1 and not kwargs:
+            return self._branch(func, args[0])
         if args and id(args[0]) in self.trace.user_inputs and _updates_in_place(func):
             # the trace marks every floating-point input as requiring grad (so that one export
             # serves all requires_grad settings); an input a call updates in place requires none
@@ -892,6 +975,57 @@ class _TraceMode(TorchFunctionMode):
         if isinstance(drawn, torch.Tensor) and drawn.is_floating_point() \
                 and all(isinstance(b, int | float) and not isinstance(b, bool) for b in (low, high)):
             self.trace.uniform[id(drawn)] = (drawn, drawn._version, float(low), float(high))
+
+    def _from_data(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """``torch.tensor(data)`` and its kin. A host draw's tensor (see _host_draw) passes
+        through, converted as asked. A tensor made from a NumPy array becomes a constant of
+        the graph: the array is compared with the one the discovery saw at that call, and a
+        forward whose arrays change between two runs (drawn from NumPy's generator, a clock) is
+        refused, where one graph would hold one of them for every call."""
+        data = args[0]
+        drawn = self.trace.host_draws.get(id(data))
+        if drawn is not None and drawn is data:
+            return data.to(device=kwargs.get("device") or data.device, dtype=kwargs.get("dtype") or data.dtype)
+        if isinstance(data, np.ndarray | np.generic):
+            if self.trace.phase != "export":
+                self.trace.host_constants.append(np.array(data, copy=True))
+            else:
+                index = self.trace.next_host_constant
+                self.trace.next_host_constant += 1
+                seen = self.trace.host_constants[index] if index < len(self.trace.host_constants) else None
+                if seen is None or seen.shape != np.shape(data) or seen.dtype != np.asarray(data).dtype \
+                        or not np.array_equal(seen, data, equal_nan=seen.dtype.kind in "fc"):
+                    raise OrtNotImplemented(
+                        f"ORTModule: the forward makes a tensor from a NumPy array ({_function_name(func)}) whose "
+                        "values changed between two runs of the forward (drawn from NumPy's random generator, "
+                        "read from a clock or a counter); the exported graph would hold one of them for every "
+                        "call. Make the array outside the forward and pass it in as a tensor, or draw it with "
+                        "torch's random functions (which the bridge draws anew for each call)")
+        return func(*args, **kwargs)
+
+    def _branch(self, func: Any, tensor: torch.Tensor) -> bool:
+        """A Python branch on a tensor's value (transformers' CTC heads: ``if labels.max() >=
+        vocab_size: raise ValueError``). A discovery on copies records its outcome by the
+        forward's line; the export, where the value is not known, takes the outcome the
+        discovery saw at that line and keeps the condition for the graph to check
+        (:func:`._export.with_checks`): the run fails where an input would take the branch the
+        other way, rather than run the branch the graph holds."""
+        if self.trace.phase != "export":
+            outcome = func(tensor)
+            if tensor.device.type != "meta":
+                self.trace.decisions.append((_forward_line(), outcome))
+            return outcome
+        try:
+            return func(tensor)
+        except Exception as exc:
+            if not _data_dependent(exc):
+                raise
+            outcome = self.trace.decide(_forward_line())
+            if outcome is None:
+                raise
+        condition = (tensor != 0).reshape(())
+        self.trace.checks.append(condition if outcome else condition.logical_not())
+        return outcome
 
     def _decide(self, func: Any, args: tuple) -> Any:
         """A comparison of a uniform draw with a number: where the number lies outside the
@@ -1057,6 +1191,22 @@ def _called_from(code: Any) -> bool:
 
 
 _DETECT_CAUSAL = torch.nn.modules.transformer._detect_is_causal_mask.__code__
+_LIBRARY_DIRS = tuple(str(path) + "/" for path in (Path(torch.__file__).parent, Path(__file__).parents[1]))
+
+
+def _forward_line() -> tuple[str, int]:
+    """(file, line) of the caller's nearest frame outside torch and ortagent: the forward's
+    line that made the call."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+    return ("", 0) if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _data_dependent(exc: Exception) -> bool:
+    """Whether ``exc`` is torch.export's refusal of a value it does not know at the trace."""
+    return any(kind.__name__ in ("GuardOnDataDependentSymNode", "DataDependentOutputException")
+               for kind in type(exc).__mro__)
 
 
 def _custom_function_running() -> type | None:
