@@ -195,44 +195,32 @@ class _Labels:
         self.state_index = b.unsqueeze(b.op("Range", [zero, b.op("Gather", [self.states_shape, one]), one]), [0])
 
 
-def _shift_body(b: _Nodes, element_type: int, forward: bool, skip: str, column_1: str, column_2: str,
-                final: str | None) -> onnx.GraphProto:
+def _shift_body(b: _Nodes, labels: "_Labels", forward: bool, skip: str, final: str | None) -> onnx.GraphProto:
     """The Scan body of one step of the recursion over states, in log space: forward, state s
     from s, s - 1 and s - 2 (where the skip is allowed) of the previous step plus the step's
     emission; backward, from s, s + 1 and s + 2 of the next step with the next step's
-    emissions, restarting from ``final`` at a sample's last step."""
-    body = _Nodes(b.stem + "/step", element_type)
+    emissions, restarting from ``final`` at a sample's last step. The shifts are Pads (negative
+    at the far end) filled with NEGLIGIBLE; the body's constants live in the outer graph."""
+    toward = 1 if forward else -1       # (later states take from earlier ones, or the reverse)
+    one, two = b.ints([0, toward, 0, -toward]), b.ints([0, 2 * toward, 0, -2 * toward])
+    body = _Nodes(b.stem + "/step", b.element_type)
     carried, emission = body.name("carried"), body.name("emission")
-    inputs = [helper.make_tensor_value_info(carried, element_type, None),
-              helper.make_tensor_value_info(emission, element_type, None)]
+    inputs = [helper.make_tensor_value_info(carried, b.element_type, None),
+              helper.make_tensor_value_info(emission, b.element_type, None)]
+    source = carried if forward else body.op("Add", [carried, emission])
+    shifted_1 = body.op("Pad", [source, one, labels.negligible], mode="constant")
+    shifted_2 = body.op("Add", [body.op("Pad", [source, two, labels.negligible], mode="constant"), skip])
+    combined = body.lse([source, shifted_1, shifted_2], "combined")
     if forward:
-        one_back = body.op("Slice", [body.op("Concat", [column_1, carried], axis=1), body.ints([0]), body.ints([-1]),
-                                     body.ints([1])])
-        two_back = body.op("Add", [body.op("Slice", [body.op("Concat", [column_2, carried], axis=1), body.ints([0]),
-                                                     body.ints([-2]), body.ints([1])]), skip])
-        combined = body.lse([carried, one_back, two_back], "combined")
         updated = body.op("Add", [combined, emission], "updated")
     else:
         last = body.name("last")
         inputs.append(helper.make_tensor_value_info(last, TensorProto.BOOL, None))
-        ahead = body.op("Add", [carried, emission])
-        big = body.ints([2 ** 62])
-        one_ahead = body.op("Slice", [body.op("Concat", [ahead, column_1], axis=1), body.ints([1]), big,
-                                      body.ints([1])])
-        two_ahead = body.op("Add", [body.op("Slice", [body.op("Concat", [ahead, column_2], axis=1), body.ints([2]),
-                                                      big, body.ints([1])]), skip])
-        combined = body.lse([ahead, one_ahead, two_ahead], "combined")
         updated = body.op("Where", [last, final, combined], "updated")
     seen = body.op("Identity", [updated], "seen")
-    outputs = [helper.make_tensor_value_info(updated, element_type, None),
-               helper.make_tensor_value_info(seen, element_type, None)]
+    outputs = [helper.make_tensor_value_info(updated, b.element_type, None),
+               helper.make_tensor_value_info(seen, b.element_type, None)]
     return helper.make_graph(body.nodes, body.stem, inputs, outputs)
-
-
-def _negligible_columns(b: _Nodes, labels: _Labels) -> tuple[str, str]:
-    rows = b.op("Shape", [labels.target_lengths])
-    return (b.op("Expand", [labels.negligible, b.op("Concat", [rows, b.ints([1])], axis=0)]),
-            b.op("Expand", [labels.negligible, b.op("Concat", [rows, b.ints([2])], axis=0)]))
 
 
 def _log_likelihood(b: _Nodes, labels: _Labels, log_alpha: str) -> str:
@@ -267,8 +255,7 @@ def ctc_loss_nodes(node, element_type: int, opset: int) -> list:
     b = _Nodes(node.name or node.output[0], element_type)
     log_probs = node.input[0]
     labels = _Labels(b, log_probs, *node.input[1:4], attrs["blank"], bool(attrs["flat_targets"]))
-    column_1, column_2 = _negligible_columns(b, labels)
-    body = _shift_body(b, element_type, True, labels.skip_into, column_1, column_2, None)
+    body = _shift_body(b, labels, True, labels.skip_into, None)
     log_alpha = node.output[1] if len(node.output) > 1 and node.output[1] else b.name("log_alpha")
     b.nodes.append(helper.make_node("Scan", [_start(b, labels), labels.emissions], [b.name("alpha_last"), log_alpha],
                                     body=body, num_scan_inputs=1))
@@ -287,10 +274,9 @@ def ctc_loss_grad_nodes(node, element_type: int, opset: int) -> list:
     b = _Nodes(node.name or node.output[0], element_type)
     labels = _Labels(b, log_probs, targets, input_lengths, target_lengths, attrs["blank"],
                      bool(attrs["flat_targets"]))
-    column_1, column_2 = _negligible_columns(b, labels)
     # a skip from s to s + 2 is allowed where one into s + 2 is
-    skip_from = b.op("Slice", [b.op("Concat", [labels.skip_into, column_2], axis=1), b.ints([2]), b.ints([2 ** 62]),
-                               b.ints([1])], "skip_from")
+    skip_from = b.op("Pad", [labels.skip_into, b.ints([0, -2, 0, 2]), labels.negligible], "skip_from",
+                     mode="constant")
     # beta at each sample's last step: 0 at the last label and the blank after it
     end = b.unsqueeze(b.op("Mul", [labels.target_lengths, b.int(2)]), [1])                # [N, 1]
     at_end = b.op("Equal", [labels.state_index, end])
@@ -306,7 +292,7 @@ def ctc_loss_grad_nodes(node, element_type: int, opset: int) -> list:
     lengths_row = b.op("Reshape", [labels.input_lengths, b.ints([1, -1, 1])])               # [1, N, 1]
     last_step = b.op("Equal", [step_column, b.op("Sub", [lengths_row, b.int(1)])])
     last_step = b.op("Expand", [last_step, b.op("Concat", [labels.steps_shape, labels.column_shape], axis=0)])
-    body = _shift_body(b, element_type, False, skip_from, column_1, column_2, final)
+    body = _shift_body(b, labels, False, skip_from, final)
     log_beta = b.name("log_beta")
     b.nodes.append(helper.make_node("Scan", [final, next_emissions, last_step], [b.name("beta_first"), log_beta],
                                     body=body, num_scan_inputs=2, scan_input_directions=[1, 1],

@@ -451,6 +451,31 @@ def test_llava_vision_language_model_and_its_image_token_check():
     torch.testing.assert_close(model(**batch(0)).loss, model.module(**batch(0)).loss)
 
 
+def test_longformer_with_its_chunked_sliding_window_attention():
+    """Longformer's local attention cuts the sequence into overlapping chunks with
+    ``as_strided`` on a transposed view, whose storage order torch.onnx's translation ignored
+    (the trace now gathers from the storage: see ortagent/torch/_strided.py), and decides
+    ``is_global_attn = mask.any().item()`` in Python (a branch the graph now checks); before,
+    refused for that branch, and wrong (gradients 4e-3 off) once past it."""
+    torch = _torch()
+    transformers = pytest.importorskip("transformers")
+
+    def make():
+        config = transformers.LongformerConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                               intermediate_size=64, vocab_size=99, attention_window=4,
+                                               max_position_embeddings=64)
+        return transformers.LongformerForMaskedLM(config)
+
+    shapes = [(2, 8), (3, 12)]
+
+    def batch(step):
+        ids, _ = _tokens(step, *shapes[step], 99)
+        return {"input_ids": ids, "labels": ids}
+
+    model = _train(make, batch, lambda out: out.loss, len(shapes))
+    del torch, model
+
+
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_mixture_of_experts_routing(family):
     """Mixtral's and Qwen2-MoE's sparse experts (top-2 of 4 per token; Qwen2-MoE adds a gated

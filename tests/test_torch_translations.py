@@ -316,3 +316,42 @@ def test_return_types_come_back_as_torch_returns_them():
     _assert_same(lambda t: torch.sort(t, 1), x)
     _assert_same(lambda t: torch.topk(t, 2), x)
     _assert_same(lambda t: torch.kthvalue(t, 2, 1), x)
+
+
+# -- as_strided ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["transposed", "overlapping_windows_of_a_transposed_view", "offset_slice",
+                                  "explicit_offset", "contiguous_windows", "method_and_function"])
+def test_as_strided_reads_storage_as_torch(case):
+    """``as_strided`` reads its input's storage, not its logical order: on a transposed view
+    torch.onnx's translation read other elements (Longformer's chunked attention differed
+    silently, its gradients 4e-3 off); overlapping windows add up their gradients."""
+    import torch
+
+    torch.manual_seed(3)
+    x = torch.randn(6, 4)
+    functions = {
+        "transposed": lambda t: t.t().as_strided((3, 4), (1, 3)),
+        # Longformer's _chunk: a view of a transposed tensor, windows overlapping by half
+        "overlapping_windows_of_a_transposed_view":
+            lambda t: t.t().reshape(2, 2, 6).as_strided((2, 3, 2, 2), (1, 4, 2, 8)),
+        "offset_slice": lambda t: t[2:].t().as_strided((2, 2), (1, 4)),
+        "explicit_offset": lambda t: t[1:].as_strided((2, 3), (4, 1), 6),
+        "contiguous_windows": lambda t: t.reshape(-1).as_strided((5, 8), (4, 1)),
+        "method_and_function": lambda t: torch.as_strided(t.t(), (4, 2), (2, 5), 1) * t.t().as_strided((4, 2), (1, 2)),
+    }
+    _assert_same(functions[case], x)
+
+
+def test_as_strided_of_a_view_with_gaps_is_refused():
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Gapped(torch.nn.Module):
+        def forward(self, t):
+            return t[:, ::2].as_strided((2, 2), (1, 2))
+
+    with pytest.raises(OrtNotImplemented, match="do not fill a block"):
+        ORTModule(Gapped())(torch.randn(4, 4))

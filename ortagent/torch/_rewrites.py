@@ -52,6 +52,7 @@ from torch.overrides import TorchFunctionMode
 from ortagent.errors import OrtInvalidArgument, OrtInvalidType, OrtNotImplemented
 
 from ._losses import ctc_loss, gaussian_nll_loss, multilabel_margin_loss, smoothed_or_soft_cross_entropy
+from ._strided import as_strided
 
 __all__ = ["Layout", "Site", "Trace", "tracing", "draw", "draw_all", "stop_gradient", "batch_norm_training",
            "BatchStatistics", "default_generator"]
@@ -805,6 +806,8 @@ class _TraceMode(TorchFunctionMode):
             return self._update_through_data(func, args, kwargs)
         if func in _FROM_DATA and args:
             return self._from_data(func, args, kwargs)
+        if func in (torch.as_strided, torch.Tensor.as_strided) and args:
+            return as_strided(func, *args, **kwargs)
         if func in _RANDOM_METHODS or func in _RANDOM_LIKE or func in _RANDOM_FACTORIES:
             drawn = self._draw(func, args, kwargs)
             self._note_uniform(func, args, kwargs, drawn)
@@ -887,7 +890,9 @@ class _TraceMode(TorchFunctionMode):
             # nn.Transformer*'s is_causal detection compares the mask's values with a causal
             # mask; its answer only picks a kernel, so the mask as given is applied instead
             return False
-        if func is torch.Tensor.__bool__ and len(args) == 1 and not kwargs:
+        if (func is torch.Tensor.__bool__ or (func is torch.Tensor.item and args and args[0].dtype == torch.bool)) \
+                and len(args) == 1 and not kwargs:
+            # (a boolean's item() is its truth value, which only a branch can read)
             return self._branch(func, args[0])
         if args and id(args[0]) in self.trace.user_inputs and _updates_in_place(func):
             # the trace marks every floating-point input as requiring grad (so that one export
@@ -1005,7 +1010,7 @@ class _TraceMode(TorchFunctionMode):
 
     def _branch(self, func: Any, tensor: torch.Tensor) -> bool:
         """A Python branch on a tensor's value (transformers' CTC heads: ``if labels.max() >=
-        vocab_size: raise ValueError``). A discovery on copies records its outcome by the
+        vocab_size: raise ValueError``; Longformer's ``is_global_attn = mask.any().item()``). A discovery on copies records its outcome by the
         forward's line; the export, where the value is not known, takes the outcome the
         discovery saw at that line and keeps the condition for the graph to check
         (:func:`._export.with_checks`): the run fails where an input would take the branch the
@@ -1015,14 +1020,20 @@ class _TraceMode(TorchFunctionMode):
             if tensor.device.type != "meta":
                 self.trace.decisions.append((_forward_line(), outcome))
             return outcome
+        failure: Exception | None = None
         try:
-            return func(tensor)
-        except Exception as exc:
+            known = func(tensor)
+            if isinstance(known, bool):
+                return known
+        except Exception as exc:        # (item() gives an unknown SymBool, bool() refuses)
             if not _data_dependent(exc):
                 raise
-            outcome = self.trace.decide(_forward_line())
-            if outcome is None:
-                raise
+            failure = exc
+        outcome = self.trace.decide(_forward_line())
+        if outcome is None:
+            if failure is not None:
+                raise failure
+            return known
         condition = (tensor != 0).reshape(())
         self.trace.checks.append(condition if outcome else condition.logical_not())
         return outcome
