@@ -2028,3 +2028,32 @@ def test_tensors_made_from_numpy_arrays():
     _close(ORTModule(copy.deepcopy(fixed))(x), fixed(x), "output")
     with pytest.raises(OrtNotImplemented, match="NumPy array .* changed between two runs"):
         ORTModule(Scaled(True))(x)
+
+
+def test_a_branch_in_a_loop_known_in_one_pass_and_not_the_next():
+    """The same line branches on a value the export knows (a shape-derived tensor) and then on
+    one it does not: each takes the discovery's outcome of its own pass."""
+    torch = _torch()
+    from ortagent.torch import ORTModule
+
+    class Loop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            for probe in (torch.tensor(float(x.shape[0])), x.sum()):
+                if probe > 0:
+                    x = self.linear(x)
+                else:
+                    x = -x
+            return x.sum()
+
+    torch.manual_seed(1)
+    eager = Loop()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(4, 3)
+    if x.sum() > 0:
+        x = -x                  # the second pass takes its else branch at the export
+    _close(wrapped(x), eager(x), "loss")
+    _close(wrapped(x * 2), eager(x * 2), "loss")

@@ -152,7 +152,7 @@ class Trace:
 
     def decide(self, line: tuple[str, int]) -> bool | None:
         """The outcome the discovery saw of the next branch on a tensor value made at ``line``
-        (the branches between, whose values the export knows, are passed), or None."""
+        (the branches made at other lines between are passed), or None."""
         for index in range(self.next_decision, len(self.decisions)):
             if self.decisions[index][0] == line:
                 self.next_decision = index + 1
@@ -1020,6 +1020,9 @@ class _TraceMode(TorchFunctionMode):
             if tensor.device.type != "meta":
                 self.trace.decisions.append((_forward_line(), outcome))
             return outcome
+        # (taken in step with the discovery's at this line, also where the export knows the
+        # value: a branch in a loop may be known in one pass and not in the next)
+        outcome = self.trace.decide(_forward_line())
         failure: Exception | None = None
         try:
             known = func(tensor)
@@ -1029,7 +1032,6 @@ class _TraceMode(TorchFunctionMode):
             if not _data_dependent(exc):
                 raise
             failure = exc
-        outcome = self.trace.decide(_forward_line())
         if outcome is None:
             if failure is not None:
                 raise failure
