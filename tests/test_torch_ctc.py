@@ -330,3 +330,44 @@ def test_wav2vec2_ctc_with_spec_augment_trains_beside_eager():
         eager(audio[:, :1600], labels=labels)
     with pytest.raises(FailedValueCheck):
         wrapped(audio[:, :1600], labels=labels)
+
+
+def test_wav2vec2_adapter_layerdrop_drawn_from_numpy():
+    """Wav2Vec2's adapter draws ``np.random.random()`` per layer and skips the layer above its
+    layerdrop: at layerdrop 0 the branch is the same for every draw (it traces so, the draw
+    still made before each run so that NumPy's stream, and the SpecAugment spans drawn from it,
+    stay eager's); above 0 the layers are chosen at random, refused (before: the trace's draw
+    became the graph's fixed choice of layers, silently)."""
+    import copy
+
+    import torch
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    transformers = pytest.importorskip("transformers")
+
+    def make(layerdrop):
+        torch.manual_seed(0)
+        config = transformers.Wav2Vec2Config(
+            hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=32,
+            conv_dim=(32, 32), conv_stride=(5, 4), conv_kernel=(10, 4), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4, hidden_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0,
+            final_dropout=0.0, mask_time_prob=0.3, mask_time_length=2, layerdrop=layerdrop, add_adapter=True,
+            num_adapter_layers=2, output_hidden_size=32)
+        return transformers.Wav2Vec2ForCTC(config).train()
+
+    eager = make(0.0)
+    wrapped = ORTModule(copy.deepcopy(eager))
+    audio = torch.randn(2, 1200, generator=torch.Generator().manual_seed(1))
+    labels = torch.tensor([[1, 2, 3], [4, 5, -100]])
+    for step in range(2):
+        losses, left = [], []
+        for module in (wrapped, eager):
+            np.random.seed(step)
+            losses.append(module(audio, labels=labels).loss)
+            left.append(np.random.random())     # where each left NumPy's stream
+        torch.testing.assert_close(losses[0], losses[1], rtol=1e-4, atol=1e-4)
+        assert left[0] == left[1]
+    with pytest.raises(OrtNotImplemented, match="np.random.random"):
+        ORTModule(make(0.5))(audio, labels=labels)

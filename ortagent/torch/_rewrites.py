@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import random
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -140,8 +141,9 @@ class Trace:
     # discovery's copies of the arrays, which an export is given and compares its own with
     host_constants: list[Any] = field(default_factory=list)
     next_host_constant: int = 0
-    # id -> tensor of the host draws' tensors (see _host_draw)
+    # id -> tensor of the host draws' tensors (see _host_site), and whether one is being drawn
     host_draws: dict[int, torch.Tensor] = field(default_factory=dict)
+    in_host_draw: bool = False
     next_supplied: int = 0
     # uniform draws of the forward (id -> (the tensor, its version then, low, high)) and the
     # comparisons of one with a number inside its range (id -> the result): see _decide
@@ -230,7 +232,7 @@ def draw(site: Site, device: torch.device, generator: Any = None) -> list[torch.
     if kind == "factory":           # torch.rand(3, 4), ...
         function, args, kwargs = params
         return [function(*args, **{**kwargs, "device": device, "generator": generator})]
-    if kind == "host":              # a NumPy draw of the forward's library (see _host_draw)
+    if kind == "host":              # a NumPy or Python draw of the forward (see _host_site)
         function, args, kwargs = params
         return [torch.as_tensor(function(*args, **kwargs)).to(device=device, dtype=site.layouts[0].dtype)]
     raise AssertionError(f"unknown site kind {kind!r}")
@@ -487,6 +489,10 @@ def _install() -> None:
                 if callable(original):
                     _saved.append((module, name, original))
                     setattr(module, name, _host_draw(original))
+        for module, name, bounds in _host_uniforms():
+            original = getattr(module, name)
+            _saved.append((module, name, original))
+            setattr(module, name, _host_uniform(original, bounds))
 
 
 # -- NumPy draws of the libraries: transformers' SpecAugment -------------------------------------------
@@ -498,6 +504,84 @@ _HOST_DRAWS = ("_compute_mask_indices",)
 _HOST_DRAW_MODULES = ("transformers.models.",)
 
 
+def _host_site(trace: Trace, original: Callable, args: tuple, kwargs: dict, dtype: Any = None) -> torch.Tensor:
+    """The tensor of a host draw (``original(*args, **kwargs)``, drawn from NumPy's or Python's
+    generator): in a discovery drawn now, both generators put back as they were after it (the
+    trace draws nothing of the caller's streams), and recorded as a site; in an export the
+    graph input that stands for it. The bridge calls ``original`` before each run."""
+    if trace.phase == "export":
+        drawn = trace.site(Site("host", (), (original, args, kwargs)))
+        assert drawn is not None
+        tensor = drawn[0]
+    else:
+        states = np.random.get_state(), random.getstate()
+        trace.in_host_draw = True
+        try:
+            tensor = torch.as_tensor(original(*args, **kwargs), dtype=dtype)
+        finally:
+            trace.in_host_draw = False
+            np.random.set_state(states[0])
+            random.setstate(states[1])
+        trace.site(Site("host", (Layout.of(tensor),), (original, tuple(args), dict(kwargs))))
+        tensor = tensor.to(trace.stand_in_device)
+    trace.host_draws[id(tensor)] = tensor
+    return tensor
+
+
+def _host_uniforms() -> list[tuple[Any, str, Callable]]:
+    """(module, name, bounds) of the scalar uniform draws of NumPy's and Python's global
+    generators; ``bounds(*args, **kwargs)`` gives (low, high) for a call that draws one number,
+    None for one that draws an array (whose tensor _TraceMode._from_data compares)."""
+    def numpy_unit(size: Any = None) -> tuple[float, float] | None:
+        return (0.0, 1.0) if size is None else None
+
+    def numpy_rand(*dims: Any) -> tuple[float, float] | None:
+        return None if dims else (0.0, 1.0)
+
+    def numpy_uniform(low: Any = 0.0, high: Any = 1.0, size: Any = None) -> tuple[float, float] | None:
+        scalars = all(isinstance(b, int | float) and not isinstance(b, bool) for b in (low, high))
+        return (float(low), float(high)) if size is None and scalars else None
+
+    def python_unit() -> tuple[float, float]:
+        return 0.0, 1.0
+
+    def python_uniform(a: Any, b: Any) -> tuple[float, float] | None:
+        scalars = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+        return (float(min(a, b)), float(max(a, b))) if scalars else None
+
+    return [(np.random, "random", numpy_unit), (np.random, "random_sample", numpy_unit),
+            (np.random, "rand", numpy_rand), (np.random, "uniform", numpy_uniform),
+            (random, "random", python_unit), (random, "uniform", python_uniform)]
+
+
+def _host_uniform(original: Callable, bounds: Callable) -> Callable:
+    """``original`` (one of _host_uniforms) in the tracing thread: a number drawn is a site
+    (the bridge draws it before each run, keeping NumPy's and Python's streams as eager's
+    forward leaves them) whose value enters the trace as a 0-d tensor of the default dtype, a
+    draw uniform over its bounds for _TraceMode._decide: ``if np.random.random() >
+    layerdrop`` at layerdrop 0 (transformers' Wav2Vec2 adapter, Data2VecAudio, WavLM) is the
+    same for every draw and traces so; inside the range it is a random choice, refused; and
+    arithmetic with it reads each call's draw (before, the trace's draw was a constant of
+    the graph). A draw of exactly its lower bound (a chance of 2^-53) is taken as not made."""
+    def host_uniform(*args: Any, **kwargs: Any) -> Any:
+        trace = _current()
+        if trace is None or trace.in_host_draw or sys._getframe(1).f_code.co_filename.startswith(_LIBRARY_DIRS):
+            return original(*args, **kwargs)        # (torch's and ortagent's own draws are their own)
+        try:
+            range_ = bounds(*args, **kwargs)
+        except TypeError:
+            range_ = None
+        if range_ is None:
+            return original(*args, **kwargs)
+        tensor = _host_site(trace, original, args, kwargs, torch.get_default_dtype())
+        low, high = range_
+        trace.uniform[id(tensor)] = (tensor, tensor._version, math.nextafter(low, math.inf), high)
+        return tensor
+
+    host_uniform.__wrapped__ = original      # type: ignore[attr-defined]
+    return host_uniform
+
+
 def _host_draw(original: Callable) -> Callable:
     """``original`` (a NumPy draw, see _HOST_DRAWS) made a site in the tracing thread: the
     bridge calls it before each run, as eager's forward would (the same draws from NumPy's
@@ -506,7 +590,7 @@ def _host_draw(original: Callable) -> Callable:
     known before the run (shapes and numbers, no tensor)."""
     def host_draw(*args: Any, **kwargs: Any) -> Any:
         trace = _current()
-        if trace is None:
+        if trace is None or trace.in_host_draw:
             return original(*args, **kwargs)
         if any(True for _ in _tensors_in((*args, *kwargs.values()))):
             raise OrtNotImplemented(
@@ -515,21 +599,7 @@ def _host_draw(original: Callable) -> Callable:
                 "the bridge makes such draws before the run, from arguments known then. Call the model without "
                 "attention_mask, pass the mask indices in yourself (mask_time_indices), or set "
                 "config.mask_time_prob = config.mask_feature_prob = 0")
-        if trace.phase == "export":
-            drawn = trace.site(Site("host", (), (original, args, kwargs)))
-            assert drawn is not None
-            tensor = drawn[0]
-        else:
-            state = np.random.get_state()       # (a trace draws nothing of the caller's stream)
-            try:
-                tensor = torch.as_tensor(original(*args, **kwargs))
-            finally:
-                np.random.set_state(state)
-            site = Site("host", (Layout.of(tensor),), (original, tuple(args), dict(kwargs)))
-            trace.site(site)
-            tensor = tensor.to(trace.stand_in_device)
-        trace.host_draws[id(tensor)] = tensor
-        return tensor
+        return _host_site(trace, original, args, kwargs)
 
     host_draw.__wrapped__ = original         # type: ignore[attr-defined]
     return host_draw
@@ -838,8 +908,9 @@ class _TraceMode(TorchFunctionMode):
                 and self.trace.random_choices[id(args[0])] is args[0]:
             raise OrtNotImplemented(
                 "ORTModule: the forward takes a Python branch on a random draw compared with a number inside "
-                "its range (transformers' layerdrop: `torch.rand([]) < layerdrop`, skipping a layer at random); "
-                "one graph cannot choose its layers at random. Set that probability to 0 (e.g. "
+                "its range (transformers' layerdrop: `torch.rand([]) < layerdrop`, `np.random.random() > "
+                "layerdrop`, skipping a layer at random); one graph cannot choose its layers at random. Set that "
+                "probability to 0 (e.g. "
                 "config.encoder_layerdrop = config.decoder_layerdrop = 0.0, config.layerdrop = 0.0) to train "
                 "through ORTModule")
         if func is F.embedding:
