@@ -2057,3 +2057,43 @@ def test_a_branch_in_a_loop_known_in_one_pass_and_not_the_next():
         x = -x                  # the second pass takes its else branch at the export
     _close(wrapped(x), eager(x), "loss")
     _close(wrapped(x * 2), eager(x * 2), "loss")
+
+
+def test_numbers_drawn_from_python_and_numpy_generators_in_the_forward():
+    """``x * random.uniform(0.5, 1.5)`` reads each call's draw, made by the bridge before the
+    run from Python's generator as eager's forward makes it (before: the trace's draw, a
+    constant); a seeding inside the forward is refused."""
+    torch = _torch()
+    import random
+
+    import numpy as np
+
+    from ortagent.errors import OrtNotImplemented
+    from ortagent.torch import ORTModule
+
+    class Jitter(torch.nn.Module):
+        def __init__(self, seeds=False):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 2)
+            self.seeds = seeds
+
+        def forward(self, x):
+            if self.seeds:
+                np.random.seed(0)
+            return self.linear(x) * random.uniform(0.5, 1.5) + np.random.uniform(-1.0, 1.0)
+
+    torch.manual_seed(2)
+    eager = Jitter()
+    wrapped = ORTModule(copy.deepcopy(eager))
+    x = torch.randn(4, 3)
+    for seed in range(3):
+        outputs = []
+        for module in (wrapped, eager):
+            random.seed(seed)
+            np.random.seed(seed)
+            outputs.append(module(x))
+            outputs.append(torch.tensor([random.random(), np.random.random()]))
+        _close(outputs[0], outputs[2], "output")
+        assert torch.equal(outputs[1], outputs[3])          # both streams left where eager's are
+    with pytest.raises(OrtNotImplemented, match="seeds numpy's random generator"):
+        ORTModule(Jitter(seeds=True))(x)

@@ -493,6 +493,9 @@ def _install() -> None:
             original = getattr(module, name)
             _saved.append((module, name, original))
             setattr(module, name, _host_uniform(original, bounds))
+        for module in (np.random, random):
+            _saved.append((module, "seed", module.seed))
+            module.seed = _host_seed(module.seed)
 
 
 # -- NumPy draws of the libraries: transformers' SpecAugment -------------------------------------------
@@ -580,6 +583,23 @@ def _host_uniform(original: Callable, bounds: Callable) -> Callable:
 
     host_uniform.__wrapped__ = original      # type: ignore[attr-defined]
     return host_uniform
+
+
+def _host_seed(original: Callable) -> Callable:
+    """NumPy's or Python's ``seed`` refused in the tracing thread: the bridge makes the
+    forward's draws from those generators before the run, from their streams as they are, and
+    cannot replay a seeding inside the forward (eager's draws after it would be the seed's)."""
+    def host_seed(*args: Any, **kwargs: Any) -> Any:
+        trace = _current()
+        if trace is None or trace.in_host_draw or sys._getframe(1).f_code.co_filename.startswith(_LIBRARY_DIRS):
+            return original(*args, **kwargs)
+        raise OrtNotImplemented(
+            f"ORTModule: the forward seeds {original.__module__.split('.')[0]}'s random generator; the bridge "
+            "draws the forward's NumPy and Python random numbers before each run and cannot replay a seeding "
+            "inside it. Seed outside the forward")
+
+    host_seed.__wrapped__ = original         # type: ignore[attr-defined]
+    return host_seed
 
 
 def _host_draw(original: Callable) -> Callable:
