@@ -485,7 +485,9 @@ def _install() -> None:
         function.apply = _function_apply(inspect.getattr_static(function, "apply"))
         for module in [m for name, m in list(sys.modules.items()) if name.startswith(_HOST_DRAW_MODULES)]:
             for name in _HOST_DRAWS:
-                original = getattr(module, name, None)
+                # (the module's own dict: transformers' lazy packages import their submodules
+                # when asked for a name they lack, 0.9 s for all of them)
+                original = getattr(module, "__dict__", {}).get(name)
                 if callable(original):
                     _saved.append((module, name, original))
                     setattr(module, name, _host_draw(original))
