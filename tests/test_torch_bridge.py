@@ -1995,8 +1995,10 @@ def test_a_python_branch_on_a_tensor_value_is_taken_and_checked_by_the_graph():
             _close(a.grad, e.grad, "gradient")
     with pytest.raises(ValueError, match="labels past"):
         eager(x, torch.tensor([3, 10]))
-    with pytest.raises(FailedValueCheck, match="Python branch on a tensor's value"):
+    with pytest.raises(FailedValueCheck, match="Python branch on a tensor's value") as failure:
         wrapped(x, torch.tensor([3, 10]))
+    # (the message names the branches the graph holds, by line)
+    assert "test_torch_bridge.py" in str(failure.value) and "taken as False" in str(failure.value)
     with pytest.raises(FailedValueCheck):
         wrapped(x * 1000, torch.tensor([1, 2]))      # eager clamps: the graph does not hold that branch
     _close(wrapped(x, torch.tensor([4, 5])), eager(x, torch.tensor([4, 5])), "loss")

@@ -185,6 +185,9 @@ class ExportedGraph:
     #: the tensors the graph holds as constants: tensor attributes of the module (not parameters
     #: or buffers) and others the forward read, baked in at their values of the export
     constants: tuple[BakedTensor, ...] = ()
+    #: the Python branches on tensor values the graph holds as the export took them, whose
+    #: conditions it checks: ((file, line), outcome)
+    checked_branches: tuple[tuple[tuple[str, int], bool], ...] = ()
 
     def constants_current(self) -> bool:
         """Whether every tensor the graph baked in is still what the forward would read: the
@@ -240,6 +243,17 @@ def ambient_autocast() -> tuple[tuple[str, torch.dtype], ...]:
                  if torch.is_autocast_enabled(device))
 
 
+class _Shared(list):
+    """A list that copies of its holder share (torch.export runs the forward of a copy of the
+    module it is given): what an export's trace hands back to the caller."""
+
+    def __copy__(self) -> _Shared:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> _Shared:
+        return self
+
+
 class _Functional(nn.Module):
     """The wrapped module as a function of (user tensors, parameters and buffers, draws)."""
 
@@ -247,6 +261,7 @@ class _Functional(nn.Module):
                  generator: Any = None, stand_in_device: Any = "meta", seen: Discovery | None = None) -> None:
         super().__init__()
         self.seen = seen            # (an export's: what the discovery saw of the values)
+        self.checked_branches = _Shared()       # (the last run's: see Trace.checked_branches)
         self.generator = generator
         self.stand_in_device = stand_in_device
         self.target = [module]          # a list: not a submodule, so nothing of it is lifted
@@ -274,6 +289,7 @@ class _Functional(nn.Module):
                 regions.enter_context(torch.autocast(device, dtype=dtype))
             result = torch.func.functional_call(self.target[0], state, tuple(args), dict(kwargs))
         self.trace = trace
+        self.checked_branches[:] = trace.checked_branches
         self.outputs = with_checks(_trees.flatten(result, "the forward's result", caches=True), trace.checks)
         return (*self.outputs.tensors, *trace.statistic_values)
 
@@ -611,6 +627,7 @@ def _export(module: nn.Module, inputs: _trees.Flat, dynamic: bool, all_graded: b
         detached_outputs=discovery.outputs.detached,
         autograd_reach=discovery.autograd_reach,
         constants=_baked_tensors(exported_program, module),
+        checked_branches=tuple(functional.checked_branches),
     )
     return exported, discovery
 

@@ -652,14 +652,17 @@ class ORTModule(nn.Module):
                 outputs = runner.run_inference(feeds)
         except OrtInvalidArgument as exc:
             if f"idx={CONDITION_FAILED_INDEX}" in str(exc):
+                branches = "; ".join(f"{file}:{line} taken as {outcome}"
+                                     for (file, line), outcome in exported.checked_branches)
                 raise FailedValueCheck(
                     f"ORTModule: a condition the forward of {type(module).__name__} checks on values is "
                     "false for this input, where eager raises or takes another branch: torch._check_tensor_all "
                     "(transformers' torch_compilable_check that the image tokens match the image features), "
                     "ctc_loss's lengths and labels (input lengths at most the log probabilities' length, target "
-                    "lengths within the targets, none negative, labels within the classes), or a Python branch on a tensor's value, which the "
-                    "graph holds as the export took it (transformers' CTC heads: `if labels.max() >= "
-                    "vocab_size: raise ValueError`); the graph's check stopped the run") from exc
+                    "lengths within the targets, none negative, labels within the classes), or a Python branch "
+                    "on a tensor's value, which the graph holds as the export took it (transformers' CTC heads: "
+                    "`if labels.max() >= vocab_size: raise ValueError`); the graph's check stopped the run"
+                    + (f". The branches this graph holds: {branches}" if branches else "")) from exc
             if f"idx={CHECK_FAILED_INDEX}" not in str(exc):
                 raise
             raise FailedValueCheck(

@@ -137,6 +137,8 @@ class Trace:
     # line, the outcome); an export is given a discovery's and takes them in order (decide)
     decisions: list[tuple[tuple[str, int], bool]] = field(default_factory=list)
     next_decision: int = 0
+    # the branches an export took on values it did not know, whose conditions the graph checks
+    checked_branches: list[tuple[tuple[str, int], bool]] = field(default_factory=list)
     # the tensors the forward makes from NumPy arrays (torch.tensor(array), ...): a
     # discovery's copies of the arrays, which an export is given and compares its own with
     host_constants: list[Any] = field(default_factory=list)
@@ -1131,6 +1133,7 @@ class _TraceMode(TorchFunctionMode):
             return known
         condition = (tensor != 0).reshape(())
         self.trace.checks.append(condition if outcome else condition.logical_not())
+        self.trace.checked_branches.append((_forward_line(), outcome))
         return outcome
 
     def _decide(self, func: Any, args: tuple) -> Any:
