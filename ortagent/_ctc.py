@@ -138,7 +138,8 @@ class _Nodes:
 
 class _Labels:
     """What both lowerings compute from the targets: the extended labels ``[N, L]``, the additive
-    masks of the skip transitions, the emissions ``[T, N, L]`` and the lengths as int64."""
+    masks of the skip transitions, the emissions ``[T, N, L]``, the lengths as int64 and alpha
+    before the first step."""
 
     def __init__(self, b: _Nodes, log_probs: str, targets: str, input_lengths: str, target_lengths: str,
                  blank: int, flat_targets: bool) -> None:
@@ -193,6 +194,9 @@ class _Labels:
                               "emissions")
         self.states_shape = b.op("Shape", [self.labels])
         self.state_index = b.unsqueeze(b.op("Range", [zero, b.op("Gather", [self.states_shape, one]), one]), [0])
+        # alpha before the first step: 0 at the first state, NEGLIGIBLE elsewhere
+        first = b.op("Equal", [self.state_index, zero])
+        self.start = b.op("Expand", [b.op("Where", [first, free, negligible]), self.states_shape], "start")
 
 
 def _shift_body(b: _Nodes, labels: "_Labels", forward: bool, skip: str, final: str | None) -> onnx.GraphProto:
@@ -227,8 +231,7 @@ def _log_likelihood(b: _Nodes, labels: _Labels, log_alpha: str) -> str:
     """Each sample's log likelihood ``[N]`` from the forward variables: the states of the last
     label and the blank after it at the sample's last step (the start, ``[0, NEGLIGIBLE, ...]``,
     for an input length of 0)."""
-    start = _start(b, labels)
-    alphas = b.op("Concat", [b.unsqueeze(start, [0]), log_alpha], axis=0)               # [T + 1, N, L]
+    alphas = b.op("Concat", [b.unsqueeze(labels.start, [0]), log_alpha], axis=0)               # [T + 1, N, L]
     at = b.op("Expand", [b.op("Reshape", [labels.input_lengths, b.ints([1, -1, 1])]),
                          b.op("Concat", [b.ints([1]), labels.states_shape], axis=0)])
     last = b.op("Squeeze", [b.op("GatherElements", [alphas, at], axis=0), b.ints([0])])  # [N, L]
@@ -242,12 +245,6 @@ def _log_likelihood(b: _Nodes, labels: _Labels, log_alpha: str) -> str:
     return b.op("Squeeze", [b.lse([final_blank, last_label], "final"), b.ints([1])], "log_likelihood")
 
 
-def _start(b: _Nodes, labels: _Labels) -> str:
-    """``alpha`` before the first step: 0 at the first state, NEGLIGIBLE elsewhere."""
-    first = b.op("Equal", [labels.state_index, b.int(0)])
-    return b.op("Expand", [b.op("Where", [first, labels.free, labels.negligible]), labels.states_shape], "start")
-
-
 def ctc_loss_nodes(node, element_type: int, opset: int) -> list:
     """``node`` (a CTCLoss) as standard operators: the forward recursion in one Scan."""
     _check_opset(opset)
@@ -257,7 +254,7 @@ def ctc_loss_nodes(node, element_type: int, opset: int) -> list:
     labels = _Labels(b, log_probs, *node.input[1:4], attrs["blank"], bool(attrs["flat_targets"]))
     body = _shift_body(b, labels, True, labels.skip_into, None)
     log_alpha = node.output[1] if len(node.output) > 1 and node.output[1] else b.name("log_alpha")
-    b.nodes.append(helper.make_node("Scan", [_start(b, labels), labels.emissions], [b.name("alpha_last"), log_alpha],
+    b.nodes.append(helper.make_node("Scan", [labels.start, labels.emissions], [b.name("alpha_last"), log_alpha],
                                     body=body, num_scan_inputs=1))
     nll = b.op("Neg", [_log_likelihood(b, labels, log_alpha)], "raw_nll")
     none = b.op("Less", [b.op("Neg", [nll]), b.real(NO_ALIGNMENT)], "no_alignment")

@@ -40,9 +40,9 @@ import random
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -535,6 +535,16 @@ def _host_site(trace: Trace, original: Callable, args: tuple, kwargs: dict, dtyp
     return tensor
 
 
+def _forward_draw_trace() -> Trace | None:
+    """The calling thread's trace where the caller of the patched NumPy or Python function
+    (two frames up) is the forward's code: None outside a trace, inside a host draw (its own
+    draws are the site's) and for a call made by torch or ortagent (their draws are their own)."""
+    trace = _current()
+    if trace is None or trace.in_host_draw or sys._getframe(2).f_code.co_filename.startswith(_LIBRARY_DIRS):
+        return None
+    return trace
+
+
 def _host_uniforms() -> list[tuple[Any, str, Callable]]:
     """(module, name, bounds) of the scalar uniform draws of NumPy's and Python's global
     generators; ``bounds(*args, **kwargs)`` gives (low, high) for a call that draws one number,
@@ -571,9 +581,9 @@ def _host_uniform(original: Callable, bounds: Callable) -> Callable:
     arithmetic with it reads each call's draw (before, the trace's draw was a constant of
     the graph). A draw of exactly its lower bound (a chance of 2^-53) is taken as not made."""
     def host_uniform(*args: Any, **kwargs: Any) -> Any:
-        trace = _current()
-        if trace is None or trace.in_host_draw or sys._getframe(1).f_code.co_filename.startswith(_LIBRARY_DIRS):
-            return original(*args, **kwargs)        # (torch's and ortagent's own draws are their own)
+        trace = _forward_draw_trace()
+        if trace is None:
+            return original(*args, **kwargs)
         try:
             range_ = bounds(*args, **kwargs)
         except TypeError:
@@ -594,8 +604,7 @@ def _host_seed(original: Callable) -> Callable:
     forward's draws from those generators before the run, from their streams as they are, and
     cannot replay a seeding inside the forward (eager's draws after it would be the seed's)."""
     def host_seed(*args: Any, **kwargs: Any) -> Any:
-        trace = _current()
-        if trace is None or trace.in_host_draw or sys._getframe(1).f_code.co_filename.startswith(_LIBRARY_DIRS):
+        if _forward_draw_trace() is None:
             return original(*args, **kwargs)
         raise OrtNotImplemented(
             f"ORTModule: the forward seeds {original.__module__.split('.')[0]}'s random generator; the bridge "
@@ -1105,8 +1114,8 @@ class _TraceMode(TorchFunctionMode):
 
     def _branch(self, func: Any, tensor: torch.Tensor) -> bool:
         """A Python branch on a tensor's value (transformers' CTC heads: ``if labels.max() >=
-        vocab_size: raise ValueError``; Longformer's ``is_global_attn = mask.any().item()``). A discovery on copies records its outcome by the
-        forward's line; the export, where the value is not known, takes the outcome the
+        vocab_size: raise ValueError``; Longformer's ``is_global_attn = mask.any().item()``). A
+        discovery on copies records its outcome by the forward's line; the export, where the value is not known, takes the outcome the
         discovery saw at that line and keeps the condition for the graph to check
         (:func:`._export.with_checks`): the run fails where an input would take the branch the
         other way, rather than run the branch the graph holds."""
@@ -1117,7 +1126,8 @@ class _TraceMode(TorchFunctionMode):
             return outcome
         # (taken in step with the discovery's at this line, also where the export knows the
         # value: a branch in a loop may be known in one pass and not in the next)
-        outcome = self.trace.decide(_forward_line())
+        line = _forward_line()
+        outcome = self.trace.decide(line)
         failure: Exception | None = None
         try:
             known = func(tensor)
@@ -1133,7 +1143,7 @@ class _TraceMode(TorchFunctionMode):
             return known
         condition = (tensor != 0).reshape(())
         self.trace.checks.append(condition if outcome else condition.logical_not())
-        self.trace.checked_branches.append((_forward_line(), outcome))
+        self.trace.checked_branches.append((line, outcome))
         return outcome
 
     def _decide(self, func: Any, args: tuple) -> Any:
